@@ -1,0 +1,243 @@
+"""The shared rollout / log-prob interface: :class:`PolicyBatch`, :class:`Normalizer`, :class:`LossOutput`.
+
+Notation (used in every docstring of rlzoo):
+
+* ``B`` - sequences (completions) in the batch; ``T`` - completion tokens per sequence (right padded);
+* ``G`` - completions per prompt (``num_generations``); ``V`` - vocabulary; ``H`` - hidden size;
+* ``r = exp(logprobs - old_logprobs)`` - the importance ratio pi_theta / pi_old.
+
+Every tensor a loss sees is ``[B, T]`` (or ``[B]`` for sequence-level advantages); log-probs are natural-log
+probabilities (nats), so they are <= 0.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+__all__ = ["BatchError", "LossOutput", "Normalizer", "PolicyBatch"]
+
+_TOKEN_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
+_LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+
+
+class BatchError(ValueError):
+    """A :class:`PolicyBatch` or :class:`Normalizer` field is missing, mis-shaped, mis-typed or not finite.
+
+    The message names the field and says what was expected.
+    """
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class PolicyBatch:
+    """One (micro-)batch of completions, as every loss of the zoo consumes it.
+
+    Validated on construction: shapes agree, ``completion_mask`` is bool, the other tensors are floating
+    point, ``B >= 1`` and ``T >= 1``, and every value at a counted position (``completion_mask`` True) is
+    finite, with log-probs <= 0. Values at masked positions are never read: they may be anything,
+    NaN and inf included (padding is inert).
+
+    Args:
+        logprobs: ``Float[B, T]``, log pi_theta(o_t | q, o_<t) in nats; carries the gradient.
+        advantages: ``Float[B]`` (one per sequence, broadcast over tokens) or ``Float[B, T]`` (per token).
+        completion_mask: ``Bool[B, T]``; True on the completion tokens that count.
+        old_logprobs: ``Float[B, T]`` or None; the policy that sampled the data, as scored by the trainer.
+            None means on-policy: ``logprobs.detach()`` is used, so the ratio is exactly 1.
+        ref_logprobs: ``Float[B, T]`` or None; the frozen reference policy; needed when ``beta > 0``.
+        rollout_logprobs: ``Float[B, T]`` or None; the sampler's own log-probs (vLLM), for
+            sampler/trainer importance-sampling correction and off-policy sequence masking.
+        entropies: ``Float[B, T]`` or None; per-token entropy of pi_theta in nats (may carry a
+            gradient); needed by the entropy bonus and the top-entropy-quantile mask.
+        check_values: when True (default) check finiteness and the sign of log-probs at counted
+            positions. This costs one device synchronisation; set False inside ``torch.compile``-d code
+            or when the producer already guarantees it.
+
+    Raises:
+        BatchError: naming the offending field: wrong type, dtype or shape, ``B == 0`` or ``T == 0``,
+            a non-bool mask, or a NaN/inf/positive log-prob at a counted position.
+
+    Example:
+        >>> import torch, rlzoo
+        >>> lp = -torch.rand(2, 3, dtype=torch.float64)
+        >>> batch = rlzoo.PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0, -1.0], dtype=torch.float64),
+        ...                           completion_mask=torch.ones(2, 3, dtype=torch.bool))
+        >>> batch.shape
+        (2, 3)
+    """
+
+    logprobs: Float[Tensor, "B T"]
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"]
+    completion_mask: Bool[Tensor, "B T"]
+    old_logprobs: Float[Tensor, "B T"] | None = None
+    ref_logprobs: Float[Tensor, "B T"] | None = None
+    rollout_logprobs: Float[Tensor, "B T"] | None = None
+    entropies: Float[Tensor, "B T"] | None = None
+    check_values: bool = True
+
+    def __post_init__(self) -> None:
+        lp = self.logprobs
+        if not isinstance(lp, Tensor):
+            raise BatchError(f"logprobs must be a torch.Tensor of shape [B, T], got {type(lp).__name__}")
+        if lp.ndim != 2:
+            raise BatchError(f"logprobs must have shape [B, T] (2 dims), got shape {tuple(lp.shape)}")
+        b, t = lp.shape
+        if b < 1 or t < 1:
+            raise BatchError(f"logprobs must have B >= 1 and T >= 1, got shape {tuple(lp.shape)}")
+        mask = self.completion_mask
+        if not isinstance(mask, Tensor):
+            raise BatchError(f"completion_mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise BatchError(
+                f"completion_mask must have dtype torch.bool (True = token counts), got {mask.dtype}; "
+                "convert with completion_mask.bool()"
+            )
+        if tuple(mask.shape) != (b, t):
+            raise BatchError(f"completion_mask must have shape {(b, t)} like logprobs, got {tuple(mask.shape)}")
+        for name in _TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                raise BatchError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+            if not value.is_floating_point():
+                raise BatchError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+            if tuple(value.shape) != (b, t):
+                raise BatchError(f"{name} must have shape {(b, t)} like logprobs, got {tuple(value.shape)}")
+            if value.device != lp.device:
+                raise BatchError(f"{name} is on {value.device} but logprobs is on {lp.device}")
+        adv = self.advantages
+        if not isinstance(adv, Tensor):
+            raise BatchError(f"advantages must be a torch.Tensor, got {type(adv).__name__}")
+        if not adv.is_floating_point():
+            raise BatchError(f"advantages must be a floating-point tensor, got dtype {adv.dtype}")
+        if tuple(adv.shape) not in ((b,), (b, t)):
+            raise BatchError(
+                f"advantages must have shape [B]={(b,)} (per sequence) or [B, T]={(b, t)} (per token), "
+                f"got {tuple(adv.shape)}"
+            )
+        if self.check_values:
+            self._check_values()
+
+    def _check_values(self) -> None:
+        """Raise if a counted position holds NaN/inf, or a log-prob > 0. One device sync in total."""
+        mask = self.completion_mask
+        checks: list[tuple[str, Tensor]] = []
+        for name in _TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            v = value.detach()
+            bad = ~torch.isfinite(v)
+            if name in _LOGPROB_FIELDS:
+                bad = bad | (v > 0)
+            checks.append((name, (bad & mask).any()))
+        adv = self.advantages.detach()
+        adv_mask = mask if adv.ndim == 2 else mask.any(dim=-1)
+        checks.append(("advantages", (~torch.isfinite(adv) & adv_mask).any()))
+        flags = torch.stack([flag for _, flag in checks]).cpu()
+        if not bool(flags.any()):
+            return
+        for (name, _), flag in zip(checks, flags.tolist(), strict=True):
+            if flag:
+                what = "NaN/inf" if name in ("advantages", "entropies") else "NaN/inf or a positive log-prob"
+                raise BatchError(
+                    f"{name} holds {what} at a counted position (completion_mask True); "
+                    "only masked positions may hold arbitrary values"
+                )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, T)``."""
+        return (int(self.logprobs.shape[0]), int(self.logprobs.shape[1]))
+
+    def split(self, micro_batch_size: int) -> list["PolicyBatch"]:
+        """Split along ``B`` into micro-batches of at most ``micro_batch_size`` sequences (views, no copies).
+
+        Raises:
+            ValueError: if ``micro_batch_size < 1``.
+        """
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        out = []
+        for start in range(0, self.shape[0], micro_batch_size):
+            sl = slice(start, start + micro_batch_size)
+            fields = {
+                f.name: (getattr(self, f.name)[sl] if isinstance(getattr(self, f.name), Tensor) else getattr(self, f.name))
+                for f in dataclasses.fields(self)
+            }
+            fields["check_values"] = False  # the parent was already checked
+            out.append(PolicyBatch(**fields))
+        return out
+
+
+def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise BatchError(f"Normalizer.{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        return value.reshape(())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BatchError(f"Normalizer.{name} must be a number or a 0-d tensor, got {type(value).__name__}")
+    if value < 0 or value != value:
+        raise BatchError(f"Normalizer.{name} must be >= 0, got {value}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Normalizer:
+    """Counts of the whole optimizer-step batch, so that micro-batch losses sum to the full-batch loss.
+
+    A loss called on a micro-batch divides by these global counts instead of the micro-batch's own, so
+    ``sum(loss_fn(mb, normalizer=n).loss for mb in batch.split(k)) == loss_fn(batch).loss`` for every
+    aggregation, in value and gradient. Under data parallelism with gradient averaging (DDP/FSDP),
+    multiply each rank's loss by the world size.
+
+    Args:
+        num_tokens: counted tokens (``completion_mask.sum()``) of the whole optimizer-step batch, >= 0.
+            Used by "token-mean". A count of 0 gives a loss of 0 (it is clamped to 1).
+        num_sequences: sequences with at least one counted token in the whole optimizer-step batch,
+            >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
+
+    Raises:
+        BatchError: if a count is negative, NaN, or not a scalar.
+    """
+
+    num_tokens: int | float | Tensor
+    num_sequences: int | float | Tensor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_tokens", _as_count("num_tokens", self.num_tokens))
+        object.__setattr__(self, "num_sequences", _as_count("num_sequences", self.num_sequences))
+
+    @classmethod
+    def from_masks(cls, *masks: Bool[Tensor, "_ _"]) -> "Normalizer":
+        """Counts over one or more completion masks (e.g. all micro-batches of one optimizer step).
+
+        Returns 0-d tensors on the masks' device (no device sync).
+        """
+        if not masks:
+            raise ValueError("Normalizer.from_masks needs at least one completion mask")
+        num_tokens = sum(m.sum() for m in masks)
+        num_sequences = sum(m.any(dim=-1).sum() for m in masks)
+        return cls(num_tokens=num_tokens, num_sequences=num_sequences)
+
+    @classmethod
+    def from_batch(cls, batch: PolicyBatch) -> "Normalizer":
+        """The counts of ``batch`` itself: what a loss uses when no normalizer is given."""
+        return cls.from_masks(batch.completion_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossOutput:
+    """What every loss returns.
+
+    Attributes:
+        loss: 0-d tensor, differentiable with respect to ``PolicyBatch.logprobs`` (and ``entropies``
+            when an entropy term is used).
+        metrics: detached 0-d tensors keyed by TRL's metric names (``clip_ratio/low_mean``, ``kl``,
+            ``entropy``, ``ratio/mean``, ...). No ``.item()`` happens inside a loss: call it when logging.
+    """
+
+    loss: Float[Tensor, ""]
+    metrics: Mapping[str, Tensor]

@@ -1,0 +1,1 @@
+"""TRL GRPOConfig -> rlzoo loss (placeholder)."""

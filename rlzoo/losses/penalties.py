@@ -1,0 +1,156 @@
+r"""Penalties: per-token terms added to the policy loss before aggregation (KL to the reference, entropy).
+
+KL estimators follow Schulman's note "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html),
+with :math:`\delta = \log\pi_\theta - \log\pi_{ref}` per token:
+
+* ``k1``  = :math:`\delta`                       (unbiased, high variance; can be negative)
+* ``k2``  = :math:`\tfrac12\delta^2`             (biased value; its gradient is the KL's gradient)
+* ``k3``  = :math:`e^{-\delta} + \delta - 1`     (unbiased, low variance, >= 0; GRPO's choice)
+* ``abs`` = :math:`|\delta|`
+* ``k1+`` / ``k3+``: straight-through, the *value* of k1 / k3 with the *gradient* of k2.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from rlzoo.losses._core import LossInputs, Metrics, Part, check_choice, check_number, kl_estimators, penalties, require
+
+__all__ = ["EntropyBonus", "KLPenalty", "kl_estimate"]
+
+KLFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def _k1(logp: Tensor, ref: Tensor) -> Tensor:
+    return logp - ref
+
+
+def _k2(logp: Tensor, ref: Tensor) -> Tensor:
+    return 0.5 * (logp - ref).square()
+
+
+def _k3(logp: Tensor, ref: Tensor) -> Tensor:
+    d = ref - logp
+    return torch.exp(d) - d - 1.0
+
+
+def _abs(logp: Tensor, ref: Tensor) -> Tensor:
+    return (logp - ref).abs()
+
+
+def _straight_through(value_fn: KLFn) -> KLFn:
+    def estimator(logp: Tensor, ref: Tensor) -> Tensor:
+        grad_term = _k2(logp, ref)
+        return grad_term - grad_term.detach() + value_fn(logp, ref).detach()
+
+    return estimator
+
+
+for _name, _fn in (("k1", _k1), ("k2", _k2), ("k3", _k3), ("abs", _abs),
+                   ("k1+", _straight_through(_k1)), ("k3+", _straight_through(_k3))):
+    kl_estimators.register(_name)(_fn)
+
+
+def kl_estimate(
+    logprobs: Float[Tensor, "B T"], ref_logprobs: Float[Tensor, "B T"], kl_estimator: str = "k3"
+) -> Float[Tensor, "B T"]:
+    """Per-token estimate of KL(pi_theta || pi_ref) from log-probs of the sampled tokens.
+
+    Args:
+        logprobs: ``Float[B, T]`` current policy log-probs (nats), may carry a gradient.
+        ref_logprobs: ``Float[B, T]`` reference log-probs (nats).
+        kl_estimator: one of ``rlzoo.losses.kl_estimators.names()``: "k1", "k2", "k3", "abs", "k1+", "k3+".
+
+    Returns:
+        ``Float[B, T]`` in nats. k3 is not clamped (TRL); verl's "low_var_kl" clamps it to [-10, 10].
+
+    Raises:
+        UnknownNameError: for an unknown estimator name, listing the valid ones.
+    """
+    return kl_estimators.get(kl_estimator)(logprobs, ref_logprobs)
+
+
+@penalties.register("kl")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KLPenalty(Part):
+    r"""KL-to-reference penalty :math:`\beta\,\hat{D}_{KL}` added per token (GRPO's in-loss KL).
+
+    With ``use_bias_correction_kl`` the estimate is multiplied by the importance weight
+    :math:`w = \pi_\theta/\pi_{old}` (with its gradient), which makes k3 an unbiased estimate of the KL
+    under off-policy data (DeepSeek-V3.2).
+
+    Args:
+        beta: >= 0, the coefficient (0 disables the penalty and the need for ``ref_logprobs``).
+        kl_estimator: "k1", "k2", "k3" (default), "abs", "k1+", "k3+".
+        use_bias_correction_kl: multiply the estimate by ``w`` (default False).
+
+    Metrics: ``kl`` (masked mean of the per-token estimate, after the bias correction).
+
+    References:
+        Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. (3)-(4) (k3 in the loss);
+        DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, sec. 3.1 (bias correction).
+        Matches TRL 1.16 ``beta`` / ``use_bias_correction_kl`` (TRL always uses k3) and verl
+        ``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``.
+    """
+
+    registry: ClassVar = penalties
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    use_bias_correction_kl: bool = False
+
+    def __post_init__(self) -> None:
+        check_number("kl penalty", "beta", self.beta, low=0.0)
+        check_choice("kl penalty", "kl_estimator", self.kl_estimator, kl_estimators.names())
+        if not isinstance(self.use_bias_correction_kl, bool):
+            raise ValueError(f"kl penalty: use_bias_correction_kl must be a bool, got {self.use_bias_correction_kl!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.beta != 0.0
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"ref_logprobs"}) if self.active else frozenset()
+
+    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+        ref = require(x.ref_logprobs, "ref_logprobs", f"the KL penalty (beta={self.beta})")
+        kl = kl_estimate(x.logprobs, ref, self.kl_estimator)
+        if self.use_bias_correction_kl:
+            kl = kl * x.weight
+        return self.beta * kl, {"kl": x.mean(kl.detach())}
+
+
+@penalties.register("entropy")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EntropyBonus(Part):
+    r"""Entropy bonus :math:`-c\,H_t` added per token (maximises entropy for ``c > 0``).
+
+    Needs ``PolicyBatch.entropies`` that carry a gradient (rlzoo's kernels return one).
+    Aggregated like the policy term (verl's ``entropy_coeff``). TRL instead always takes a token mean
+    of it; the two coincide under "token-mean".
+
+    Args:
+        entropy_coef: the coefficient c (0 disables; negative values penalise entropy).
+
+    References: Williams & Peng 1991; verl ``actor.entropy_coeff``; TRL 1.16 ``entropy_coef``.
+    """
+
+    registry: ClassVar = penalties
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_number("entropy bonus", "entropy_coef", self.entropy_coef)
+
+    @property
+    def active(self) -> bool:
+        return self.entropy_coef != 0.0
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"entropies"}) if self.active else frozenset()
+
+    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+        entropies = require(x.entropies, "entropies", f"the entropy bonus (entropy_coef={self.entropy_coef})")
+        return -self.entropy_coef * entropies, {}
