@@ -1,13 +1,66 @@
-"""Advantage estimators (placeholder: filled in by the advantages work)."""
+"""Advantage estimators: rewards -> advantages, by name (``rlzoo.get_advantage("grpo", scale="group")``).
 
-from rlzoo.registry import Registry
+=====================  ============================================  ======  ========================
+name                   advantage                                     output  needs
+=====================  ============================================  ======  ========================
+grpo                   (r - mean_g) / (std + eps); std: group/batch  [N]     groups
+dr_grpo                r - mean_g                                    [N]     groups
+rloo                   r - mean of the other G - 1                   [N]     groups
+opo                    r - length-weighted mean_g                    [N]     groups, mask
+grpo_passk             best item: (r_max - r_2nd) / (std + eps)      [N]     groups
+gpg                    alpha (r - mean_g)                            [N]     groups
+maxrl                  (r - mean_g) / mean_g                         [N]     groups
+reinforce_pp_baseline  whiten(r - mean_g)                            [N]     groups, mask
+reinforce_pp           whiten(discounted return-to-go)               [N, T]  mask
+remax                  return-to-go - greedy baseline reward         [N, T]  mask, baseline_rewards
+gae                    GAE(gamma, lambda) from a critic, whitened    [N, T]  mask, values
+=====================  ============================================  ======  ========================
 
-advantage_estimators: Registry[type] = Registry("advantage estimator")
+("groups": ``group_size`` or ``group_ids``; "mask": ``completion_mask``.)
 
+Singleton and zero-variance groups get advantage 0 in every group-relative estimator (TRL's result; verl gives
+``A = r`` to singletons in most estimators). ``combine_rewards`` merges several reward functions (TRL's
+``multi_objective_aggregation``, GDPO); ``value_loss`` is the PPO critic's clipped loss. docs/advantages.md
+compares every convention with TRL and verl.
+"""
 
-def get_advantage(name: str, **options):
-    return advantage_estimators.get(name)(**options)
+from rlzoo.advantages._core import (
+    INPUTS,
+    AdvantageEstimator,
+    AdvantageInputs,
+    advantage_estimators,
+    get_advantage,
+    list_advantages,
+)
+from rlzoo.advantages.groups import WHITEN_EPS, GroupIds, GroupIndex, whiten
+from rlzoo.advantages.multi import MULTI_REWARD_MODES, combine_rewards
+from rlzoo.advantages.outcome import GPG, GRPO, OPO, RLOO, DrGRPO, GRPOPassK, MaxRL, ReinforcePPBaseline
+from rlzoo.advantages.token import GAE, ReinforcePP, ReMax, token_level_rewards, value_loss
 
-
-def list_advantages() -> list[str]:
-    return advantage_estimators.names()
+__all__ = [
+    "GAE",
+    "GPG",
+    "GRPO",
+    "INPUTS",
+    "MULTI_REWARD_MODES",
+    "OPO",
+    "RLOO",
+    "WHITEN_EPS",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "DrGRPO",
+    "GRPOPassK",
+    "GroupIds",
+    "GroupIndex",
+    "MaxRL",
+    "ReMax",
+    "ReinforcePP",
+    "ReinforcePPBaseline",
+    "advantage_estimators",
+    "combine_rewards",
+    "get_advantage",
+    "list_advantages",
+    "token_level_rewards",
+    "value_loss",
+    "whiten",
+]

@@ -8,9 +8,7 @@ from rlzoo.losses._core import (
     is_corrections,
     kl_estimators,
     masked_mean,
-    penalties,
     ratio_levels,
-    surrogates,
     token_weights,
 )
 from rlzoo.losses.aggregation import (
@@ -20,11 +18,11 @@ from rlzoo.losses.aggregation import (
     TokenMean,
     TokenSum,
 )
-from rlzoo.losses.penalties import EntropyBonus, KLPenalty, kl_estimate
+from rlzoo.losses.penalty import EntropyBonus, KLPenalty, kl_estimate
 from rlzoo.losses.policy_loss import PolicyLoss
 from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
 from rlzoo.losses.ratio import GeometricRatio, SequenceRatio, SequenceTokenRatio, TokenRatio
-from rlzoo.losses.surrogates import (
+from rlzoo.losses.surrogate import (
     CISPO,
     DRO,
     GMPO,
@@ -38,6 +36,11 @@ from rlzoo.losses.surrogates import (
     Reinforce,
 )
 from rlzoo.losses.weights import EntropyMask, ISCorrection, OffPolicySequenceMask, masked_quantile
+
+# The registries `surrogates` and `penalties` share their names with submodules, and importing a submodule binds
+# its name here: bind the registries last (the classes stay importable with `from rlzoo.losses.surrogate import`).
+surrogates = _core.surrogates
+penalties = _core.penalties
 
 __all__ = [
     "CISPO",

@@ -107,6 +107,13 @@ class PolicyLoss:
         set_(self, "aggregation", _resolve(self.aggregation, aggregations, "aggregation"))
         if self.is_correction is not None and not self.is_correction.active:
             set_(self, "is_correction", None)
+        modes = getattr(self.surrogate, "is_correction_modes", None)
+        mode = getattr(self.is_correction, "is_correction", None)
+        if mode is not None and modes is not None and mode not in modes:
+            raise ValueError(
+                f"is_correction={mode!r} is not supported by surrogate "
+                f"{self.surrogate.registered_name()!r}; use one of {', '.join(map(repr, modes))}"
+            )
         set_(self, "weights", tuple(p for p in self.weights if p.active))
         set_(self, "penalties", tuple(p for p in self.penalties if p.active))
         for slot in ("weights", "penalties"):

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from rlzoo.losses.penalties import KLPenalty
+from rlzoo.losses.penalty import KLPenalty
 from rlzoo.losses.policy_loss import PolicyLoss
 from rlzoo.losses.ratio import GeometricRatio, SequenceRatio, SequenceTokenRatio
-from rlzoo.losses.surrogates import (
+from rlzoo.losses.surrogate import (
     CISPO,
     DRO,
     GMPO,
@@ -180,13 +180,14 @@ def grpo() -> PolicyLoss:
 
 @preset(
     "bnpo",
-    title="GRPO with batch token-level normalisation (TRL's loss_type='bnpo')",
-    paper="Xiao et al. 2025, BNPO: Beta Normalization Policy Optimization (UNCONFIRMED as TRL's source)",
+    title="GRPO clip with batch token-level normalisation (TRL's loss_type='bnpo')",
+    paper="TRL's 'batch-normalised per-token' GRPO loss (token-level normalisation as in DAPO sec. 3.3)",
     arxiv=None,
-    matches="TRL 1.16 loss_type='bnpo'; verl loss_agg_mode='token-mean'",
+    matches="TRL 1.16 loss_type='bnpo'; Liger 'bnpo'; verl loss_agg_mode='token-mean'",
     advantage="grpo",
-    notes="TRL's 'bnpo' normalises by the active tokens of the local batch; with a Normalizer this is the "
-    "token-mean of the optimizer-step batch (then equal to 'dapo' with epsilon_high=0.2).",
+    notes="Despite the name, unrelated to the BNPO paper (Xiao et al. 2025, arXiv:2506.02864, a Beta "
+    "normalisation of advantages). TRL normalises by the active tokens of the local batch; with a Normalizer "
+    "this is the token-mean of the optimizer-step batch, i.e. 'dapo' with epsilon_high=0.2.",
 )
 def bnpo() -> PolicyLoss:
     r"""loss = sum_it -min(w A, clip(w, 1-eps, 1+eps) A) / N_tokens, eps = 0.2."""
@@ -223,7 +224,7 @@ def dr_grpo() -> PolicyLoss:
     "(rlzoo train --dynamic-sampling --overlong-buffer ...), not part of the loss.",
 )
 def dapo() -> PolicyLoss:
-    r"""loss = sum_it -min(w A, clip(w, 1-eps_low, 1+eps_high) A) / N_tokens, eps_low = 0.2, eps_high = 0.28 (eq. 8)."""
+    r"""loss = sum_it -min(w A, clip(w, 1-eps_low, 1+eps_high) A) / N_tokens, eps_low = 0.2, eps_high = 0.28 (sec. 3.1, 3.3)."""
     return PolicyLoss(surrogate=_ppo_clip(epsilon_low=0.2, epsilon_high=0.28), aggregation="token-mean")
 
 
@@ -270,7 +271,9 @@ def gspo_token() -> PolicyLoss:
     matches="TRL 1.16 loss_type='cispo' with epsilon_high=5.0 (TRL's cap is absolute: 1 + epsilon_high here); "
     "verl loss_mode='cispo' with clip_ratio_low=1.0, clip_ratio_high=4.0",
     advantage="grpo",
-    notes="Defaults clip(w, 0, 5) follow ScaleRL (Khatri et al. 2025, arXiv:2510.13786).",
+    notes="The paper sets no lower bound and tunes only the upper one; the default clip(w, 0, 5) is TRL's "
+    "recommendation for ScaleRL (Khatri et al. 2025, arXiv:2510.13786). verl's defaults (0.2/0.2) would clip to "
+    "[0.8, 1.2].",
 )
 def cispo() -> PolicyLoss:
     r"""loss = sum_it -sg[clip(w, 1-eps_low, 1+eps_high)] A logp / N_tokens, eps_low = 1, eps_high = 4."""
@@ -308,8 +311,10 @@ def gpg() -> PolicyLoss:
     title="Geometric-Mean Policy Optimization",
     paper="Zhao et al. 2025, Geometric-Mean Policy Optimization",
     arxiv="2507.20673",
-    matches="verl loss_mode='geo_mean' with clip_ratio_low=clip_ratio_high=0.4",
+    matches="verl loss_mode='geo_mean' with clip_ratio_low=clip_ratio_high=0.4 (verl's default 0.2 is not the paper's)",
     advantage="grpo",
+    notes="verl averages over the micro-batch's sequences, ignoring loss_agg_mode; here the aggregation is "
+    "seq-mean-token-mean with a Normalizer, so micro-batch splits do not change the result.",
 )
 def gmpo() -> PolicyLoss:
     r"""loss = (1/S) sum_i -A_i exp(mean_t sgn(A) min(sgn(A) l_it, sgn(A) clip(l_it, -0.4, 0.4))), l = log w."""
@@ -338,8 +343,9 @@ def clip_cov() -> PolicyLoss:
     title="KL-Cov (entropy control by a KL penalty on high-covariance tokens)",
     paper="Cui et al. 2025, The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
     arxiv="2505.22617",
-    matches="verl loss_mode='kl_cov' (kl_cov_ratio=2e-4, ppo_kl_coef=1)",
+    matches="verl loss_mode='kl_cov' (kl_cov_ratio=2e-4, ppo_kl_coef=1; verl's yaml ships 0.1)",
     advantage="grpo",
+    notes="The paper uses k=2e-3 for Qwen2.5-7B and 2e-4 for 32B, with beta=1 (sec. 4.3).",
 )
 def kl_cov() -> PolicyLoss:
     r"""loss = -w A + ppo_kl_coef |log w| on the top-k covariance tokens; token-mean."""
@@ -351,28 +357,34 @@ def kl_cov() -> PolicyLoss:
     title="INTELLECT-2 two-sided clipping (delta cap on the unclipped ratio)",
     paper="Prime Intellect Team 2025, INTELLECT-2: A Reasoning Model Trained Through Globally Decentralized RL",
     arxiv="2505.07291",
-    matches="TRL 1.16 loss_type='grpo' with delta=4.0",
+    matches="TRL 1.16 loss_type='grpo' with delta=4.0, beta=0.001",
     advantage="grpo",
+    notes="delta=4, epsilon=0.2 and beta=0.001 as TRL's paper index reports from the paper's sec. 4.1; the "
+    "paper's loss normalisation is unconfirmed, GRPO's per-sequence mean is used.",
 )
 def two_sided() -> PolicyLoss:
-    r"""loss = -min(min(w, delta) A, clip(w, 1-eps, 1+eps) A), delta = 4, eps = 0.2; seq-mean-token-mean."""
+    r"""loss = (1/S) sum_i (1/|o_i|) sum_t [-min(min(w, delta) A, clip(w, 1-eps, 1+eps) A) + beta k3], delta = 4."""
     return PolicyLoss(
-        surrogate=_ppo_clip(epsilon_low=0.2, epsilon_high=0.2, delta=4.0), aggregation="seq-mean-token-mean"
+        surrogate=_ppo_clip(epsilon_low=0.2, epsilon_high=0.2, delta=4.0),
+        aggregation="seq-mean-token-mean",
+        penalties=(KLPenalty(beta=0.001, kl_estimator="k3"),),
     )
 
 
 @preset(
     "luspo",
     title="Length-Unbiased Sequence Policy Optimization",
-    paper="LUSPO (UNCONFIRMED citation)",
-    arxiv=None,
-    matches="TRL 1.16 loss_type='luspo' with importance_sampling_level='sequence'",
+    paper="Liu et al. 2026, Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response "
+    "Length Variation in RLVR",
+    arxiv="2602.05261",
+    matches="TRL 1.16 loss_type='luspo' with importance_sampling_level='sequence' (TRL's default epsilon 0.2 is "
+    "about 100x the paper's)",
     advantage="grpo",
 )
 def luspo() -> PolicyLoss:
-    r"""loss = (1/S) sum_i sum_t -min(s_i A_i, clip(s_i, 1-eps, 1+eps) A_i): GSPO's ratio, token *sum* per sequence."""
+    r"""loss = (1/S) sum_i |o_i| * -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i) (eq. 7), eps = (2e-3, 2.5e-3)."""
     return PolicyLoss(
-        surrogate=_ppo_clip(epsilon_low=0.2, epsilon_high=0.2),
+        surrogate=_ppo_clip(epsilon_low=2e-3, epsilon_high=2.5e-3),
         ratio=SequenceRatio(),
         aggregation="seq-mean-token-sum",
     )
@@ -381,13 +393,14 @@ def luspo() -> PolicyLoss:
 @preset(
     "vespo",
     title="VESPO (gamma-weighted sequence-level soft IS)",
-    paper="VESPO (UNCONFIRMED citation)",
-    arxiv=None,
+    paper="Shen et al. 2026, VESPO: Variational Sequence-level Soft Policy Optimization for (Stable) Off-Policy "
+    "LLM Training",
+    arxiv="2602.10693",
     matches="TRL 1.16 loss_type='vespo' (vespo_k_pos=2, vespo_lambda_pos=3, vespo_k_neg=3, vespo_lambda_neg=2)",
     advantage="grpo",
 )
 def vespo() -> PolicyLoss:
-    r"""loss = sum_it -sg[phi(W_i)] A logp / N_tokens, phi(W) = e^lambda W^k e^(-lambda W), W_i = prod_t w_it."""
+    r"""loss = sum_it -sg[phi(W_i)] A logp / N_tokens, phi(W) = e^lambda W^k e^(-lambda W) (eq. 17), W_i = prod_t w_it."""
     return PolicyLoss(surrogate=VESPO(), aggregation="token-mean")
 
 
@@ -396,12 +409,18 @@ def vespo() -> PolicyLoss:
     title="Divergence PPO, binary total-variation trust region",
     paper="Qi et al. 2026, Rethinking the Trust Region in LLM Reinforcement Learning",
     arxiv="2602.04879",
-    matches="verl loss_mode='dppo_tv' (clip_ratio_low/high are the TV thresholds, clip_ratio_c=20)",
-    advantage="grpo",
+    matches="verl loss_mode='dppo_tv' with clip_ratio_low=clip_ratio_high=0.15, clip_ratio_c=5, "
+    "loss_agg_mode='seq-mean-token-sum-norm' (verl's recipe)",
+    advantage="dr_grpo",
+    notes="Thresholds and C=5 are the paper's (App. C, E); r and the divergence are meant w.r.t. the sampling "
+    "policy: pass the sampler's log-probs as old_logprobs (verl's bypass_mode). Needs max_completion_length.",
 )
 def dppo_tv() -> PolicyLoss:
-    r"""loss = -A sg[min(w, c)] logp * 1[p - p_old within (-eps_low, eps_high) in the direction of A]; token-mean."""
-    return PolicyLoss(surrogate=DPPOBinaryTV(), aggregation="token-mean")
+    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12-13), M_t = 0 where |p - p_old| > delta_TV in the direction of A."""
+    return PolicyLoss(
+        surrogate=DPPOBinaryTV(epsilon_low=0.15, epsilon_high=0.15, clip_ratio_c=5.0),
+        aggregation="seq-mean-token-sum-norm",
+    )
 
 
 @preset(
@@ -409,25 +428,32 @@ def dppo_tv() -> PolicyLoss:
     title="Divergence PPO, binary KL trust region",
     paper="Qi et al. 2026, Rethinking the Trust Region in LLM Reinforcement Learning",
     arxiv="2602.04879",
-    matches="verl loss_mode='dppo_kl' (clip_ratio_low/high are the KL thresholds, clip_ratio_c=20)",
-    advantage="grpo",
+    matches="verl loss_mode='dppo_kl' with clip_ratio_low=clip_ratio_high=0.05, clip_ratio_c=5, "
+    "loss_agg_mode='seq-mean-token-sum-norm' (verl's recipe)",
+    advantage="dr_grpo",
+    notes="As dppo_tv with the binary KL (eq. 14) and delta_KL = 0.05. Needs max_completion_length.",
 )
 def dppo_kl() -> PolicyLoss:
-    r"""loss = -A sg[min(w, c)] logp * 1[binary KL(p_old, p) within the threshold, or moving against A]; token-mean."""
-    return PolicyLoss(surrogate=DPPOBinaryKL(), aggregation="token-mean")
+    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12, 14), M_t = 0 where binary KL(p_old, p) > delta_KL in the direction of A."""
+    return PolicyLoss(
+        surrogate=DPPOBinaryKL(epsilon_low=0.05, epsilon_high=0.05, clip_ratio_c=5.0),
+        aggregation="seq-mean-token-sum-norm",
+    )
 
 
 @preset(
     "dro",
     title="DRO: REINFORCE with a quadratic log-ratio penalty",
-    paper="Richemond et al. 2024, Offline Regularised Reinforcement Learning for LLM Alignment (UNCONFIRMED)",
-    arxiv="2405.19107",
-    matches="verl loss_mode='dro' (policy_loss.dro_beta)",
+    paper="Kimi Team 2025, Kimi k1.5: Scaling Reinforcement Learning with LLMs (sec. 2.3.2, the online "
+    "mirror-descent surrogate); named after Richemond et al. 2024, arXiv:2405.19107",
+    arxiv="2501.12599",
+    matches="verl loss_mode='dro' (policy_loss.dro_beta); Tinker's 'dro' loss",
     advantage="grpo",
+    notes="No paper value for dro_beta is confirmed; 0.05 is the verl/Tinker example value.",
 )
 def dro() -> PolicyLoss:
-    r"""loss = sum_it -(A logp - dro_beta/2 (log w)^2) / N_tokens."""
-    return PolicyLoss(surrogate=DRO(dro_beta=1.0), aggregation="token-mean")
+    r"""loss = sum_it -(A logp - dro_beta/2 (log w)^2) / N_tokens, log w = logp - logp_old."""
+    return PolicyLoss(surrogate=DRO(dro_beta=0.05), aggregation="token-mean")
 
 
 def algorithms_markdown() -> str:

@@ -50,8 +50,8 @@ class ISCorrection(Part):
     Args:
         is_correction: "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", or None (off).
         is_min: lower bound, or None (no lower bound).
-        is_max: upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``), or None for the
-            mask modes. The truncate modes need it.
+        is_max: upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``), or None (no upper
+            bound). The truncate modes need is_max or is_min (as TRL).
 
     Metrics: ``sampling/importance_sampling_ratio/{min,mean,max}`` (before truncation/masking is
     *not* reported: after it, as TRL) and ``sampling/sampling_logp_difference/{mean,max}``.
@@ -74,8 +74,8 @@ class ISCorrection(Part):
         check_choice("is correction", "is_correction", self.is_correction, IS_MODES)
         check_number("is correction", "is_min", self.is_min, low=0.0, allow_none=True)
         check_number("is correction", "is_max", self.is_max, low=0.0, low_open=True, allow_none=True, allow_inf=True)
-        if self.is_correction.endswith("truncate") and self.is_max is None:
-            raise ValueError(f"is correction: {self.is_correction!r} needs is_max (the truncation cap)")
+        if self.is_correction.endswith("truncate") and self.is_max is None and self.is_min is None:
+            raise ValueError(f"is correction: {self.is_correction!r} needs is_max or is_min (the truncation bounds)")
         if self.is_min is not None and self.is_max is not None and self.is_min > self.is_max:
             raise ValueError(f"is correction: is_min ({self.is_min}) must be <= is_max ({self.is_max})")
 
@@ -178,7 +178,8 @@ class EntropyMask(Part):
     .. math:: M_t = \mathbb{1}[H_t \ge \mathrm{quantile}(\{H\}, 1 - q)]
 
     Args:
-        top_entropy_quantile: q in (0, 1]; 1.0 disables (keeps every token); the paper uses 0.2.
+        top_entropy_quantile: q in [0, 1]; 1.0 disables (keeps every token); 0.0 keeps only the
+            highest-entropy token(s) (as TRL); the paper uses 0.2.
 
     Batch-coupled: the quantile is over the batch's counted tokens. Needs ``PolicyBatch.entropies``.
     Metrics: ``entropy_mask/kept_mean``.
@@ -193,7 +194,7 @@ class EntropyMask(Part):
     top_entropy_quantile: float = 1.0
 
     def __post_init__(self) -> None:
-        check_number("entropy mask", "top_entropy_quantile", self.top_entropy_quantile, low=0.0, low_open=True,
+        check_number("entropy mask", "top_entropy_quantile", self.top_entropy_quantile, low=0.0,
                      high=1.0)
 
     @property

@@ -51,16 +51,18 @@ class TrainConfig:
     """Task: a reasoning-gym data set name, or a .jsonl file with prompt and answer columns."""
     task_kwargs: OptionalDottedOptions = None
     """Data set options, e.g. --task.max_terms 3; None: the built-in job's (2 one-digit terms) for chain_sum."""
-    answer_extraction: str = "full"
-    """How a completion becomes an answer for the scorer: full, first_number, last_number, first_line, tag."""
+    answer_extraction: str = "last_number"
+    """How a completion becomes an answer for the scorer: last_number, first_number, full, first_line, tag."""
     system_prompt: str | None = None
     """System message for the chat template (None: the template's default)."""
     eval_size: int = 200
     """Held-out evaluation problems (fixed seed, disjoint from training)."""
     eval_steps: int = 0
     """Evaluate every N optimizer steps (0: only before and after training)."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = 200
     """Prompts per greedy evaluation batch."""
+    exclude_eval_questions: bool = False
+    """Never train on a question that is in the held-out set (small procedural tasks repeat problems)."""
     train_seed: int = 1
     """Seed of the training problem stream."""
     eval_seed: int = 1000

@@ -129,7 +129,7 @@ class Trainer:
         self.loss_fn = loss
         self.advantage_name = advantage_name
         self.advantage_fn = get_advantage(advantage_name, **advantage_options)
-        unsupported = set(getattr(self.advantage_fn, "needs", ())) - {"completion_mask"}
+        unsupported = set(self.advantage_fn.needs) - {"completion_mask"}
         if unsupported:
             raise ValueError(
                 f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
@@ -144,6 +144,9 @@ class Trainer:
             )
 
         # Model, reference model, task, rewards, generator.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         self.model, self.tokenizer = load_model(config.model, dtype=self.dtype, device=self.device)
@@ -157,6 +160,7 @@ class Trainer:
         self.task = make_task(
             config.task, config.resolved_task_kwargs, train_seed=config.train_seed, eval_seed=config.eval_seed,
             eval_size=config.eval_size, answer_extraction=config.answer_extraction,
+            exclude_eval_questions=config.exclude_eval_questions,
         )
         self.rewards = RewardSet(
             list(config.reward_funcs) + list(reward_funcs), weights=config.reward_weights, task=self.task,
@@ -247,7 +251,8 @@ class Trainer:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        rollout.advantages = self.advantage_fn(rollout.reward, group_size=g).to(torch.float32)
+        extra = {"completion_mask": rollout.completion_mask} if "completion_mask" in self.advantage_fn.accepts else {}
+        rollout.advantages = self.advantage_fn(rollout.reward, group_size=g, **extra).to(torch.float32)
         if cfg.mask_truncated_completions:
             rollout.completion_mask = rollout.completion_mask & ~rollout.is_truncated[:, None]
         gen_time = time.perf_counter() - t0
@@ -266,6 +271,14 @@ class Trainer:
         from rlzoo.advantages import combine_rewards
 
         cfg = self.config
+        unscorable = torch.isnan(values).all(dim=1)
+        if cfg.multi_reward_aggregation == "normalize_then_sum" and bool(torch.isnan(values).any()):
+            raise ValueError("a reward function returned None; multi_reward_aggregation='normalize_then_sum' "
+                             "needs every reward of every completion")
+        if bool(unscorable.any()):  # TRL: every function returned None; such completions get reward 0 here
+            log.warning("%d completions were unscorable (every reward function returned None): reward 0",
+                        int(unscorable.sum()))
+        values = torch.nan_to_num(values, nan=0.0)
         reward = combine_rewards(values, weights=self.rewards.weights, mode=cfg.multi_reward_aggregation,
                                  group_size=cfg.num_generations)
         if cfg.overlong_buffer > 0:
@@ -326,7 +339,7 @@ class Trainer:
             self.micro_step += 1
         return out, stats
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> dict[str, Any]:
         """One optimizer step; returns its metrics."""
         t0 = time.perf_counter()
         micro_batches, gen_stats = self._micro_batches()
@@ -364,7 +377,7 @@ class Trainer:
         g = self.config.num_generations
         grouped = reward.view(-1, g) if reward.numel() % g == 0 else reward.view(1, -1)
         tokens = float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in micro_batches))
-        metrics: dict[str, float] = {
+        metrics: dict[str, Any] = {
             "step": self.step,
             "loss": loss_total,
             "reward": float(reward.mean()),
@@ -553,7 +566,8 @@ def evaluate(config: TrainConfig) -> EvalResult:
     model.eval()
     task = make_task(config.task, config.resolved_task_kwargs, train_seed=config.train_seed,
                      eval_seed=config.eval_seed, eval_size=config.eval_size,
-                     answer_extraction=config.answer_extraction)
+                     answer_extraction=config.answer_extraction,
+                     exclude_eval_questions=config.exclude_eval_questions)
     generator = HFGenerator(tokenizer, max_completion_length=config.max_completion_length,
                             max_prompt_length=config.max_prompt_length, share_prefix=False)
     return greedy_accuracy(model, tokenizer, task, generator, batch_size=config.eval_batch_size,

@@ -138,8 +138,10 @@ class CISPO(Part):
 
     Args:
         epsilon_low: >= 0 (default 1.0: lower bound 0, i.e. no lower clip, as the paper).
-        epsilon_high: >= 0 (default 4.0: upper bound 5, ScaleRL's ``epsilon_max = 5``).
-            TRL's ``epsilon_high`` for cispo is the absolute cap, i.e. ``1 + epsilon_high`` here.
+        epsilon_high: >= -1 (default 4.0: upper bound 5, ScaleRL's ``epsilon_max = 5``), with
+            ``1 + epsilon_high >= 1 - epsilon_low``. TRL's ``epsilon_high`` for cispo is the absolute cap,
+            i.e. ``1 + epsilon_high`` here; a cap below 1 (``epsilon_high < 0``, e.g. TRL's fallback cap 0.2)
+            down-weights every token.
 
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean`` (TRL's ``cispo_clip_ratio``),
     ``clip_ratio/region_mean``.
@@ -157,7 +159,12 @@ class CISPO(Part):
 
     def __post_init__(self) -> None:
         check_number("cispo", "epsilon_low", self.epsilon_low, low=0.0)
-        check_number("cispo", "epsilon_high", self.epsilon_high, low=0.0)
+        check_number("cispo", "epsilon_high", self.epsilon_high, low=-1.0)
+        if 1.0 + self.epsilon_high < 1.0 - self.epsilon_low:
+            raise ValueError(
+                f"cispo: the upper bound 1 + epsilon_high ({1.0 + self.epsilon_high}) must be >= the lower bound "
+                f"1 - epsilon_low ({1.0 - self.epsilon_low})"
+            )
 
     def __call__(self, x: LossInputs) -> PartOutput:
         w = x.weight.detach()
@@ -196,7 +203,8 @@ class SAPO(Part):
 
     def __call__(self, x: LossInputs) -> PartOutput:
         adv = x.advantages
-        tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(adv.dtype)
+        # in the batch's dtype: torch.where on two Python floats would round tau to float32
+        tau = torch.where(adv > 0, adv.new_tensor(self.tau_pos), adv.new_tensor(self.tau_neg))
         gate = torch.sigmoid(tau * (x.weight - 1.0)) * (4.0 / tau)
         return -gate * adv, {}
 
@@ -296,7 +304,8 @@ class ClipCov(Part):
         cov = (adv - x.mean(adv)) * (lp - x.mean(lp))
         clipped_by_ppo = (loss2 > loss1).detach()
         candidates = mask & ~clipped_by_ppo & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
-        count = torch.floor(self.clip_cov_ratio * mask.sum()).clamp(min=1)
+        # in float64 as verl's int(ratio * N): a Python float times an int tensor would be float32
+        count = torch.floor(self.clip_cov_ratio * mask.sum().to(torch.float64)).clamp(min=1)
         removed = _random_subset(candidates, count)
         loss = torch.where(removed, torch.zeros_like(loss1), torch.maximum(loss1, loss2))
         metrics = _clip_metrics(x, w, 1.0 - self.epsilon_low, 1.0 + self.epsilon_high)
@@ -338,7 +347,7 @@ class KLCov(Part):
         w, adv, mask = x.weight, x.advantages, x.mask
         lp = x.logprobs.detach()
         cov = (adv - x.mean(adv)) * (lp - x.mean(lp))
-        count = torch.floor(self.kl_cov_ratio * mask.sum()).clamp(min=1)
+        count = torch.floor(self.kl_cov_ratio * mask.sum().to(torch.float64)).clamp(min=1)  # float64: see ClipCov
         chosen = _top_count(cov, mask, count)
         abs_kl = x.log_ratio.abs()
         loss = -adv * w + torch.where(chosen, self.ppo_kl_coef * abs_kl, torch.zeros_like(abs_kl))
@@ -367,12 +376,16 @@ class VESPO(Part):
     Metrics: ``vespo/phi_seq_mean``.
 
     References:
-        VESPO, arXiv id unconfirmed (see docs/algorithms.md). Matches TRL 1.16 ``loss_type="vespo"``
+        Shen et al. 2026, "VESPO: Variational Sequence-level Soft Policy Optimization for (Stable)
+        Off-Policy LLM Training", arXiv:2602.10693, eq. (17), (20). Matches TRL 1.16 ``loss_type="vespo"``
         (``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg``).
     """
 
     registry: ClassVar = surrogates
     handles_is_weight: ClassVar[bool] = True
+    # W sums the *token* log IS weights; a sequence weight broadcast over n tokens would count n times (TRL
+    # also rejects sequence modes for vespo). PolicyLoss checks this.
+    is_correction_modes: ClassVar[tuple[str, ...]] = ("token_truncate", "token_mask")
     k_pos: float = 2.0
     lambda_pos: float = 3.0
     k_neg: float = 3.0
@@ -390,8 +403,9 @@ class VESPO(Part):
                 log_w = log_w + x.seq_sum(torch.clamp(torch.log(x.is_weight), lower, 20.0))
             log_w = torch.clamp(log_w, lower, 20.0).expand_as(x.log_ratio)
             nonneg = x.advantages >= 0
-            k = torch.where(nonneg, self.k_pos, self.k_neg).to(log_w.dtype)
-            lam = torch.where(nonneg, self.lambda_pos, self.lambda_neg).to(log_w.dtype).clamp(min=1e-4)
+            k = torch.where(nonneg, log_w.new_tensor(self.k_pos), log_w.new_tensor(self.k_neg))
+            lam = torch.where(nonneg, log_w.new_tensor(self.lambda_pos), log_w.new_tensor(self.lambda_neg))
+            lam = lam.clamp(min=1e-4)
             phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
         loss = -phi * x.advantages * x.logprobs
         return loss, {"vespo/phi_seq_mean": _seq_metric(x, x.seq_mean(phi))}
@@ -443,15 +457,16 @@ class DPPOBinaryTV(_DPPO):
     where ``p = exp(logp)``: the binary total-variation divergence of the sampled token's probability.
 
     Args:
-        epsilon_low, epsilon_high: >= 0, TV thresholds (probability units; default 0.2 / 0.2, verl's
-            ``clip_ratio`` default; unconfirmed against the paper, see docs/algorithms.md).
-        clip_ratio_c: > 0, truncation of the detached IS ratio (default 20.0, as verl).
+        epsilon_low, epsilon_high: >= 0, TV thresholds in probability units (default 0.2 / 0.2, verl's
+            ``clip_ratio``; the paper and the ``dppo_tv`` preset use 0.15).
+        clip_ratio_c: > 0, truncation C of the detached IS ratio (default 20.0, verl's fallback; the
+            paper's scaling runs and the preset use 5).
 
     Metrics: ``dppo/masked_mean`` (tokens outside the region), ``dppo/truncated_mean``.
 
     References:
-        Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879.
-        Matches verl ``loss_mode="dppo_tv"``.
+        Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879,
+        eq. (12)-(13), (23). Matches verl ``loss_mode="dppo_tv"``.
     """
 
     epsilon_low: float = 0.2
@@ -474,12 +489,12 @@ class DPPOBinaryKL(_DPPO):
     (``D <= epsilon_low`` or ``p >= p_old``).
 
     Args:
-        epsilon_low, epsilon_high: >= 0, KL thresholds in nats (default 0.2 / 0.2 as verl; unconfirmed
-            against the paper).
-        clip_ratio_c: > 0, truncation of the detached IS ratio (default 20.0).
+        epsilon_low, epsilon_high: >= 0, KL thresholds in nats (default 0.2 / 0.2 as verl; the paper and
+            the ``dppo_kl`` preset use 0.05).
+        clip_ratio_c: > 0, truncation C of the detached IS ratio (default 20.0; preset 5).
 
     References:
-        Qi et al. 2026, arXiv:2602.04879. Matches verl ``loss_mode="dppo_kl"``.
+        Qi et al. 2026, arXiv:2602.04879, eq. (12), (14). Matches verl ``loss_mode="dppo_kl"``.
     """
 
     epsilon_low: float = 0.2
@@ -504,18 +519,19 @@ class DRO(Part):
         \qquad \ell_t = \log\pi_\theta(o_t) - \log\pi_{old}(o_t)
 
     Args:
-        dro_beta: > 0, the penalty coefficient (default 1.0; verl has no default and requires it).
+        dro_beta: > 0, the penalty coefficient (default 0.05, the verl/Tinker example value; verl
+            requires it, no paper value is confirmed).
 
     Metrics: ``ppo_kl`` (masked mean of ``-log_ratio``).
 
     References:
-        Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large Language Models
-        Alignment", arXiv:2405.19107 (unconfirmed as verl's source). Matches verl ``loss_mode="dro"``
-        (``policy_loss.dro_beta``).
+        Kimi Team 2025, "Kimi k1.5", arXiv:2501.12599, sec. 2.3.2 (the log-ratio-squared surrogate);
+        Richemond et al. 2024, "Offline Regularised RL for LLM Alignment", arXiv:2405.19107 (the name).
+        Matches verl ``loss_mode="dro"`` (``policy_loss.dro_beta``).
     """
 
     registry: ClassVar = surrogates
-    dro_beta: float = 1.0
+    dro_beta: float = 0.05
 
     def __post_init__(self) -> None:
         check_number("dro", "dro_beta", self.dro_beta, low=0.0, low_open=True)

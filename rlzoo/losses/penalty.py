@@ -35,7 +35,8 @@ def _k2(logp: Tensor, ref: Tensor) -> Tensor:
 
 def _k3(logp: Tensor, ref: Tensor) -> Tensor:
     d = ref - logp
-    return torch.exp(d) - d - 1.0
+    # expm1(d) - d, not exp(d) - d - 1: no cancellation for small d, and >= 0 exactly (expm1(d) >= d after rounding)
+    return torch.expm1(d) - d
 
 
 def _abs(logp: Tensor, ref: Tensor) -> Tensor:

@@ -1,0 +1,322 @@
+"""What every advantage estimator shares: the registry, the uniform call path, input validation.
+
+An estimator is a frozen keyword-only dataclass whose fields are its options (validated in ``__post_init__``),
+registered by name in :data:`advantage_estimators`. Every estimator is called the same way::
+
+    estimator(rewards, group_size=G)                      # or group_ids=[N] labels
+    estimator(rewards, group_size=G, completion_mask=m, values=v, ...)   # the inputs it declares
+
+and declares what it needs, so a trainer checks support without special-casing names:
+
+* ``needs`` - inputs it cannot run without, among :data:`INPUTS`;
+* ``accepts`` - every input it uses (a superset of ``needs``); passing any other input raises, so a signal
+  such as per-token KL rewards is never dropped silently;
+* ``uses_groups`` - whether it compares the completions of one prompt (then ``group_size`` or ``group_ids`` is
+  required);
+* ``token_level`` - whether it returns ``Float[N, T]`` (one advantage per token) instead of ``Float[N]``.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlzoo.advantages.groups import GroupIds, GroupIndex
+from rlzoo.registry import Registry
+
+__all__ = [
+    "INPUTS",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "advantage_estimators",
+    "get_advantage",
+    "list_advantages",
+]
+
+advantage_estimators: Registry[type] = Registry("advantage estimator")
+
+INPUTS: tuple[str, ...] = ("completion_mask", "token_rewards", "values", "baseline_rewards")
+"""Optional inputs an estimator may declare in ``needs`` / ``accepts``:
+
+* ``completion_mask`` - ``Bool[N, T]``, True on counted completion tokens;
+* ``token_rewards`` - ``Float[N, T]``, dense per-token rewards (e.g. ``-beta * KL`` in the reward), added to
+  the outcome reward ``rewards`` that sits on each sequence's last counted token;
+* ``values`` - ``Float[N, T]``, the critic's value estimate ``V(s_t)`` per token;
+* ``baseline_rewards`` - ``Float[N]``, the reward of a baseline response per item (ReMax: the greedy
+  response).
+"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvantageInputs:
+    """The optional inputs of one call, validated and sanitized (masked positions hold 0).
+
+    Attributes:
+        completion_mask: ``Bool[N, T]`` or None.
+        lengths: ``Float[N]`` counted tokens per sequence (``completion_mask.sum(-1)``), or None.
+        token_rewards, values: ``Float[N, T]`` or None, 0 at masked positions (whatever they held there).
+        baseline_rewards: ``Float[N]`` or None.
+    """
+
+    completion_mask: Bool[Tensor, "N T"] | None = None
+    lengths: Float[Tensor, " N"] | None = None
+    token_rewards: Float[Tensor, "N T"] | None = None
+    values: Float[Tensor, "N T"] | None = None
+    baseline_rewards: Float[Tensor, " N"] | None = None
+
+    @property
+    def mask(self) -> Bool[Tensor, "N T"]:
+        """``completion_mask``, which the estimator declared in ``needs``."""
+        if self.completion_mask is None:  # pragma: no cover - guarded by `needs`
+            raise RuntimeError("completion_mask was not given")
+        return self.completion_mask
+
+
+def _check_floating(owner: str, name: str, x: Any, shape: tuple[int, ...], like: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{owner}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(
+            f"{owner}: {name} must be a floating-point tensor, got dtype {x.dtype}; convert with .float()"
+        )
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{owner}: {name} must have shape {like}={shape}, got {tuple(x.shape)}")
+    return x
+
+
+def check_rewards(rewards: Any, owner: str, name: str = "rewards") -> Tensor:
+    """``rewards`` if it is a finite floating-point ``[N]`` tensor with ``N >= 1``; else a ``ValueError``
+    naming it."""
+    if not isinstance(rewards, Tensor):
+        raise ValueError(f"{owner}: {name} must be a torch.Tensor of shape [N], got {type(rewards).__name__}")
+    if rewards.ndim != 1 or rewards.shape[0] < 1:
+        raise ValueError(
+            f"{owner}: {name} must have shape [N] with N >= 1 (one reward per completion), got shape "
+            f"{tuple(rewards.shape)}"
+        )
+    return _check_floating(owner, name, rewards, (int(rewards.shape[0]),), "[N]")
+
+
+def _raise_not_finite(owner: str, checks: list[tuple[str, Tensor]]) -> None:
+    """One device sync for all finiteness flags; raise naming the first offending input."""
+    if not checks:
+        return
+    flags = torch.stack([flag for _, flag in checks]).cpu()
+    if not bool(flags.any()):
+        return
+    for (name, _), bad in zip(checks, flags.tolist(), strict=True):
+        if bad:
+            where = (
+                " at a counted position (completion_mask True)" if name in ("token_rewards", "values") else ""
+            )
+            raise ValueError(
+                f"{owner}: {name} holds NaN/inf{where}; rewards must be finite (score unscorable "
+                "completions explicitly, e.g. 0)"
+            )
+
+
+def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def build_inputs(owner: str, rewards: Tensor, given: Mapping[str, Any]) -> AdvantageInputs:
+    """Validate ``rewards`` and the optional inputs together (shapes, dtypes, devices, finiteness; one
+    sync)."""
+    n = int(rewards.shape[0])
+    checks: list[tuple[str, Tensor]] = [("rewards", ~torch.isfinite(rewards.detach()).all())]
+    mask = given.get("completion_mask")
+    fields: dict[str, Any] = {}
+    if mask is not None:
+        if not isinstance(mask, Tensor):
+            raise ValueError(f"{owner}: completion_mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise ValueError(
+                f"{owner}: completion_mask must have dtype torch.bool (True = token counts), got "
+                f"{mask.dtype}; convert with .bool()"
+            )
+        if mask.ndim != 2 or mask.shape[0] != n or mask.shape[1] < 1:
+            raise ValueError(
+                f"{owner}: completion_mask must have shape [N, T] with N={n} like rewards and T >= 1, "
+                f"got {tuple(mask.shape)}"
+            )
+        if mask.device != rewards.device:
+            raise ValueError(
+                f"{owner}: completion_mask is on {mask.device} but rewards is on {rewards.device}"
+            )
+        fields["completion_mask"] = mask
+        fields["lengths"] = mask.sum(-1).to(rewards.dtype)
+    for name in ("token_rewards", "values"):
+        x = given.get(name)
+        if x is None:
+            continue
+        if mask is None:  # pragma: no cover - every estimator accepting them needs the mask
+            raise ValueError(f"{owner}: {name} needs completion_mask")
+        x = _check_floating(owner, name, x, tuple(mask.shape), "[N, T] like completion_mask")
+        if x.device != rewards.device:
+            raise ValueError(f"{owner}: {name} is on {x.device} but rewards is on {rewards.device}")
+        checks.append((name, (~torch.isfinite(x.detach()) & mask).any()))
+        fields[name] = _zero_masked(x.to(rewards.dtype), mask)
+    baseline = given.get("baseline_rewards")
+    if baseline is not None:
+        baseline = _check_floating(owner, "baseline_rewards", baseline, (n,), "[N] like rewards")
+        if baseline.device != rewards.device:
+            raise ValueError(
+                f"{owner}: baseline_rewards is on {baseline.device} but rewards is on {rewards.device}"
+            )
+        checks.append(("baseline_rewards", ~torch.isfinite(baseline.detach()).all()))
+        fields["baseline_rewards"] = baseline.to(rewards.dtype)
+    _raise_not_finite(owner, checks)
+    return AdvantageInputs(**fields)
+
+
+class AdvantageEstimator:
+    """Base of every advantage estimator (abstract; each registered subclass is a frozen kw-only dataclass).
+
+    Subclasses set the class attributes ``_needs``, ``_accepts``, ``uses_groups``, ``token_level`` and
+    implement ``_compute(rewards, groups, inputs)``. See the module docstring for the calling convention.
+    """
+
+    _needs: ClassVar[frozenset[str]] = frozenset()
+    _accepts: ClassVar[frozenset[str]] = frozenset()
+    uses_groups: ClassVar[bool] = True
+    token_level: ClassVar[bool] = False
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """Inputs (among :data:`INPUTS`) this estimator cannot run without."""
+        return self._needs
+
+    @property
+    def accepts(self) -> frozenset[str]:
+        """Every input (among :data:`INPUTS`) this estimator uses; a superset of :attr:`needs`."""
+        return self._accepts | self.needs
+
+    def __call__(
+        self,
+        rewards: Float[Tensor, " N"],
+        *,
+        group_size: int | None = None,
+        group_ids: GroupIds | None = None,
+        completion_mask: Bool[Tensor, "N T"] | None = None,
+        token_rewards: Float[Tensor, "N T"] | None = None,
+        values: Float[Tensor, "N T"] | None = None,
+        baseline_rewards: Float[Tensor, " N"] | None = None,
+    ) -> Float[Tensor, " N"] | Float[Tensor, "N T"]:
+        """Advantages of ``N`` completions.
+
+        Args:
+            rewards: ``Float[N]``, one finite scalar (outcome) reward per completion. Token-level estimators
+                place it on each sequence's last counted token.
+            group_size: ``G``: groups are ``G`` consecutive items (TRL's order); must divide ``N``.
+            group_ids: ``[N]`` group labels instead of ``group_size`` (verl's ``index``; any order).
+                Group-relative estimators need exactly one of the two; the others ignore both.
+            completion_mask, token_rewards, values, baseline_rewards: see :data:`INPUTS`; only those in
+                :attr:`accepts` may be given, and those in :attr:`needs` must be. Values at masked positions
+                are ignored (NaN included).
+
+        Returns:
+            ``Float[N]``, or ``Float[N, T]`` for token-level estimators (0 at masked positions); ``rewards``'
+            dtype.
+
+        Raises:
+            ValueError: naming the field: non-finite rewards (or inputs at counted positions), wrong shape or
+            dtype,
+                a missing needed input, an input the estimator does not use, or bad grouping (see
+                :meth:`GroupIndex.build`).
+        """
+        owner = f"advantage estimator {self.registered_name()!r}"
+        rewards = check_rewards(rewards, owner)
+        given = {
+            "completion_mask": completion_mask,
+            "token_rewards": token_rewards,
+            "values": values,
+            "baseline_rewards": baseline_rewards,
+        }
+        given = {k: v for k, v in given.items() if v is not None}
+        missing = sorted(self.needs - given.keys())
+        if missing:
+            raise ValueError(f"{owner} needs {', '.join(missing)}; it needs: {', '.join(sorted(self.needs))}")
+        unused = sorted(given.keys() - self.accepts)
+        if unused:
+            accepted = ", ".join(sorted(self.accepts)) or "none"
+            raise ValueError(
+                f"{owner} does not use {', '.join(unused)} (it would be ignored); inputs it accepts: "
+                f"{accepted}"
+            )
+        inputs = build_inputs(owner, rewards, given)
+        groups = None
+        if self.uses_groups:
+            device = rewards.device
+            groups = GroupIndex.build(
+                int(rewards.shape[0]), group_size=group_size, group_ids=group_ids, device=device, owner=owner
+            )
+        return self._compute(rewards, groups, inputs)
+
+    def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
+        raise NotImplementedError  # pragma: no cover
+
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name this class is registered under in :data:`advantage_estimators`."""
+        for name, obj in advantage_estimators.items():
+            if obj is cls:
+                return name
+        return cls.__name__
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options (dataclass fields)."""
+        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    def options(self) -> dict[str, Any]:
+        """Current option values."""
+        return {name: getattr(self, name) for name in self.option_names()}
+
+    def to_config(self) -> dict[str, Any]:
+        """JSON-able ``{"name": ..., **options}``; ``get_advantage(**config)`` rebuilds it."""
+        return {"name": self.registered_name(), **self.options()}
+
+    def describe(self) -> str:
+        """``name(option=value, ...)``."""
+        return f"{self.registered_name()}({', '.join(f'{k}={v!r}' for k, v in self.options().items())})"
+
+
+def get_advantage(name: str, **options: Any) -> AdvantageEstimator:
+    """The advantage estimator registered as ``name``, configured with ``options``.
+
+    Args:
+        name: one of :func:`list_advantages`.
+        **options: the estimator's keyword options (its dataclass fields), e.g. ``scale="group"``.
+
+    Returns:
+        The configured estimator; call it as ``estimator(rewards, group_size=G, ...)``.
+
+    Raises:
+        rlzoo.UnknownNameError: (a ``KeyError`` and ``ValueError``) for an unknown name, listing the valid
+        names.
+        ValueError: for an option the estimator does not have (listing its options) or an invalid option value
+            (naming the option and its valid values or range).
+
+    Example:
+        >>> import torch, rlzoo
+        >>> estimator = rlzoo.get_advantage("grpo", scale="none")
+        >>> estimator(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=2).tolist()
+        [0.5, -0.5, 0.0, 0.0]
+    """
+    cls = advantage_estimators.get(name)
+    valid = cls.option_names()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"advantage estimator {name!r} has no option {', '.join(map(repr, unknown))}; valid options: "
+            f"{', '.join(valid) or 'none'}"
+        )
+    return cls(**options)
+
+
+def list_advantages() -> list[str]:
+    """Sorted names of the registered advantage estimators."""
+    return advantage_estimators.names()

@@ -1,0 +1,204 @@
+"""Registry contract and zoo-wide conformance: every registered estimator passes the same checks for free."""
+
+import json
+
+import pytest
+import torch
+from adv_cases import GRID, grouped_rewards, token_case
+from hypothesis import given
+from hypothesis import strategies as st
+from tolerances import tol
+
+import rlzoo
+from rlzoo.advantages import INPUTS, AdvantageEstimator, advantage_estimators, get_advantage, list_advantages
+
+EXPECTED = {
+    "dr_grpo",
+    "gae",
+    "gpg",
+    "grpo",
+    "grpo_passk",
+    "maxrl",
+    "opo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "rloo",
+}
+ALL = list_advantages()
+
+
+def _inputs_for(est: AdvantageEstimator, case: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: case[k] for k in est.accepts}
+
+
+def _rewards_for(name: str, case: dict[str, torch.Tensor]) -> torch.Tensor:
+    return case["rewards"].abs() if name == "maxrl" else case["rewards"]
+
+
+def test_public_names() -> None:
+    assert rlzoo.get_advantage is get_advantage and rlzoo.list_advantages is list_advantages
+    assert ALL == sorted(ALL)
+    assert EXPECTED <= set(ALL)
+
+
+def test_unknown_name_lists_valid_names() -> None:
+    with pytest.raises(rlzoo.UnknownNameError) as info:
+        get_advantage("grpoo")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    assert "grpoo" in str(info.value) and all(name in str(info.value) for name in ALL)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "field", "valid"),
+    [
+        ("grpo", {"scale": "std"}, "scale", "'group', 'batch', 'none'"),
+        ("grpo", {"eps": -1e-4}, "eps", ">= 0"),
+        ("grpo", {"eps": float("nan")}, "eps", "finite"),
+        ("grpo_passk", {"scale": "batch"}, "scale", "'group', 'none'"),
+        ("gpg", {"alpha": "two"}, "alpha", "'nonzero_rewards', 'informative', 'one'"),
+        ("reinforce_pp_baseline", {"whiten": "batch"}, "whiten", "'token', 'sequence'"),
+        ("reinforce_pp", {"gamma": 1.5}, "gamma", "<= 1"),
+        ("gae", {"lam": -0.1}, "lam", ">= 0"),
+    ],
+)
+def test_bad_option_value_names_option_and_valid_values(
+    name: str, options: dict, field: str, valid: str
+) -> None:
+    with pytest.raises(ValueError, match=field) as info:
+        get_advantage(name, **options)
+    assert valid in str(info.value)
+
+
+def test_non_bool_whiten_is_rejected() -> None:
+    """gae.whiten must be a bool (a beartype error under the test checker, a ValueError without it)."""
+    with pytest.raises((ValueError, TypeError), match="whiten"):
+        get_advantage("gae", whiten="yes")
+
+
+def test_unknown_option_lists_valid_options() -> None:
+    with pytest.raises(ValueError, match="'scales'") as info:
+        get_advantage("grpo", scales="group")
+    assert "scale, eps" in str(info.value)
+    with pytest.raises(ValueError, match="has no option 'scale'; valid options: none"):
+        get_advantage("dr_grpo", scale="group")
+
+
+def test_preset_estimators_work_without_options() -> None:
+    """Loss presets name an estimator (+ options); each must build and run on plain grouped rewards."""
+    names = {"grpo", "dr_grpo", "gpg"}
+    for preset_name in rlzoo.losses.presets.names():
+        preset = rlzoo.losses.presets.get(preset_name)
+        names.add(preset.advantage)
+        get_advantage(preset.advantage, **dict(preset.advantage_options))
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5], dtype=torch.float64)
+    for name in sorted(names):
+        out = get_advantage(name)(rewards, group_size=2)
+        assert out.shape == (4,) and bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_declarations(name: str) -> None:
+    """needs <= accepts <= INPUTS; registered name round-trips; config is JSON and rebuilds an equal
+    estimator;
+    the class documents its source (arXiv id) and the reference implementation it matches (or lacks)."""
+    est = get_advantage(name)
+    assert isinstance(est, AdvantageEstimator)
+    assert est.needs <= est.accepts <= set(INPUTS)
+    assert type(est).registered_name() == name and advantage_estimators.get(name) is type(est)
+    config = json.loads(json.dumps(est.to_config()))
+    assert get_advantage(**config) == est
+    assert name in est.describe()
+    doc = type(est).__doc__ or ""
+    assert "arXiv:" in doc and ("verl" in doc or "TRL" in doc)
+    if est.token_level:
+        assert "completion_mask" in est.needs
+
+
+@pytest.mark.parametrize("name", ALL)
+@given(case=token_case(), labels=st.data())
+def test_conformance(name: str, case: dict[str, torch.Tensor], labels: st.DataObject) -> None:
+    """Every estimator: right shape and dtype, finite; token-level output is 0 at masked positions; values at
+    masked positions of token inputs are inert (NaN included); group_size == the equivalent group_ids; with
+    group_ids, permuting the items permutes the output (rows of token outputs)."""
+    est = get_advantage(name)
+    n, t = case["completion_mask"].shape
+    g = labels.draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+    rewards = _rewards_for(name, case)
+    inputs = _inputs_for(est, case)
+    out = est(rewards, group_size=g, **inputs)
+    assert out.dtype == torch.float64
+    assert out.shape == ((n, t) if est.token_level else (n,))
+    assert bool(torch.isfinite(out).all())
+    mask = case["completion_mask"]
+    if est.token_level:
+        assert bool((out[~mask] == 0).all())
+
+    # padding is inert
+    garbage = {
+        k: (torch.where(mask, v, torch.nan) if v.shape == mask.shape and k != "completion_mask" else v)
+        for k, v in inputs.items()
+    }
+    torch.testing.assert_close(est(rewards, group_size=g, **garbage), out, **tol(torch.float64))
+
+    # group_size == group_ids; permutation equivariance
+    ids = torch.arange(n) // g
+    torch.testing.assert_close(est(rewards, group_ids=ids, **inputs), out, **tol(torch.float64))
+    perm = torch.tensor(labels.draw(st.permutations(range(n))))
+    permuted = {k: v[perm] for k, v in inputs.items()}
+    out_p = est(rewards[perm], group_ids=ids[perm].tolist(), **permuted)
+    torch.testing.assert_close(out_p, out[perm], **tol(torch.float64))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_missing_and_unused_inputs_raise(name: str) -> None:
+    """A needed input that is missing, or an input the estimator does not use, raises naming it."""
+    est = get_advantage(name)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    full = {
+        "completion_mask": mask,
+        "token_rewards": torch.zeros(2, 3, dtype=torch.float64),
+        "values": torch.zeros(2, 3, dtype=torch.float64),
+        "baseline_rewards": torch.zeros(2, dtype=torch.float64),
+    }
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    for missing in est.needs:
+        kwargs = {k: full[k] for k in est.accepts if k != missing}
+        with pytest.raises(ValueError, match=f"needs {missing}"):
+            est(rewards, group_size=2, **kwargs)
+    for extra in set(INPUTS) - est.accepts:
+        kwargs = {k: full[k] for k in est.accepts} | {extra: full[extra]}
+        with pytest.raises(ValueError, match=f"does not use {extra}"):
+            est(rewards, group_size=2, **kwargs)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if get_advantage(n).uses_groups])
+@given(data=grouped_rewards(min_size=1, max_size=1, values=GRID))
+def test_all_singletons_give_zero(name: str, data: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Documented convention: a group of one completion has no relative information -> advantage 0."""
+    rewards, ids = data
+    est = get_advantage(name)
+    mask = torch.ones(rewards.shape[0], 3, dtype=torch.bool)
+    extra = {"completion_mask": mask} if "completion_mask" in est.accepts else {}
+    out = est(rewards.abs() if name == "maxrl" else rewards, group_ids=ids, **extra)
+    assert bool((out == 0).all())
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in ALL if get_advantage(n).uses_groups and n != "reinforce_pp_baseline"]
+)
+@given(value=st.sampled_from((0.1, 0.3, 1.0 / 3.0, 0.7, 2.9)), size=st.integers(2, 9), other=GRID)
+def test_zero_variance_groups_give_exact_zero(name: str, value: float, size: int, other: float) -> None:
+    """Documented convention: a group whose rewards are all equal gets exactly 0, even where the float mean is
+    not exactly the common value (0.1 * 3 / 3 != 0.1), independently of the other groups."""
+    rewards = torch.tensor([value] * size + [abs(other), abs(other) + 1.0], dtype=torch.float64)
+    ids = [0] * size + [1, 1]
+    est = get_advantage(name)
+    extra = (
+        {"completion_mask": torch.ones(size + 2, 2, dtype=torch.bool)}
+        if "completion_mask" in est.accepts
+        else {}
+    )
+    out = est(rewards, group_ids=ids, **extra)
+    assert bool((out[:size] == 0).all())
+    assert bool((out[size:] != 0).any())

@@ -1,0 +1,367 @@
+"""Bad input raises a clear error that names the field or option (never a silent NaN).
+
+DESIGN.md section 2: unknown names raise a KeyError/ValueError listing the valid names; bad shapes,
+dtypes, NaN in counted positions, or invalid hyper-parameters raise an error naming the field.
+"""
+
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import policy_batches, runtime_type_checker_off
+
+import rlzoo
+from rlzoo import BatchError, Normalizer, PolicyBatch, UnknownNameError
+from rlzoo.losses import PolicyLoss, aggregations, kl_estimators, ratio_levels
+
+B, T = 2, 3
+
+
+@pytest.fixture(autouse=True)
+def _users_error_path():
+    """Check the errors users get: without the test-only jaxtyping checker, which would raise its own
+    TypeCheckError in the generated __init__ before rlzoo's validation."""
+    with runtime_type_checker_off():
+        yield
+
+LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+TOKEN_FIELDS = (*LOGPROB_FIELDS, "entropies")
+
+
+def _fields(**overrides):
+    fields = {
+        "logprobs": torch.full((B, T), -0.5, dtype=torch.float64, requires_grad=True),
+        "advantages": torch.tensor([1.0, -1.0], dtype=torch.float64),
+        "completion_mask": torch.tensor([[True, True, False], [True, False, False]]),
+        "old_logprobs": torch.full((B, T), -0.4, dtype=torch.float64),
+        "ref_logprobs": torch.full((B, T), -0.6, dtype=torch.float64),
+        "rollout_logprobs": torch.full((B, T), -0.45, dtype=torch.float64),
+        "entropies": torch.full((B, T), 1.0, dtype=torch.float64),
+    }
+    fields.update(overrides)
+    return fields
+
+
+def _batch(**overrides) -> PolicyBatch:
+    return PolicyBatch(**_fields(**overrides))
+
+
+def _names_all(message: str, names) -> bool:
+    return all(n in message for n in names)
+
+
+# ------------------------------------------------------------------------------------------ unknown names
+def test_unknown_preset_lists_every_preset():
+    """rlzoo.get_loss('nope') raises an UnknownNameError (both a KeyError and a ValueError) listing the presets."""
+    with pytest.raises(UnknownNameError) as err:
+        rlzoo.get_loss("grpoo")
+    assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
+    assert "grpoo" in str(err.value) and _names_all(str(err.value), rlzoo.list_losses())
+
+
+@pytest.mark.parametrize(
+    ("option", "registry"),
+    [("importance_sampling_level", ratio_levels), ("aggregation", aggregations)],
+)
+def test_unknown_part_name_lists_the_valid_names(option, registry):
+    """An unknown ratio level (importance_sampling_level) or aggregation lists the registered names."""
+    with pytest.raises(UnknownNameError) as err:
+        rlzoo.get_loss("grpo", **{option: "seqence"})
+    assert "seqence" in str(err.value) and _names_all(str(err.value), registry.names())
+
+
+def test_unknown_kl_estimator_lists_the_estimators():
+    """kl_estimator='k4' raises a ValueError naming kl_estimator and listing k1, k2, k3, abs, k1+, k3+."""
+    with pytest.raises(ValueError, match="kl_estimator") as err:
+        rlzoo.get_loss("grpo", kl_estimator="k4")
+    assert _names_all(str(err.value), kl_estimators.names())
+    with pytest.raises(UnknownNameError) as err2:
+        rlzoo.losses.kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "low_var_kl")
+    assert _names_all(str(err2.value), kl_estimators.names())
+
+
+@pytest.mark.parametrize("name", rlzoo.list_losses())
+def test_unknown_option_lists_the_valid_options(name):
+    """An option no part accepts (a typo) raises an UnknownNameError listing the loss's valid options."""
+    loss_fn = rlzoo.get_loss(name)
+    with pytest.raises(UnknownNameError) as err:
+        rlzoo.get_loss(name, epsilon_hihg=0.3)
+    message = str(err.value)
+    assert "epsilon_hihg" in message
+    assert _names_all(message, sorted(loss_fn.options()))
+
+
+def test_unknown_is_correction_mode_lists_the_modes():
+    """is_correction='bogus' raises a ValueError naming is_correction and listing the four modes."""
+    with pytest.raises(ValueError, match="is_correction") as err:
+        rlzoo.get_loss("grpo", is_correction="bogus")
+    assert _names_all(str(err.value), ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+
+
+def test_unknown_part_names_in_composition_and_config():
+    """PolicyLoss(surrogate='nope') and from_config with an unknown part name list the valid names; a config
+    missing a part is a ValueError naming it; a non-part surrogate is a TypeError."""
+    with pytest.raises(UnknownNameError, match="ppo_clip"):
+        PolicyLoss(surrogate="nope")
+    config = rlzoo.get_loss("grpo").to_config()
+    config["surrogate"]["name"] = "ppo_clipp"
+    with pytest.raises(UnknownNameError, match="ppo_clip"):
+        PolicyLoss.from_config(config)
+    config = rlzoo.get_loss("grpo").to_config()
+    del config["aggregation"]
+    with pytest.raises(ValueError, match="aggregation"):
+        PolicyLoss.from_config(config)
+    with pytest.raises(TypeError, match="surrogate"):
+        PolicyLoss(surrogate=42)
+
+
+# -------------------------------------------------------------------------------------- shapes, dtypes
+@pytest.mark.parametrize("field", TOKEN_FIELDS)
+def test_wrong_shape_names_the_field(field):
+    """A [B, T] field of another shape raises a BatchError naming it."""
+    for shape in ((B, T + 1), (B + 1, T), (B * T,), (B, T, 1)):
+        bad = torch.full(shape, -0.5, dtype=torch.float64)
+        with pytest.raises(BatchError, match=field):
+            _batch(**{field: bad})
+
+
+def test_wrong_advantages_shape_names_the_field():
+    """advantages must be [B] or [B, T]."""
+    for shape in ((B + 1,), (B, T + 1), (T,), (B, T, 1), ()):
+        with pytest.raises(BatchError, match="advantages"):
+            _batch(advantages=torch.zeros(shape, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("field", (*TOKEN_FIELDS, "advantages"))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_non_float_dtype_names_the_field(field, dtype):
+    """Integer or bool log-probs / advantages / entropies raise a BatchError naming the field."""
+    shape = (B,) if field == "advantages" else (B, T)
+    with pytest.raises(BatchError, match=field):
+        _batch(**{field: torch.zeros(shape, dtype=dtype)})
+
+
+@pytest.mark.parametrize("field", (*TOKEN_FIELDS, "advantages", "completion_mask"))
+def test_non_tensor_names_the_field(field):
+    """A list or numpy-like value instead of a tensor raises a BatchError naming the field."""
+    with pytest.raises(BatchError, match=field):
+        _batch(**{field: [[0.0] * T] * B})
+
+
+def test_logprobs_must_be_2d_and_non_empty():
+    """logprobs is [B, T] with B >= 1 and T >= 1."""
+    for bad in (torch.zeros(3), torch.zeros(0, 3), torch.zeros(2, 0), torch.zeros(1, 2, 3)):
+        shape = bad.shape if bad.ndim == 2 else (2, 3)
+        with pytest.raises(BatchError, match="logprobs"):
+            PolicyBatch(logprobs=bad.double(), advantages=torch.zeros(shape[0]).double(),
+                        completion_mask=torch.ones(shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.int8])
+def test_non_bool_mask_is_rejected(dtype):
+    """completion_mask must be torch.bool; a 0/1 float or integer mask is an error naming it (not a silent cast)."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=dtype)
+    with pytest.raises(BatchError, match=r"completion_mask.*bool"):
+        _batch(completion_mask=mask)
+
+
+def test_mask_of_the_wrong_shape_is_rejected():
+    with pytest.raises(BatchError, match="completion_mask"):
+        _batch(completion_mask=torch.ones(B, T + 1, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------------- values at counted
+@pytest.mark.parametrize("field", (*TOKEN_FIELDS, "advantages"))
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_nan_or_inf_at_a_counted_position_names_the_field(field, value):
+    """NaN/inf where completion_mask is True raises a BatchError naming the field; at a masked position it is
+    accepted (padding)."""
+    base = _fields()[field].detach().clone()
+    counted = base.clone()
+    counted.view(-1)[0] = value  # (0, 0) is counted; advantages[0] belongs to a non-empty row
+    with pytest.raises(BatchError, match=field):
+        _batch(**{field: counted})
+    if base.ndim == 2:
+        masked = base.clone()
+        masked[0, 2] = value  # masked position
+        _batch(**{field: masked})
+
+
+@given(batch=policy_batches(ref=True, rollout=True, entropies=True, old=True, min_counted=1),
+       field=st.sampled_from((*TOKEN_FIELDS, "advantages")), value=st.sampled_from([math.nan, math.inf, -math.inf]),
+       pick=st.integers(0, 10**6))
+def test_any_counted_non_finite_value_is_caught(batch, field, value, pick):
+    """For any batch, field and counted position, a NaN/inf there raises a BatchError naming the field."""
+    mask = batch.completion_mask
+    tensor = getattr(batch, field).detach().clone()
+    where = mask if tensor.ndim == 2 else mask.any(-1)
+    idx = where.nonzero()[pick % int(where.sum())]
+    tensor[tuple(idx)] = value
+    fields = {f: getattr(batch, f) for f in ("logprobs", "advantages", "completion_mask", "old_logprobs",
+                                             "ref_logprobs", "rollout_logprobs", "entropies")}
+    fields[field] = tensor
+    with pytest.raises(BatchError, match=field):
+        PolicyBatch(**fields)
+
+
+@pytest.mark.parametrize("field", LOGPROB_FIELDS)
+def test_positive_log_prob_at_a_counted_position_names_the_field(field):
+    """Log-probs are <= 0: a positive value at a counted position raises; at a masked position it is padding.
+    Entropies may be positive."""
+    base = _fields()[field].detach().clone()
+    bad = base.clone()
+    bad[1, 0] = 0.25
+    with pytest.raises(BatchError, match=field):
+        _batch(**{field: bad})
+    ok = base.clone()
+    ok[1, 1] = 0.25
+    _batch(**{field: ok})
+    _batch(entropies=torch.full((B, T), 3.0, dtype=torch.float64))
+
+
+def test_check_values_false_skips_only_the_value_checks():
+    """check_values=False accepts NaN at counted positions (caller's guarantee) but still checks shapes."""
+    nan = torch.full((B, T), math.nan, dtype=torch.float64)
+    PolicyBatch(**_fields(old_logprobs=nan), check_values=False)
+    with pytest.raises(BatchError, match="old_logprobs"):
+        PolicyBatch(**_fields(old_logprobs=nan[:, :2]), check_values=False)
+
+
+# ------------------------------------------------------------------------------------- hyper-parameters
+@pytest.mark.parametrize(
+    ("name", "option"),
+    [("ppo", "epsilon_low"), ("ppo", "epsilon_high"), ("dapo", "epsilon_high"), ("cispo", "epsilon_low"),
+     ("clip_cov", "epsilon_low"), ("gmpo", "epsilon_low"), ("gmpo", "epsilon_high"),
+     ("dppo_tv", "epsilon_low"), ("dppo_kl", "epsilon_high"), ("gspo", "epsilon_low")],
+)
+@pytest.mark.parametrize("value", [-0.1, -1e-12, math.nan, math.inf, "0.2", None, True])
+def test_invalid_epsilon_names_the_option(name, option, value):
+    """epsilon < 0 (and NaN, inf, strings, None, bools) raise a ValueError naming the option."""
+    with pytest.raises(ValueError, match=option):
+        rlzoo.get_loss(name, **{option: value})
+
+
+@pytest.mark.parametrize("value", [1.0, 0.99, 0.0, -3.0, math.nan])
+def test_dual_clip_must_exceed_one(value):
+    """dual_clip = c must be > 1 (Ye et al.: c > 1); c <= 1 raises a ValueError naming dual_clip."""
+    with pytest.raises(ValueError, match="dual_clip"):
+        rlzoo.get_loss("ppo", dual_clip=value)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "option"),
+    [
+        ("cispo", {"epsilon_high": -1.5}, "epsilon_high"),
+        ("cispo", {"epsilon_low": 0.1, "epsilon_high": -0.5}, "epsilon_high"),
+        ("two_sided", {"delta": 0.0}, "delta"),
+        ("two_sided", {"delta": -1.0}, "delta"),
+        ("grpo", {"beta": -0.01}, "beta"),
+        ("sapo", {"tau_pos": 0.0}, "tau_pos"),
+        ("sapo", {"tau_neg": -1.0}, "tau_neg"),
+        ("clip_cov", {"clip_cov_ratio": 0.0}, "clip_cov_ratio"),
+        ("clip_cov", {"clip_cov_ratio": 1.5}, "clip_cov_ratio"),
+        ("clip_cov", {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, "clip_cov_ub"),
+        ("kl_cov", {"kl_cov_ratio": 0.0}, "kl_cov_ratio"),
+        ("kl_cov", {"ppo_kl_coef": -1.0}, "ppo_kl_coef"),
+        ("dro", {"dro_beta": 0.0}, "dro_beta"),
+        ("dppo_tv", {"clip_ratio_c": 0.0}, "clip_ratio_c"),
+        ("grpo", {"top_entropy_quantile": 1.5}, "top_entropy_quantile"),
+        ("grpo", {"top_entropy_quantile": -0.1}, "top_entropy_quantile"),
+        ("grpo", {"is_correction": "token_mask", "is_min": 2.0, "is_max": 1.0}, "is_min"),
+        ("grpo", {"is_correction": "token_truncate", "is_min": None, "is_max": None}, "is_max"),
+        ("grpo", {"is_correction": "token_mask", "is_max": -1.0}, "is_max"),
+        ("grpo", {"use_bias_correction_kl": "yes"}, "use_bias_correction_kl"),
+        ("grpo", {"max_completion_length": 0}, "max_completion_length"),
+        ("grpo", {"max_completion_length": 12.5}, "max_completion_length"),
+        ("grpo", {"max_completion_length": True}, "max_completion_length"),
+        ("vespo", {"k_pos": math.nan}, "k_pos"),
+        ("grpo", {"entropy_coef": math.inf}, "entropy_coef"),
+    ],
+)
+def test_invalid_hyper_parameter_names_the_option(name, options, option):
+    """Each invalid hyper-parameter raises a ValueError whose message names it."""
+    with pytest.raises(ValueError, match=option):
+        rlzoo.get_loss(name, **options)
+
+
+@pytest.mark.parametrize("mode", ["sequence_truncate", "sequence_mask"])
+def test_vespo_rejects_sequence_level_is_correction(mode):
+    """VESPO folds the token IS weights into its sequence weight W (TRL raises for sequence modes too): a
+    sequence-level mode would count the sequence weight once per token, so it is a ValueError naming
+    is_correction; token modes are accepted."""
+    with pytest.raises(ValueError, match="is_correction"):
+        rlzoo.get_loss("vespo", is_correction=mode)
+    rlzoo.get_loss("vespo", is_correction=mode.replace("sequence", "token"))
+
+
+def test_two_parts_of_the_same_kind_are_rejected():
+    """PolicyLoss(penalties=(KL, KL)) is ambiguous: a ValueError."""
+    from rlzoo.losses import KLPenalty
+
+    with pytest.raises(ValueError, match="penalties"):
+        PolicyLoss(surrogate="ppo_clip", penalties=(KLPenalty(beta=0.1), KLPenalty(beta=0.2)))
+
+
+# ------------------------------------------------------------------------------------ missing fields
+def _without(*names):
+    return _batch(**{n: None for n in names})
+
+
+@pytest.mark.parametrize(("name", "options"), [("grpo", {}), ("ppo", {"beta": 0.1}), ("two_sided", {})])
+def test_missing_ref_logprobs_with_beta(name, options):
+    """beta > 0 without ref_logprobs: a BatchError naming ref_logprobs (and beta = 0 needs none)."""
+    loss_fn = rlzoo.get_loss(name, **options)
+    with pytest.raises(BatchError, match="ref_logprobs"):
+        loss_fn(_without("ref_logprobs"))
+    rlzoo.get_loss(name, beta=0.0)(_without("ref_logprobs"))
+
+
+@pytest.mark.parametrize("options", [{"top_entropy_quantile": 0.2}, {"entropy_coef": 0.01}])
+def test_missing_entropies(options):
+    """top_entropy_quantile < 1 or entropy_coef != 0 without entropies: a BatchError naming entropies."""
+    with pytest.raises(BatchError, match="entropies"):
+        rlzoo.get_loss("dapo", **options)(_without("entropies"))
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_missing_rollout_logprobs_with_is_correction(mode):
+    """An IS correction without rollout_logprobs: a BatchError naming rollout_logprobs."""
+    with pytest.raises(BatchError, match="rollout_logprobs"):
+        rlzoo.get_loss("dapo", is_correction=mode, is_max=2.0)(_without("rollout_logprobs"))
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "dppo_tv", "dppo_kl"])
+def test_token_sum_norm_without_max_completion_length(name):
+    """seq-mean-token-sum-norm needs the constant max_completion_length: calling without it is a ValueError
+    naming max_completion_length (never a silent fallback to the padded length)."""
+    loss_fn = rlzoo.get_loss(name)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        loss_fn(_batch())
+    rlzoo.get_loss(name, max_completion_length=T)(_batch())
+
+
+def test_loss_rejects_a_non_batch():
+    """A loss takes a PolicyBatch, not a dict of tensors."""
+    with pytest.raises(TypeError, match="PolicyBatch"):
+        rlzoo.get_loss("grpo")(_fields())
+
+
+# ------------------------------------------------------------------------------------------ Normalizer
+@pytest.mark.parametrize("field", ["num_tokens", "num_sequences"])
+@pytest.mark.parametrize("value", [-1, -0.5, math.nan, "3", None, True, torch.ones(2)])
+def test_normalizer_rejects_bad_counts(field, value):
+    """Negative, NaN, non-numeric or non-scalar counts raise a BatchError naming the count."""
+    counts = {"num_tokens": 4, "num_sequences": 2, field: value}
+    with pytest.raises(BatchError, match=field):
+        Normalizer(**counts)
+
+
+def test_error_messages_say_what_was_expected():
+    """Messages carry the expected shape / dtype, not only the field name."""
+    with pytest.raises(BatchError, match=re.escape(str((B, T)))):
+        _batch(old_logprobs=torch.zeros(B, T + 1, dtype=torch.float64))
+    with pytest.raises(BatchError, match="torch.bool"):
+        _batch(completion_mask=torch.ones(B, T))

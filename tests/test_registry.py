@@ -1,0 +1,172 @@
+"""Registry[T] (rlzoo/registry.py) and user extension through the registries: a user surrogate and a user
+preset work through rlzoo.get_loss and PolicyLoss composition, and disappear when the scope ends."""
+
+import dataclasses
+import json
+from typing import ClassVar
+
+import pytest
+import torch
+from strategies import runtime_type_checker_off
+
+import rlzoo
+from rlzoo import PolicyBatch, Registry, UnknownNameError
+from rlzoo.losses import (
+    Part,
+    PolicyLoss,
+    aggregations,
+    kl_estimators,
+    preset,
+    presets,
+    ratio_levels,
+    surrogates,
+)
+
+
+def test_register_get_names_contains_len():
+    """register returns the object unchanged; get returns it; names() is sorted; `in` and len work."""
+    reg = Registry[object]("widget")
+    a, b = object(), object()
+    assert reg.register("zeta")(a) is a
+    assert reg.register("alpha")(b) is b
+    assert reg.get("zeta") is a and reg.get("alpha") is b
+    assert reg.names() == ["alpha", "zeta"]
+    assert reg.items() == [("alpha", b), ("zeta", a)]
+    assert "alpha" in reg and "beta" not in reg and len(reg) == 2
+    assert "widget" in repr(reg)
+
+
+def test_duplicate_registration_raises_and_keeps_the_first():
+    """Registries never overwrite silently."""
+    reg = Registry[int]("number")
+    reg.register("one")(1)
+    with pytest.raises(ValueError, match="'one' is already registered"):
+        reg.register("one")(2)
+    assert reg.get("one") == 1
+
+
+@pytest.mark.parametrize("bad", ["", None, 3])
+def test_names_must_be_non_empty_strings(bad):
+    with runtime_type_checker_off(), pytest.raises(ValueError, match="non-empty string"):
+        Registry[int]("number").register(bad)
+
+
+def test_unknown_name_is_a_key_and_value_error_listing_the_names():
+    """get('nope') raises UnknownNameError: catchable as KeyError and as ValueError; str() is the plain message
+    (no KeyError repr quotes) naming the kind and listing every valid name."""
+    reg = Registry[int]("number")
+    reg.register("one")(1)
+    reg.register("two")(2)
+    with pytest.raises(UnknownNameError) as err:
+        reg.get("three")
+    assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
+    assert str(err.value) == "unknown number 'three'; valid names: one, two"
+    with runtime_type_checker_off(), pytest.raises(KeyError):
+        reg.get(["unhashable"])
+
+
+def test_scoped_registrations_are_undone_even_on_error():
+    """Inside scoped() registrations are temporary; the registry is restored on exit, exception or not."""
+    reg = Registry[int]("number")
+    reg.register("one")(1)
+    with reg.scoped() as same:
+        assert same is reg
+        reg.register("two")(2)
+        assert reg.names() == ["one", "two"]
+    assert reg.names() == ["one"]
+    with pytest.raises(RuntimeError), reg.scoped():
+        reg.register("three")(3)
+        raise RuntimeError
+    assert reg.names() == ["one"]
+
+
+def test_zoo_registries_hold_the_documented_names():
+    """The slots named in DESIGN section 2 are registered."""
+    assert set(ratio_levels.names()) >= {"token", "sequence", "sequence_token"}
+    assert set(aggregations.names()) == {"token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
+                                         "seq-mean-token-sum-norm"}
+    assert set(kl_estimators.names()) >= {"k1", "k2", "k3", "abs", "k1+", "k3+"}
+    assert set(rlzoo.list_losses()) >= {
+        "ppo", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gpg", "gmpo", "clip_cov",
+        "kl_cov", "two_sided", "luspo", "vespo", "dppo_tv", "dppo_kl", "dro"}
+    assert rlzoo.list_losses() == sorted(rlzoo.list_losses())
+
+
+# ------------------------------------------------------------------------------------ user extensions
+def _batch() -> PolicyBatch:
+    lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -0.3, -9.0]], dtype=torch.float64, requires_grad=True)
+    return PolicyBatch(logprobs=lp, advantages=torch.tensor([2.0, -1.0], dtype=torch.float64),
+                       completion_mask=torch.tensor([[True, True, False], [True, True, True]]))
+
+
+def _scaled_reinforce_class():
+    @surrogates.register("scaled_reinforce")
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class ScaledReinforce(Part):
+        """l = -scale * A * logp."""
+
+        registry: ClassVar = surrogates
+        scale: float = 2.0
+
+        def __call__(self, x):
+            return -self.scale * x.advantages * x.logprobs, {}
+
+    return ScaledReinforce
+
+
+def test_user_surrogate_composes_with_builtin_parts_and_round_trips():
+    """A user surrogate registered by name works in PolicyLoss (by name or instance), takes options,
+    composes with a KL penalty, round-trips through its config, and is gone after the scope."""
+    with surrogates.scoped():
+        cls = _scaled_reinforce_class()
+        loss_fn = PolicyLoss(surrogate="scaled_reinforce", aggregation="token-sum")
+        assert isinstance(loss_fn.surrogate, cls)
+        batch = _batch()
+        out = loss_fn(batch)
+        mask = batch.completion_mask
+        expected = (-2.0 * batch.advantages.unsqueeze(-1) * batch.logprobs.detach())[mask].sum()
+        torch.testing.assert_close(out.loss, expected)
+        assert loss_fn.with_options(scale=3.0).surrogate.scale == 3.0
+        with_kl = loss_fn.with_options(beta=0.1)
+        assert with_kl.required_fields() == frozenset({"ref_logprobs"})
+        config = json.loads(json.dumps(with_kl.to_config()))
+        assert PolicyLoss.from_config(config) == with_kl
+    assert "scaled_reinforce" not in surrogates
+    with pytest.raises(UnknownNameError):
+        PolicyLoss(surrogate="scaled_reinforce")
+
+
+def test_user_preset_works_through_get_loss():
+    """A preset registered with @preset is listed by rlzoo.list_losses, built by rlzoo.get_loss with overrides,
+    has a card, and is gone after the scope."""
+    with presets.scoped(), surrogates.scoped():
+        _scaled_reinforce_class()
+
+        @preset("my_pg", title="Scaled PG", paper="Williams 1992", arxiv=None, matches="-", advantage="grpo")
+        def my_pg() -> PolicyLoss:
+            """loss = sum_it -scale A logp / N_tokens"""
+            return PolicyLoss(surrogate="scaled_reinforce", aggregation="token-mean")
+
+        assert "my_pg" in rlzoo.list_losses()
+        loss_fn = rlzoo.get_loss("my_pg", scale=0.5, aggregation="seq-mean-token-mean")
+        assert loss_fn.name == "my_pg" and loss_fn.surrogate.scale == 0.5
+        assert loss_fn.aggregation.registered_name() == "seq-mean-token-mean"
+        out = loss_fn(_batch())
+        assert out.loss.shape == () and out.loss.requires_grad
+        assert presets.get("my_pg").card().startswith("my_pg: Scaled PG")
+        with pytest.raises(ValueError, match="already registered"):
+            preset("my_pg", title="x", paper="x", arxiv=None, matches="-")(my_pg)
+    assert "my_pg" not in rlzoo.list_losses()
+    with pytest.raises(UnknownNameError):
+        rlzoo.get_loss("my_pg")
+
+
+def test_user_kl_estimator_and_aggregation():
+    """Custom KL estimators and aggregations plug in by name too."""
+    with kl_estimators.scoped():
+        kl_estimators.register("zero")(lambda logp, ref: 0.0 * logp)
+        loss_fn = rlzoo.get_loss("grpo", kl_estimator="zero")
+        batch = _batch()
+        batch = dataclasses.replace(batch, ref_logprobs=batch.logprobs.detach() - 1.0)
+        torch.testing.assert_close(loss_fn(batch).loss, rlzoo.get_loss("grpo", beta=0.0)(batch).loss)
+    assert "zero" not in kl_estimators

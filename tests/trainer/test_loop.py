@@ -1,0 +1,214 @@
+"""The training loop on the tiny random model: end to end, resume, generation cycle, learning, bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlzoo.registry import UnknownNameError
+from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.rewards import RewardFunctionError
+from rlzoo.trainer.rollout import completion_logprobs
+from tolerances import tol
+
+TINY = {
+    "model": "tiny-random",
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "max_completion_length": 6,
+    "eval_size": 8,
+    "eval_batch_size": 8,
+    "progress": False,
+}
+
+
+def _config(tmp_path, **overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), **overrides})
+
+
+def digit_fraction(prompts, completions, **columns):
+    """Reward: the fraction of a completion's characters that are digits (the tiny model can learn this)."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def test_end_to_end_writes_metrics_plot_config_and_checkpoints(tmp_path):
+    """A 2-step run: finite loss, metrics.jsonl (eval at 0 and at the end), plot, config, checkpoints."""
+    history = Trainer(_config(tmp_path, max_steps=2, save_steps=1)).train()
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["eval/accuracy"] is not None and rows[2]["eval/accuracy"] is not None
+    for row in rows[1:]:
+        assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
+        for key in ("reward", "reward_std", "completions/mean_length", "step_time", "tokens_per_second",
+                    "clip_ratio/region_mean", "ratio/mean", "entropy", "learning_rate"):
+            assert key in row, key
+    assert history[-1]["step"] == 2
+    assert (run / "reward.png").stat().st_size > 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["algorithm"] == "grpo" and config["resolved_loss"]["name"] == "grpo"
+    checkpoints = sorted((run / "checkpoints").glob("step-*"))
+    assert [p.name for p in checkpoints] == ["step-000001", "step-000002"]
+    assert (checkpoints[-1] / "model" / "config.json").is_file()
+
+
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
+    """Resuming from step 2 reproduces the uninterrupted run's step-3 metrics and final weights."""
+    common = {"max_steps": 3, "save_steps": 1, "save_total_limit": 5, "eval_size": 0, "algorithm": "cispo",
+              "learning_rate": 1e-3, "reward_funcs": ()}
+    full = Trainer(_config(tmp_path / "a", **common), reward_funcs=[digit_fraction])
+    history = full.train()
+    checkpoint = tmp_path / "a" / "run" / "checkpoints" / "step-000002"
+    resumed = Trainer(_config(tmp_path / "b", resume=str(checkpoint), **common), reward_funcs=[digit_fraction])
+    resumed_history = resumed.train()
+    step3, step3_resumed = history[-1], resumed_history[-1]
+    assert step3_resumed["step"] == 3
+    for key in ("loss", "reward", "grad_norm", "completions/mean_length", "entropy"):
+        assert step3_resumed[key] == pytest.approx(step3[key], rel=1e-6, abs=1e-9), key
+    assert step3["loss"] != 0.0  # cispo's value is -A logp w: a real check, not 0 == 0
+    for p, q in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, **tol(torch.float32))
+
+
+def test_one_iteration_never_computes_old_logprobs_and_never_clips(tmp_path, monkeypatch):
+    """num_iterations = 1: old log-probs are not computed, the ratio is exactly 1, every clip metric is 0."""
+    trainer = Trainer(_config(tmp_path, max_steps=3, eval_size=0, learning_rate=1e-2, reward_funcs=()),
+                      reward_funcs=[digit_fraction])
+    calls = []
+    original = trainer._score_logprobs
+    monkeypatch.setattr(trainer, "_score_logprobs", lambda model, r: calls.append(model) or original(model, r))
+    history = trainer.train()
+    assert not any(model is trainer.model for model in calls)  # only grpo's reference model is scored
+    assert all(model is trainer.ref_model for model in calls) and len(calls) == 3
+    for row in history:
+        assert row["ratio/mean"] == row["ratio/min"] == row["ratio/max"] == 1.0
+        assert row["clip_ratio/low_mean"] == row["clip_ratio/high_mean"] == row["clip_ratio/region_mean"] == 0.0
+
+
+def test_two_iterations_generate_every_other_step_and_reuse_old_logprobs(tmp_path, monkeypatch):
+    """num_iterations = 2: one generation per 2 steps; old log-probs come from generation time, so the
+    first pass has ratio 1 (up to recomputation noise) and the second pass differs from 1."""
+    trainer = Trainer(_config(tmp_path, max_steps=4, eval_size=0, num_iterations=2, learning_rate=5e-2,
+                              reward_funcs=()), reward_funcs=[digit_fraction])
+    assert trainer.config.old_logprobs_needed
+    generated = []
+    original = trainer.generate_batch
+
+    def spy():
+        rollout, stats = original()
+        generated.append(rollout)
+        return rollout, stats
+
+    monkeypatch.setattr(trainer, "generate_batch", spy)
+    history = trainer.train()
+    assert len(generated) == 2
+    assert all(r.old_logprobs is not None for r in generated)
+    first, second = history[0], history[1]
+    assert first["ratio/mean"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(second["ratio/max"] - 1.0) > 1e-4 or abs(second["ratio/min"] - 1.0) > 1e-4
+
+
+def test_gradient_accumulation_uses_the_whole_step_normalizer(tmp_path, monkeypatch):
+    """With 2 micro-batches per optimizer step every loss call gets the counts of both micro-batches."""
+    from rlzoo.losses import PolicyLoss
+
+    trainer = Trainer(_config(tmp_path, max_steps=1, eval_size=0, gradient_accumulation_steps=2,
+                              per_device_train_batch_size=4))
+    seen = []
+    original = PolicyLoss.__call__
+
+    def spy(self, batch, normalizer=None):
+        seen.append((batch.completion_mask.clone(), normalizer))
+        return original(self, batch, normalizer=normalizer)
+
+    monkeypatch.setattr(PolicyLoss, "__call__", spy)
+    trainer.train()
+    assert len(seen) == 2
+    total_tokens = sum(int(mask.sum()) for mask, _ in seen)
+    total_sequences = sum(int(mask.any(-1).sum()) for mask, _ in seen)
+    for _, normalizer in seen:
+        assert float(normalizer.num_tokens) == total_tokens
+        assert float(normalizer.num_sequences) == total_sequences
+
+
+def test_the_tiny_model_learns_a_reward_from_scratch(tmp_path):
+    """Reward = fraction of digits in the completion; a few dozen GRPO steps on the random model raise it."""
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": "0"}) + "\n" for i in range(32)))
+    config = _config(tmp_path, task=str(task), reward_funcs=(), max_steps=30, eval_size=0, learning_rate=2e-2,
+                     num_generations=8, per_device_train_batch_size=32, max_completion_length=8,
+                     loss={"beta": 0.0}, save_steps=0)
+    history = Trainer(config, reward_funcs=[digit_fraction]).train()
+    rewards = [row["reward"] for row in history]
+    start, end = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert end > start + 0.2, (start, end)
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+@pytest.mark.parametrize("fused", [True, False])
+def test_completion_logprobs_agree_across_paths(share_prefix, fused):
+    """Prefix sharing and the fused kernel compute the same log-probs and gradients as the plain full pass."""
+    from rlzoo.trainer.models import load_model
+
+    model, tokenizer = load_model("tiny-random")
+    torch.manual_seed(0)
+    prompt_ids = torch.randint(3, 200, (3, 5))
+    prompt_mask = torch.ones(3, 5, dtype=torch.bool)
+    prompt_mask[0, :2] = False
+    group_index = torch.arange(3).repeat_interleave(2)
+    completion_ids = torch.randint(3, 200, (6, 4))
+    completion_mask = torch.ones(6, 4, dtype=torch.bool)
+    completion_mask[1, 2:] = False
+    kwargs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "group_index": group_index,
+              "completion_ids": completion_ids, "completion_mask": completion_mask, "temperature": 0.7,
+              "with_entropy": True}
+    lp, ent = completion_logprobs(model, share_prefix=share_prefix, fused=fused, **kwargs)
+    ref_lp, ref_ent = completion_logprobs(model, share_prefix=False, fused=False, **kwargs)
+    torch.testing.assert_close(lp, ref_lp, **tol(torch.float32))
+    torch.testing.assert_close(ent, ref_ent, **tol(torch.float32))
+    assert torch.all(lp[~completion_mask] == 0)
+    grads = torch.autograd.grad((lp * completion_mask).sum() + ent.sum(), list(model.parameters()))
+    ref_grads = torch.autograd.grad((ref_lp * completion_mask).sum() + ref_ent.sum(), list(model.parameters()))
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float32))
+
+
+def test_unknown_names_list_the_valid_ones(tmp_path):
+    with pytest.raises(UnknownNameError, match="dapo"):
+        Trainer(_config(tmp_path, algorithm="not-a-loss"))
+    with pytest.raises(UnknownNameError, match="rloo"):
+        Trainer(_config(tmp_path, advantage="not-an-estimator"))
+    with pytest.raises(UnknownNameError, match="chain_sum"):
+        Trainer(_config(tmp_path, task="not_a_task"))
+    with pytest.raises((UnknownNameError, OSError), match="tiny-random"):
+        Trainer(_config(tmp_path, model="not-a-model"))
+
+
+def test_estimator_that_needs_a_critic_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="values"):
+        Trainer(_config(tmp_path, advantage="gae"))
+
+
+def test_failing_reward_function_is_reported_by_name(tmp_path):
+    def broken_reward(prompts, completions, **columns):
+        raise RuntimeError("boom")
+
+    def short_reward(prompts, completions, **columns):
+        return [0.0]
+
+    for fn, name in ((broken_reward, "broken_reward"), (short_reward, "short_reward")):
+        trainer = Trainer(_config(tmp_path, max_steps=1, eval_size=0, reward_funcs=()), reward_funcs=[fn])
+        with pytest.raises(RewardFunctionError, match=name):
+            trainer.generate_batch()
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="num_generations"):
+        TrainConfig(num_generations=1)
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        TrainConfig(per_device_train_batch_size=10, num_generations=8)
+    with pytest.raises(ValueError, match="reward_weights"):
+        TrainConfig(reward_funcs=("accuracy",), reward_weights=(1.0, 2.0))
+    with pytest.raises(ValueError, match="unknown config keys"):
+        TrainConfig.from_dict({"max_step": 3})

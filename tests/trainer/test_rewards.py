@@ -1,0 +1,252 @@
+"""Reward functions: TRL's signature, module:function loading, the RewardSet's checks, weights and None."""
+
+import math
+import textwrap
+
+import pytest
+import torch
+from trl.trainer.utils import nanstd as trl_nanstd
+
+from rlzoo.registry import UnknownNameError
+from rlzoo.trainer.rewards import (
+    RewardFunction,
+    RewardFunctionError,
+    RewardSet,
+    accuracy_reward,
+    format_reward,
+    load_reward_function,
+    nanstd,
+)
+from rlzoo.trainer.tasks import load_task, make_task
+
+ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=4)
+
+
+def _columns(items):
+    return {key: [item.columns[key] for item in items] for key in items[0].columns}
+
+
+def test_accuracy_reward_has_trls_signature_and_scores(task):
+    items = task.eval_items()
+    completions = [f"{items[0].answer}", f"It is {items[1].answer}", "", f"{int(items[3].answer) + 1}"]
+    fn = accuracy_reward(task, "last_number")
+    assert isinstance(fn, RewardFunction) and fn.__name__ == "accuracy"
+    # called exactly as TRL 1.16 GRPOTrainer._calculate_rewards calls it
+    values = fn(prompts=["p"] * 4, completions=completions, completion_ids=[[1]] * 4, **_columns(items))
+    assert values == [1.0, 1.0, 0.0, 0.0]
+    full = accuracy_reward(task, "full")(prompts=["p"] * 4, completions=completions, **_columns(items))
+    assert full[0] == 1.0 and 0.0 < full[1] < 1.0  # reasoning-gym's partial credit for "It is 3"
+    with pytest.raises(UnknownNameError, match="valid: full"):
+        accuracy_reward(task, "bogus")
+
+
+@pytest.mark.parametrize(
+    ("style", "completion", "expected"),
+    [
+        ("number", " -12 ", 1.0),
+        ("number", "1,234.5.", 1.0),
+        ("number", "The answer is 3", 0.0),
+        ("number", "3\n4", 0.0),
+        ("tag", "<answer>3</answer>", 1.0),
+        ("tag", "<think>\n1 + 2\n</think>\n<answer>3</answer>\n", 1.0),
+        ("tag", "<answer>3</answer> extra", 0.0),
+        ("tag", "<think>a</think><think>b</think><answer>3</answer>", 0.0),
+        ("tag", "3", 0.0),
+    ],
+)
+def test_format_reward(style, completion, expected):
+    assert format_reward(style)(prompts=["p"], completions=[completion]) == [expected]
+
+
+def test_format_reward_unknown_style():
+    with pytest.raises(UnknownNameError, match="valid: number, tag"):
+        format_reward("json")
+
+
+def test_load_reward_function_from_module_and_file(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent(
+            """
+            def length_reward(prompts, completions, **kwargs):
+                return [float(len(c)) for c in completions]
+            NOT_CALLABLE = 3
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = load_reward_function("my_rewards:length_reward")
+    assert fn(prompts=["p"], completions=["abc"]) == [3.0]
+    from_file = load_reward_function(f"{tmp_path / 'my_rewards.py'}:length_reward")
+    assert from_file(prompts=["p"], completions=["ab"]) == [2.0]
+    with pytest.raises(AttributeError, match="no attribute 'lenght_reward'.*length_reward"):
+        load_reward_function("my_rewards:lenght_reward")
+    with pytest.raises(TypeError, match="'NOT_CALLABLE' is a int, not callable"):
+        load_reward_function("my_rewards:NOT_CALLABLE")
+    with pytest.raises(ImportError, match="no module named 'no_such_reward_module'"):
+        load_reward_function("no_such_reward_module:f")
+    with pytest.raises(ImportError, match="does not exist"):
+        load_reward_function(f"{tmp_path / 'missing.py'}:f")
+    with pytest.raises(ValueError, match="must be 'module:function'"):
+        load_reward_function("my_rewards.length_reward")
+
+
+def test_load_reward_function_module_that_fails_to_import(tmp_path, monkeypatch):
+    (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="importing 'broken_rewards' failed.*boom"):
+        load_reward_function("broken_rewards:f")
+
+
+def constant(value):
+    def fn(prompts, completions, **kwargs):
+        return [value] * len(completions)
+
+    fn.__name__ = f"const_{value}"
+    return fn
+
+
+def test_weights_none_and_unscorable_rows_follow_trl():
+    def sometimes(prompts, completions, **kwargs):
+        return [1.0, None, None, 0.5]
+
+    def other(prompts, completions, **kwargs):
+        return [2.0, 4.0, None, None]
+
+    out = RewardSet((sometimes, other), weights=(0.5, 2.0))(["p"] * 4, ["a", "b", "c", "d"])
+    assert out.per_function.shape == (4, 2) and out.per_function.dtype == torch.float32
+    assert torch.isnan(out.per_function[1, 0]) and torch.isnan(out.per_function[2]).all()
+    # TRL: (rewards_per_func * weights).nansum(dim=1), rows where every function returned None -> NaN
+    expected = torch.tensor([0.5 * 1.0 + 2.0 * 2.0, 2.0 * 4.0, math.nan, 0.5 * 0.5])
+    torch.testing.assert_close(out.total, expected, equal_nan=True)
+    assert out.metrics["rewards/sometimes/mean"] == pytest.approx(0.75)
+    assert out.metrics["rewards/other/mean"] == pytest.approx(3.0)
+    assert out.metrics["rewards/other/std"] == pytest.approx(float(trl_nanstd(out.per_function[:, 1])))
+    assert out.metrics["reward"] == pytest.approx(float(torch.nanmean(expected)))
+    assert out.metrics["reward_std"] == pytest.approx(float(trl_nanstd(expected)))
+
+
+def test_nanstd_matches_trl():
+    values = torch.tensor([1.0, math.nan, 3.0, 7.0, math.nan])
+    assert float(nanstd(values)) == pytest.approx(float(trl_nanstd(values)))
+    assert math.isnan(float(nanstd(torch.tensor([1.0, math.nan]))))
+
+
+def test_columns_and_completion_ids_reach_functions():
+    seen = {}
+
+    def spy(prompts, completions, **kwargs):
+        seen.update(kwargs, prompts=prompts, completions=completions)
+        return [0.0] * len(completions)
+
+    RewardSet((spy,))(
+        ["p1", "p2"],
+        ["c1", "c2"],
+        completion_ids=[[5, 2], [6]],
+        columns={"answer": ["1", "2"], "level": [0, 1]},
+    )
+    assert seen == {
+        "prompts": ["p1", "p2"],
+        "completions": ["c1", "c2"],
+        "completion_ids": [[5, 2], [6]],
+        "answer": ["1", "2"],
+        "level": [0, 1],
+    }
+
+
+def test_errors_name_the_function():
+    def raising(prompts, completions, **kwargs):
+        raise KeyError("answer")
+
+    def short(prompts, completions, **kwargs):
+        return [1.0]
+
+    def text(prompts, completions, **kwargs):
+        return ["1.0", 2.0]
+
+    def nan(prompts, completions, **kwargs):
+        return [1.0, float("nan")]
+
+    def scalar(prompts, completions, **kwargs):
+        return 1.0
+
+    cases = [
+        (raising, "reward function 'raising' raised KeyError"),
+        (short, "'short' returned 1 rewards, but 2 were expected"),
+        (text, r"'text' returned '1.0' \(str\) at index 0"),
+        (nan, "'nan' returned nan at index 1; return None"),
+        (scalar, "'scalar' must return a list of 2 floats"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(RewardFunctionError, match=message):
+            RewardSet((constant(1.0), fn))(["p", "p"], ["a", "b"])
+
+
+def test_bools_and_numpy_scalars_are_numbers():
+    import numpy as np
+
+    def mixed(prompts, completions, **kwargs):
+        return [True, np.float32(0.5)]
+
+    out = RewardSet((mixed,))(["p", "p"], ["a", "b"])
+    assert out.per_function[:, 0].tolist() == [1.0, 0.5]
+
+
+def test_construction_and_call_errors(task):
+    with pytest.raises(ValueError, match="at least one"):
+        RewardSet(())
+    with pytest.raises(ValueError, match="reward_weights has 1 entries but there are 2"):
+        RewardSet((constant(1), constant(2)), weights=(1.0,))
+    with pytest.raises(ValueError, match="finite"):
+        RewardSet((constant(1),), weights=(math.inf,))
+    with pytest.raises(
+        TypeError, match="not callable|parameter .functions."
+    ):  # beartype checks first in tests
+        RewardSet((3,))
+    rs = RewardSet((constant(1),))
+    with pytest.raises(ValueError, match="2 completions but.*'prompts': 1"):
+        rs(["p"], ["a", "b"])
+    with pytest.raises(ValueError, match="column 'answer'"):
+        rs(["p", "p"], ["a", "b"], columns={"answer": ["1"]})
+    with pytest.raises(ValueError, match="clash"):
+        rs(["p"], ["a"], columns={"prompts": ["x"]})
+
+
+def test_names_resolve_and_compute_on_items(task, tmp_path, monkeypatch):
+    (tmp_path / "extra_rewards.py").write_text(
+        "def short(prompts, completions, **kw):\n    return [-len(c) for c in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rs = RewardSet(
+        ["accuracy", "format", "extra_rewards:short"], task=task, extraction="full", weights=[1, 0.1, 0.01]
+    )
+    assert rs.names == ("accuracy", "format", "short") and rs.weights == (1.0, 0.1, 0.01)
+    item = task.eval_items()[0]
+    out = rs(["p"], [item.answer], columns={k: [v] for k, v in item.columns.items()})
+    assert out.per_function.tolist() == [[1.0, 1.0, -float(len(item.answer))]]
+    assert out.total.tolist() == pytest.approx([1.0 + 0.1 - 0.01 * len(item.answer)])
+    tagged = RewardSet(["format"], task=task, extraction="tag")
+    assert tagged(["p"], ["<answer>1</answer>"]).total.tolist() == [1.0]
+    with pytest.raises(UnknownNameError, match="built-in: accuracy, format"):
+        RewardSet(["accuracy", "lenght"], task=task)
+
+
+def test_compute_with_a_task_stream_uses_its_extraction():
+    stream = make_task("chain_sum", ONE_DIGIT, eval_size=3, answer_extraction="last_number")
+    items = stream.eval_items
+    rs = RewardSet(["accuracy", constant(0.5)], task=stream)
+    completions = [f"The answer is {items[0].answer}.", "no idea", f"{items[2].answer}"]
+    values = rs.compute(["p"] * 3, completions, items)
+    assert values.tolist() == [[1.0, 0.5], [0.0, 0.5], [1.0, 0.5]]
+    assert [stream.score(c, item) for c, item in zip(completions, items)] == [1.0, 0.0, 1.0]
+
+
+def test_duplicate_names_are_made_unique():
+    rs = RewardSet((constant(1), constant(1), constant(1)))
+    assert rs.names == ("const_1", "const_1_2", "const_1_3")
+    with pytest.raises(ValueError, match="distinct"):
+        RewardSet((constant(1), constant(2)), names=("a", "a"))

@@ -1,0 +1,275 @@
+"""Tasks: deterministic streams, train/eval separation, JSONL files, prompt formatting, answer extraction."""
+
+import itertools
+import json
+
+import pytest
+from trl.data_utils import maybe_apply_chat_template
+
+from rlzoo.registry import UnknownNameError
+from rlzoo.trainer import tasks
+from rlzoo.trainer.models import build_tiny_random
+from rlzoo.trainer.tasks import (
+    EXTRACTIONS,
+    JsonlTask,
+    extract_answer,
+    format_prompt,
+    load_task,
+    make_task,
+    normalized_match,
+    prompt_messages,
+)
+
+ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+# many distinct problems: a repeated question means a repeated RNG state, not chance
+WIDE = {"min_terms": 4, "max_terms": 5, "min_digits": 3, "max_digits": 4}
+
+
+def _questions(items):
+    return [item.question for item in items]
+
+
+def test_same_seeds_same_items_different_seed_different_stream():
+    a = load_task("chain_sum", kwargs=ONE_DIGIT, train_seed=3, eval_seed=7, eval_size=30)
+    b = load_task("chain_sum", kwargs=ONE_DIGIT, train_seed=3, eval_seed=7, eval_size=30)
+    c = load_task("chain_sum", kwargs=WIDE, train_seed=4, eval_seed=7, eval_size=30)
+    d = load_task("chain_sum", kwargs=WIDE, train_seed=3, eval_seed=7, eval_size=30)
+    assert a.eval_items() == b.eval_items() and len(a.eval_items()) == 30
+    assert list(itertools.islice(a.train_items(), 50)) == list(itertools.islice(b.train_items(), 50))
+    assert _questions(itertools.islice(c.train_items(), 50)) != _questions(
+        itertools.islice(d.train_items(), 50)
+    )
+    assert [item.index for item in a.eval_items()] == list(range(30))
+
+
+def test_eval_is_not_a_shifted_copy_of_the_train_stream():
+    """reasoning-gym draws item i of seed s from Random(s + i): raw seeds 1 and 1000 share 1000+ items."""
+    task = load_task("chain_sum", kwargs=WIDE, train_seed=1, eval_seed=1000, eval_size=200)
+    overlap = task.eval_overlap(3000)
+    assert overlap["eval_seen"] == 0.0 and overlap["train_in_eval"] == 0.0
+    assert overlap["eval_distinct"] == 1.0
+
+
+def test_train_chunk_sharing_rng_states_with_eval_is_skipped(monkeypatch):
+    seeds = {("eval", 0): 5000, ("train", 0, 0): 5000 - 10, ("train", 0, 1): 90_000, ("train", 0, 2): 3000}
+    monkeypatch.setattr(tasks, "_derive_seed", lambda *parts: seeds[parts])
+    task = load_task("chain_sum", kwargs=WIDE, train_seed=0, eval_seed=0, eval_size=20)
+    assert list(itertools.islice(task._train_chunk_seeds(), 2)) == [90_000, 3000]
+    import reasoning_gym
+
+    reference = reasoning_gym.create_dataset("chain_sum", seed=90_000, size=3, **WIDE)
+    first = next(task.train_items())
+    assert first.question == reference[0]["question"] and first.index == 0
+
+
+def test_resume_from_any_position_including_chunk_boundaries():
+    task = load_task("chain_sum", kwargs=WIDE, eval_size=5)
+    stream = list(itertools.islice(task.train_items(), tasks.TRAIN_CHUNK + 5))
+    for start in (0, 7, tasks.TRAIN_CHUNK - 2, tasks.TRAIN_CHUNK):
+        resumed = list(itertools.islice(task.train_items(start=start), 4))
+        assert resumed == stream[start : start + 4]
+        assert [item.index for item in resumed] == list(range(start, start + 4))
+    with pytest.raises(ValueError, match="start"):
+        next(task.train_items(start=-1))
+
+
+def test_one_digit_chain_sum_repeats_problems_and_exclusion_removes_them():
+    plain = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=200)
+    overlap = plain.eval_overlap(500)
+    assert overlap["eval_distinct"] < 0.8  # only 200 distinct problems exist
+    assert overlap["eval_seen"] > 0.8
+    excluded = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=200, exclude_eval_questions=True)
+    assert excluded.eval_items() == plain.eval_items()
+    assert excluded.eval_overlap(500)["train_in_eval"] == 0.0
+
+
+def test_exclusion_with_no_problem_left_raises(monkeypatch):
+    monkeypatch.setattr(tasks, "_MAX_SKIPPED", 300)
+    task = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=3000, exclude_eval_questions=True)
+    with pytest.raises(RuntimeError, match="covers the problem space"):
+        next(task.train_items())
+
+
+def test_reasoning_gym_scorer_and_columns():
+    task = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=3)
+    item = task.eval_items()[0]
+    assert set(item.columns) == {"question", "answer", "metadata"}
+    assert item.columns["answer"] == item.answer
+    assert task.score(item.answer, item.columns) == 1.0
+    assert task.score(None, item.columns) == 0.0
+    assert task.score(str(int(item.answer) + 1), item.columns) == 0.0
+    assert task.score_completions([f" The answer is {item.answer}."], [item.columns], "last_number") == [1.0]
+    with pytest.raises(ValueError, match="2 completions but 1 rows"):
+        task.score_completions(["1", "2"], [item.columns])
+
+
+def test_unknown_task_and_bad_options():
+    with pytest.raises(UnknownNameError, match="available:.*chain_sum"):
+        load_task("chain_summ")
+    with pytest.raises(ValueError, match="unknown option.*'max_term'.*valid: .*max_terms"):
+        load_task("chain_sum", kwargs={"max_term": 3})
+    with pytest.raises(ValueError, match="use train_seed / eval_seed / eval_size"):
+        load_task("chain_sum", kwargs={"seed": 3})
+    with pytest.raises(ValueError, match="invalid options"):
+        load_task("chain_sum", kwargs={"min_terms": 5, "max_terms": 2})
+    with pytest.raises(ValueError, match="eval_size"):
+        load_task("chain_sum", eval_size=-1)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_jsonl_task_split_stream_and_columns(tmp_path):
+    rows = [{"prompt": f"q{i}?", "answer": i, "difficulty": i % 3} for i in range(20)]
+    path = _write_jsonl(tmp_path / "t.jsonl", [*rows[:10], "", *rows[10:]])  # a blank line is skipped
+    task = load_task(path, eval_size=5, train_seed=2, eval_seed=9)
+    assert isinstance(task, JsonlTask) and task.name == path
+    evals = task.eval_items()
+    assert len(evals) == 5 and [item.index for item in evals] == list(range(5))
+    train = list(itertools.islice(task.train_items(), 30))
+    assert set(_questions(train[:15])) == {r["prompt"] for r in rows} - set(_questions(evals))  # one epoch
+    assert not set(_questions(train)) & set(_questions(evals))
+    assert train == list(
+        itertools.islice(load_task(path, eval_size=5, train_seed=2, eval_seed=9).train_items(), 30)
+    )
+    assert list(itertools.islice(task.train_items(start=13), 5)) == train[13:18]
+    item = evals[0]
+    assert item.columns == {"answer": item.answer, "difficulty": int(item.answer) % 3}
+    assert task.score(item.answer, item.columns) == 1.0 and task.score("nope", item.columns) == 0.0
+
+
+def test_jsonl_missing_column_names_it_and_the_line(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "t.jsonl", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "solution": "2"}]
+    )
+    with pytest.raises(ValueError, match=r"t.jsonl:2: missing column\(s\) \['answer'\]"):
+        load_task(path, eval_size=0)
+
+
+def test_jsonl_bad_json_line_number(tmp_path):
+    path = _write_jsonl(
+        tmp_path / "t.jsonl", [{"prompt": "a", "answer": "1"}, "", '{"prompt": "b", "answer": ']
+    )
+    with pytest.raises(ValueError, match=r"t.jsonl:3: invalid JSON"):
+        load_task(path, eval_size=0)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"prompt": 3, "answer": "1"}', "'prompt' must be a string"),
+        ('{"prompt": "x", "answer": null}', "'answer' must be a string or a number"),
+    ],
+)
+def test_jsonl_bad_rows(tmp_path, line, message):
+    path = _write_jsonl(tmp_path / "t.jsonl", [line])
+    with pytest.raises(ValueError, match=message):
+        load_task(path, eval_size=0)
+
+
+def test_jsonl_eval_size_and_path_errors(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "1"}] * 3)
+    with pytest.raises(ValueError, match="must leave at least one training row"):
+        load_task(path, eval_size=3)
+    with pytest.raises(ValueError, match="only apply to reasoning-gym"):
+        load_task(path, kwargs={"x": 1})
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        load_task(str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference", "expected"),
+    [
+        (" Paris ", "paris", 1.0),
+        ("New   York", "new york", 1.0),
+        ("1,000.0", "1000", 1.0),
+        ("+3.", "3", 1.0),
+        ("-4", "4", 0.0),
+        ("", "", 0.0),
+        (None, "1", 0.0),
+        ("London", "Paris", 0.0),
+    ],
+)
+def test_normalized_match(answer, reference, expected):
+    assert normalized_match(answer, reference) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "extraction", "expected"),
+    [
+        ("  -4 \n", "full", "-4"),
+        ("   \n", "full", None),
+        ("\n\n The answer is 3.\nMore", "first_line", "The answer is 3."),
+        ("", "first_line", None),
+        ("5 - 9 = -4", "first_number", "5"),
+        ("5 - 9 = -4", "last_number", "-4"),
+        ("4-1=3", "first_number", "4"),
+        ("4-1=3", "last_number", "3"),
+        ("Total: 1,234.5 apples", "last_number", "1,234.5"),
+        ("x = -12.", "last_number", "-12"),
+        ("no digits", "last_number", None),
+        ("<answer>1</answer> then <answer> 7 </answer>", "tag", "7"),
+        ("7", "tag", None),
+    ],
+)
+def test_extract_answer(completion, extraction, expected):
+    assert extract_answer(completion, extraction) == expected
+
+
+def test_extract_answer_unknown():
+    with pytest.raises(UnknownNameError, match="valid: " + ", ".join(EXTRACTIONS)):
+        extract_answer("1", "number")
+
+
+@pytest.mark.parametrize("system_prompt", [None, "Answer with a number only."])
+def test_format_prompt_matches_trl(system_prompt):
+    _, tok = build_tiny_random()
+    question = "State the final answer to the following arithmetic problem: 4 - 1 ="
+    ours = format_prompt(tok, question, system_prompt)
+    theirs = maybe_apply_chat_template({"prompt": prompt_messages(question, system_prompt)}, tok)["prompt"]
+    assert ours == theirs
+    assert ours.endswith("<|im_start|>assistant\n")
+    assert ("You are a helpful AI assistant named SmolLM" in ours) == (system_prompt is None)
+    # TRL 1.16 GRPOTrainer tokenizes with apply_chat_template(tokenize=True) = add_special_tokens=False
+    trl_ids = tok.apply_chat_template(
+        [prompt_messages(question, system_prompt)],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"][0]
+    assert tok(ours, add_special_tokens=False)["input_ids"] == list(trl_ids)
+
+
+def test_format_prompt_without_chat_template():
+    _, tok = build_tiny_random()
+    tok.chat_template = None
+    assert format_prompt(tok, "2 + 2 =") == "2 + 2 ="
+    with pytest.raises(ValueError, match="chat_template"):
+        format_prompt(tok, "2 + 2 =", "system")
+
+
+def test_task_stream_cursor_state_and_scoring():
+    stream = make_task("chain_sum", ONE_DIGIT, train_seed=5, eval_size=4, answer_extraction="last_number")
+    first = stream.next_train(3) + stream.next_train(2)
+    assert first == list(itertools.islice(stream.task.train_items(), 5))
+    state = json.loads(json.dumps(stream.state_dict()))  # JSON-able, as checkpoints store it
+    assert state["position"] == 5
+    upcoming = stream.next_train(4)
+    resumed = make_task("chain_sum", ONE_DIGIT, train_seed=5, eval_size=4, answer_extraction="last_number")
+    resumed.load_state_dict(state)
+    assert resumed.next_train(4) == upcoming
+    other = make_task("chain_sum", ONE_DIGIT, train_seed=6, eval_size=4)
+    with pytest.raises(ValueError, match="different training stream: train_seed=5"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="position"):
+        resumed.load_state_dict({**state, "position": -1})
+    item = stream.eval_items[0]
+    assert stream.score(f"So the answer is {item.answer}.", item) == 1.0
+    assert stream.question(item) == item.question
+    _, tok = build_tiny_random()
+    assert stream.prompt(tok, item) == format_prompt(tok, item.question)
+    with pytest.raises(UnknownNameError, match="unknown answer_extraction"):
+        make_task("chain_sum", ONE_DIGIT, eval_size=4, answer_extraction="number")
