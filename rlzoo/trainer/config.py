@@ -57,8 +57,8 @@ class TrainConfig:
     """System message for the chat template (None: the template's default)."""
     eval_size: int = 200
     """Held-out evaluation problems (fixed seed, disjoint from training)."""
-    eval_steps: int = 0
-    """Evaluate every N optimizer steps (0: only before and after training)."""
+    eval_steps: int = 10
+    """Evaluate every N optimizer steps, besides before and after training (0: only those two)."""
     eval_batch_size: int = 200
     """Prompts per greedy evaluation batch."""
     exclude_eval_questions: bool = False

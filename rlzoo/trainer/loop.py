@@ -11,6 +11,7 @@ The loop never looks at the loss's name: it reads ``loss.required_fields()`` to 
 reference or sampler log-probs and entropies are needed.
 """
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -427,37 +428,45 @@ class Trainer:
             log.info("step 0 held-out greedy accuracy %s", result)
             metrics_log.add({"step": 0, "eval/accuracy": result.accuracy, "eval/ci_low": result.ci_low,
                              "eval/ci_high": result.ci_high})
-        bar = None
+        bar, redirect = None, contextlib.nullcontext()
         if cfg.progress:
             from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+            redirect = logging_redirect_tqdm(loggers=[logging.getLogger("rlzoo")])
         last_acc = next((m["eval/accuracy"] for m in reversed(self.history) if "eval/accuracy" in m), None)
-        while self.step < cfg.max_steps:
-            metrics = self.train_step()
-            final = self.step == cfg.max_steps
-            if cfg.eval_size > 0 and (final or (cfg.eval_steps and self.step % cfg.eval_steps == 0)):
-                result = self.evaluate()
-                metrics.update({"eval/accuracy": result.accuracy, "eval/ci_low": result.ci_low,
-                                "eval/ci_high": result.ci_high})
-                last_acc = result.accuracy
-                log.info("step %d held-out greedy accuracy %s", self.step, result)
-            metrics_log.add(metrics)
-            if final or (cfg.save_steps and self.step % cfg.save_steps == 0):
-                self.save_checkpoint()
-            message = (f"step {self.step}/{cfg.max_steps} loss {metrics['loss']:+.4f} reward {metrics['reward']:.3f} "
-                       f"len {metrics['completions/mean_length']:.1f} {metrics['step_time']:.1f}s")
-            if bar is not None:
-                postfix = {"reward": f"{metrics['reward']:.3f}", "step_s": f"{metrics['step_time']:.1f}"}
-                if last_acc is not None:
-                    postfix["acc"] = f"{100 * last_acc:.1f}%"
-                bar.set_postfix(postfix)
-                bar.update(1)
-            log.info(message)
+        with redirect:
+            while self.step < cfg.max_steps:
+                last_acc = self._step_and_log(metrics_log, bar, last_acc)
         if bar is not None:
             bar.close()
         metrics_log.plot()
         return self.history
+
+    def _step_and_log(self, metrics_log: Any, bar: Any, last_acc: float | None) -> float | None:
+        """One optimizer step, then evaluation / metrics / checkpoint / progress as due."""
+        cfg = self.config
+        metrics = self.train_step()
+        final = self.step == cfg.max_steps
+        if cfg.eval_size > 0 and (final or (cfg.eval_steps and self.step % cfg.eval_steps == 0)):
+            result = self.evaluate()
+            metrics.update({"eval/accuracy": result.accuracy, "eval/ci_low": result.ci_low,
+                            "eval/ci_high": result.ci_high})
+            last_acc = result.accuracy
+            log.info("step %d held-out greedy accuracy %s", self.step, result)
+        metrics_log.add(metrics)
+        if final or (cfg.save_steps and self.step % cfg.save_steps == 0):
+            self.save_checkpoint()
+        log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", self.step, cfg.max_steps, metrics["loss"],
+                 metrics["reward"], metrics["completions/mean_length"], metrics["step_time"])
+        if bar is not None:
+            postfix = {"reward": f"{metrics['reward']:.3f}", "step_s": f"{metrics['step_time']:.1f}"}
+            if last_acc is not None:
+                postfix["acc"] = f"{100 * last_acc:.1f}%"
+            bar.set_postfix(postfix)
+            bar.update(1)
+        return last_acc
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _checkpoint_dir(self, step: int) -> Path:

@@ -59,20 +59,20 @@ def plot_metrics(history: list[dict[str, Any]], path: str | os.PathLike[str]) ->
     rewards = [r["reward"] for r in history if r.get("reward") is not None]
     evals = [(r["step"], r["eval/accuracy"]) for r in history if r.get("eval/accuracy") is not None]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(steps, rewards, color="tab:blue", marker="o", markersize=3, label="mean reward (train batch)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("reward", color="tab:blue")
-    ax.grid(alpha=0.3)
+    ax.plot(steps, rewards, color="tab:blue", marker="o", markersize=3, label="mean reward (training batch)")
     if evals:
-        ax2 = ax.twinx()
         es, ea = zip(*evals, strict=True)
-        ax2.plot(es, [100 * a for a in ea], color="tab:red", marker="s", label="held-out greedy accuracy")
+        ax.plot(es, ea, color="tab:red", marker="s", label="held-out greedy accuracy")
         for s, a in evals:
-            ax2.annotate(f"{100 * a:.1f}%", (s, 100 * a), textcoords="offset points", xytext=(0, 6),
-                         ha="center", fontsize=8, color="tab:red")
-        ax2.set_ylabel("accuracy (%)", color="tab:red")
-        ax2.set_ylim(0, 100)
-    fig.legend(loc="lower right", fontsize=8)
+            ax.annotate(f"{100 * a:.1f}%", (s, a), textcoords="offset points", xytext=(0, 7), ha="center",
+                        fontsize=8, color="tab:red")
+    values = rewards + [a for _, a in evals]
+    if values and 0.0 <= min(values) and max(values) <= 1.0:
+        ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reward / accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")

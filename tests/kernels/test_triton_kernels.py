@@ -1,0 +1,179 @@
+"""The Triton kernels against the torch path: on CPU through the Triton interpreter, on CUDA compiled.
+
+The interpreter must be selected before triton is first imported (``TRITON_INTERPRET=1``), and the
+default test process imports triton early (TRL imports it), so on CPU these tests run in a child
+pytest process started by :func:`test_kernels_in_triton_interpreter` with ``TRITON_INTERPRET=1``.
+Run them directly with ``TRITON_INTERPRET=1 python -m pytest tests/kernels/test_triton_kernels.py``.
+
+What is compared: log-probs, entropies and the gradients of every input from both outputs, kernel vs
+the torch path of the same dtype (float32 outputs: float32 row of the tolerance table; gradients: the
+row of their dtype), and against the float64 reference. Odd shapes (N, H, V not multiples of anything,
+V smaller than one block, chunks that split V unevenly), every logit transform, fp32 and bf16.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tolerances import tol
+
+triton = pytest.importorskip("triton")
+
+from rlzoo.kernels import fused_linear_logprobs, logprobs_and_entropy_from_logits
+from rlzoo.kernels.reference import naive_linear_logprobs, naive_logprobs
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETING, reason="runs in a child process with TRITON_INTERPRET=1 (test_kernels_in_triton_interpreter)"
+)
+REPO = Path(__file__).resolve().parents[2]
+
+SHAPES = [(1, 1, 1, None), (2, 3, 5, 2), (7, 5, 13, 4), (19, 8, 130, 47), (5, 4, 300, 128)]
+OPTIONS = [
+    {},
+    {"temperature": 0.7, "logit_scale": 0.5},
+    {"bias": True, "logit_softcap": 3.0, "temperature": 1.2},
+]
+
+
+def _problem(n, h, v, dtype, device, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g)
+    weight = torch.randn(v, h, generator=g) * (2.0 / h**0.5)
+    b = torch.randn(v, generator=g) if bias else None
+    ids = torch.randint(0, v, (n,), generator=g)
+
+    def leaf(t):
+        return None if t is None else t.to(device=device, dtype=dtype).requires_grad_()
+
+    return leaf(hidden), leaf(weight), leaf(b), ids.to(device)
+
+
+def _loss_weights(n, device, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g).to(device), torch.randn(n, generator=g).to(device)
+
+
+def _run_fused(backend, hidden, weight, bias, ids, chunk, options, which):
+    inputs = [t.detach().clone().requires_grad_() for t in (hidden, weight) + ((bias,) if bias is not None else ())]
+    b = inputs[2] if bias is not None else None
+    out = fused_linear_logprobs(inputs[0], inputs[1], ids, bias=b, chunk_size=chunk, backend=backend, **options)
+    wl, we = _loss_weights(ids.numel(), ids.device)
+    loss = 0.0
+    if which in ("both", "logprob"):
+        loss = loss + (wl * out.logprobs).sum()
+    if which in ("both", "entropy"):
+        loss = loss + (we * out.entropy).sum()
+    grads = torch.autograd.grad(loss, inputs)
+    return out, grads
+
+
+def _compare_fused(device, shape, options, dtype, which="both"):
+    n, h, v, chunk = shape
+    opts = dict(options)
+    hidden, weight, bias, ids = _problem(n, h, v, dtype, device, bias=opts.pop("bias", False))
+    k_out, k_grads = _run_fused("triton", hidden, weight, bias, ids, chunk, opts, which)
+    t_out, t_grads = _run_fused("torch", hidden, weight, bias, ids, chunk, opts, which)
+    torch.testing.assert_close(k_out.logprobs, t_out.logprobs, **tol(torch.float32))
+    torch.testing.assert_close(k_out.entropy, t_out.entropy, **tol(torch.float32))
+    for kg, tg in zip(k_grads, t_grads, strict=True):
+        assert kg.dtype == dtype
+        torch.testing.assert_close(kg, tg, **tol(dtype))
+    # and the float64 reference of the same (rounded) inputs; on CUDA, bf16 logits come from a bf16 GEMM
+    # (float32 output where torch supports it), so there the bf16 row applies
+    ref = naive_linear_logprobs(*(t.detach().double() for t in (hidden, weight)), ids,
+                                bias=None if bias is None else bias.detach().double(), **opts)
+    ref_tol = tol(torch.float32 if device == "cpu" else dtype)
+    torch.testing.assert_close(k_out.logprobs.double(), ref.logprobs, **ref_tol)
+    torch.testing.assert_close(k_out.entropy.double(), ref.entropy, **ref_tol)
+
+
+def _compare_logits(device, dtype, sliced, temperature, masked):
+    g = torch.Generator().manual_seed(0)
+    full = (3 * torch.randn(3, 6, 77, generator=g)).to(device=device, dtype=dtype)
+    if masked:
+        full[..., 60:] = float("-inf")
+    ids = torch.randint(0, 60, (3, 6), generator=g).to(device)
+    x = full[:, :-1] if sliced else full
+    ids = ids[:, :-1] if sliced else ids
+    results = []
+    for backend in ("triton", "torch"):
+        leaf = x.detach().clone().requires_grad_()
+        lp, ent = logprobs_and_entropy_from_logits(leaf, ids, temperature, backend=backend)
+        wl, we = _loss_weights(lp.numel(), device)
+        (grad,) = torch.autograd.grad((wl.view_as(lp) * lp + we.view_as(ent) * ent).sum(), leaf)
+        results.append((lp, ent, grad))
+    (k_lp, k_ent, k_g), (t_lp, t_ent, t_g) = results
+    torch.testing.assert_close(k_lp, t_lp, **tol(torch.float32))
+    torch.testing.assert_close(k_ent, t_ent, **tol(torch.float32))
+    assert k_g.dtype == dtype and torch.isfinite(k_g).all()
+    torch.testing.assert_close(k_g, t_g, **tol(dtype))
+    ref_lp, ref_ent = naive_logprobs(x.detach().double()[..., :60] if masked else x.detach().double(), ids,
+                                     temperature, return_entropy=True)
+    torch.testing.assert_close(k_lp.double(), ref_lp, **tol(torch.float32))
+    torch.testing.assert_close(k_ent.double(), ref_ent, **tol(torch.float32))
+
+
+# ------------------------------------------------------------------------------------- interpreter (CPU)
+@needs_interpreter
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_interpreter_matches_torch(shape, options, dtype):
+    _compare_fused("cpu", shape, options, dtype)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("which", ["logprob", "entropy"])
+def test_fused_interpreter_single_output_gradients(which):
+    """Only one output used: the kernel's HAS_GL / HAS_GE branches."""
+    _compare_fused("cpu", (9, 6, 70, 32), {"logit_softcap": 4.0}, torch.float32, which=which)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("sliced", "temperature", "masked"), [(False, 1.0, False), (True, 0.8, False), (True, 1.0, True)])
+def test_logits_interpreter_matches_torch(dtype, sliced, temperature, masked):
+    _compare_logits("cpu", dtype, sliced, temperature, masked)
+
+
+def test_kernels_in_triton_interpreter():
+    """Runs this module's interpreter tests in a child pytest with TRITON_INTERPRET=1 (set before triton is
+    imported there). Fails if the child fails or runs no test."""
+    if INTERPRETING:
+        pytest.skip("this process already runs the interpreter tests")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).relative_to(REPO)), "-q", "-p", "no:cacheprovider",
+           "-k", "interpreter and not test_kernels_in_triton_interpreter", "--no-header"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    report = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, report
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 30, report
+
+
+# --------------------------------------------------------------------------------------------- CUDA
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", SHAPES + [(1000, 64, 5000, 1024)])
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_cuda_matches_torch(shape, options, dtype):
+    _compare_fused("cuda", shape, options, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("sliced", "temperature", "masked"), [(False, 1.0, False), (True, 0.8, False), (True, 1.0, True)])
+def test_logits_cuda_matches_torch(dtype, sliced, temperature, masked):
+    _compare_logits("cuda", dtype, sliced, temperature, masked)
+
+
+@pytest.mark.cuda
+def test_auto_backend_is_triton_on_cuda():
+    from rlzoo.kernels._common import resolve_backend
+
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16) == ("triton", False)

@@ -1,0 +1,82 @@
+"""The ``rlzoo`` command: list, explain, train/eval argument parsing, a tiny end-to-end train and eval."""
+
+import json
+
+import pytest
+
+import rlzoo
+from rlzoo.cli import main, parse_train_args
+from rlzoo.registry import UnknownNameError
+
+
+def test_list_shows_presets_estimators_and_parts(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in rlzoo.list_losses() + rlzoo.list_advantages():
+        assert name in out
+    assert "arXiv:2503.14476" in out and "seq-mean-token-sum-norm" in out and "k3+" in out
+
+
+def test_explain_prints_the_card(capsys):
+    assert main(["explain", "gspo"]) == 0
+    out = capsys.readouterr().out
+    assert "2507.18071" in out and "sequence()" in out and "epsilon_low=0.0003" in out
+
+
+def test_explain_all_markdown_is_docs_algorithms(capsys):
+    assert main(["explain", "--all", "--markdown"]) == 0
+    assert capsys.readouterr().out == rlzoo.losses.algorithms_markdown()
+
+
+def test_explain_unknown_name_lists_presets():
+    with pytest.raises(UnknownNameError, match="dapo"):
+        main(["explain", "not-a-loss"])
+
+
+def test_train_flags_are_kebab_case_and_dotted_options_are_parsed():
+    config = parse_train_args([
+        "--algorithm", "dapo", "--max-steps", "7", "--num-generations", "4", "--num-iterations", "2",
+        "--learning-rate", "1e-4", "--seed", "3", "--model", "tiny-random", "--output-dir", "/tmp/x",
+        "--loss.epsilon_high", "0.3", "--loss.beta=0.01", "--loss.is-correction", "null",
+        "--advantage", "grpo", "--advantage.scale", "none", "--task.max_terms", "3",
+    ])
+    assert (config.algorithm, config.max_steps, config.num_generations, config.num_iterations) == ("dapo", 7, 4, 2)
+    assert config.learning_rate == 1e-4 and config.seed == 3 and config.output_dir == "/tmp/x"
+    assert dict(config.loss) == {"epsilon_high": 0.3, "beta": 0.01, "is_correction": None}
+    assert dict(config.advantage_options) == {"scale": "none"}
+    assert dict(config.task_kwargs) == {"max_terms": 3}
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_config_file_then_flags(tmp_path, suffix):
+    """Precedence: defaults < --config FILE < flags; dotted flags merge into the file's mappings."""
+    path = tmp_path / f"run{suffix}"
+    if suffix == ".toml":
+        path.write_text('algorithm = "cispo"\nmax_steps = 5\n[loss]\nepsilon_high = 3.0\nbeta = 0.02\n')
+    else:
+        path.write_text("algorithm: cispo\nmax_steps: 5\nloss:\n  epsilon_high: 3.0\n  beta: 0.02\n")
+    config = parse_train_args(["--config", str(path), "--max-steps", "9", "--loss.beta", "0.5"])
+    assert config.algorithm == "cispo" and config.max_steps == 9
+    assert dict(config.loss) == {"epsilon_high": 3.0, "beta": 0.5}
+
+
+def test_unknown_config_key_is_named(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("max_step = 3\n")
+    with pytest.raises(ValueError, match="max_step"):
+        parse_train_args(["--config", str(path)])
+
+
+def test_train_and_eval_end_to_end(tmp_path, capsys):
+    """`rlzoo train` on the tiny model writes a run; `rlzoo eval` scores its checkpoint with an interval."""
+    out_dir = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max-steps", "1", "--num-generations", "4",
+                 "--per-device-train-batch-size", "8", "--max-completion-length", "4", "--eval-size", "4",
+                 "--output-dir", str(out_dir), "--no-progress", "--loss.beta", "0"]) == 0
+    assert "held-out greedy accuracy" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1
+    checkpoint = out_dir / "checkpoints" / "step-000001" / "model"
+    assert main(["eval", "--model", str(checkpoint), "--eval-size", "4", "--max-completion-length", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy accuracy" in out and "95% CI" in out and "n=4" in out
