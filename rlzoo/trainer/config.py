@@ -141,8 +141,11 @@ class TrainConfig:
     """Seed of model sampling and shuffling."""
     device: str = "auto"
     """'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Parameter dtype: auto = bfloat16 on GPU, float32 on CPU."""
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = "auto"
+    """Precision. auto = bf16-mixed on GPU, float32 on CPU. bf16-mixed: float32 weights and optimizer state,
+    forward passes under bfloat16 autocast (as transformers' Trainer with bf16=True). bfloat16 / float16: the
+    parameters themselves in that dtype (half the memory; AdamW updates smaller than the dtype's resolution
+    are lost)."""
     num_threads: int | None = None
     """CPU threads for torch (None: torch's default)."""
     output_dir: str | None = None

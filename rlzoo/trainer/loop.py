@@ -78,10 +78,52 @@ def _resolve_device(name: str) -> torch.device:
     return device
 
 
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def _resolve_precision(name: str, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """``(parameter dtype, autocast dtype or None)`` of a ``TrainConfig.dtype`` on ``device``."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
+        name = "bf16-mixed" if device.type == "cuda" else "float32"
+    if name == "bf16-mixed":
+        return torch.float32, torch.bfloat16
+    return getattr(torch, name), None
+
+
+def _inference_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Parameter dtype for evaluation only (no optimizer): mixed precision loads the weights in bf16."""
+    param, autocast = _resolve_precision(name, device)
+    return autocast or param
+
+
+def _enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on transformers' activation (gradient) checkpointing, non-reentrant, and zero every dropout.
+
+    transformers checkpoints a layer only in train mode, so the trainer switches the model to train mode for
+    the differentiated forward pass (:meth:`Trainer._training_forward`); dropout must then be zero for the
+    log-probs to equal the eval-mode ones (ratio exactly 1 on the first iteration). TRL does the same with
+    ``disable_dropout``; attention dropout rates held as module attributes (``attention_dropout``) are zeroed too.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:  # transformers < 5.2x
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def _merge_metrics(total: dict[str, float], metrics: dict[str, Any], share: float) -> None:
+    """Fold one micro-batch's loss metrics into the step's: ``*/min`` and ``*/max`` by min / max, the others
+    token-weighted (``share`` = the micro-batch's fraction of the step's counted tokens)."""
+    for key, value in metrics.items():
+        value = float(value)
+        if key.endswith("/min"):
+            total[key] = min(total.get(key, math.inf), value)
+        elif key.endswith("/max"):
+            total[key] = max(total.get(key, -math.inf), value)
+        else:
+            total[key] = total.get(key, 0.0) + share * value
 
 
 class Trainer:
@@ -109,7 +151,7 @@ class Trainer:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = _resolve_device(config.device)
-        self.dtype = _resolve_dtype(config.dtype, self.device)
+        self.dtype, self.autocast_dtype = _resolve_precision(config.dtype, self.device)
         self.output_dir = Path(config.output_dir or self._default_output_dir())
 
         # The loss and the advantage estimator (from the preset's card unless overridden).
@@ -153,7 +195,7 @@ class Trainer:
         self.model, self.tokenizer = load_model(config.model, dtype=self.dtype, device=self.device)
         self.model.eval()  # dropout off: the ratio must be exactly 1 on the first iteration
         if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_activation_checkpointing(self.model)
         self.share_prefix = config.share_prompt_prefix and not config.gradient_checkpointing
         self.ref_model = None
         if "ref_logprobs" in required:
@@ -215,12 +257,38 @@ class Trainer:
             fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy,
         )
 
+    def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        """Tokens the loss counts: the completion mask, minus truncated completions when asked (DAPO)."""
+        if self.config.mask_truncated_completions:
+            return rollout.completion_mask & ~rollout.is_truncated[:, None]
+        return rollout.completion_mask
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast around forward passes in mixed precision (fp32 weights); a no-op otherwise."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @contextlib.contextmanager
+    def _training_forward(self) -> Any:
+        """With gradient checkpointing, the model is in train mode for the forward pass that is
+        differentiated (transformers only checkpoints in train mode; dropout was zeroed at start)."""
+        if not self.config.gradient_checkpointing:
+            yield
+            return
+        self.model.train()
+        try:
+            yield
+        finally:
+            self.model.eval()
+
     @torch.no_grad()
     def _score_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> torch.Tensor:
         """Log-probs of a whole generation batch without gradients, one micro-batch at a time."""
         size = self.config.per_device_train_batch_size
-        parts = [self._logprobs(model, rollout.select(torch.arange(i, min(i + size, rollout.num_completions))))[0]
-                 for i in range(0, rollout.num_completions, size)]
+        with self._autocast():
+            parts = [self._logprobs(model, rollout.select(torch.arange(i, min(i + size, rollout.num_completions))))[0]
+                     for i in range(0, rollout.num_completions, size)]
         width = rollout.completion_ids.shape[1]
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
@@ -236,9 +304,13 @@ class Trainer:
             rounds += 1
             items = self.task.next_train(need)
             prompts = [self.task.prompt(self.tokenizer, item, system_prompt=cfg.system_prompt) for item in items]
-            gen = self.generator.generate(self.model, prompts, g)
+            with self._autocast():
+                gen = self.generator.generate(self.model, prompts, g)
+            completion_ids = [row[mask].tolist() for row, mask in zip(gen.completion_ids, gen.completion_mask,
+                                                                     strict=True)]
             values = self.rewards.compute(prompts=[p for p in prompts for _ in range(g)], completions=gen.texts,
-                                          items=[item for item in items for _ in range(g)])
+                                          items=[item for item in items for _ in range(g)],
+                                          completion_ids=completion_ids)
             reward = self._combine(values, gen)
             for i in range(len(items)):
                 sl = slice(i * g, (i + 1) * g)
@@ -254,8 +326,6 @@ class Trainer:
         rollout = self._assemble(kept[:need])
         extra = {"completion_mask": rollout.completion_mask} if "completion_mask" in self.advantage_fn.accepts else {}
         rollout.advantages = self.advantage_fn(rollout.reward, group_size=g, **extra).to(torch.float32)
-        if cfg.mask_truncated_completions:
-            rollout.completion_mask = rollout.completion_mask & ~rollout.is_truncated[:, None]
         gen_time = time.perf_counter() - t0
         if cfg.old_logprobs_needed:
             rollout.old_logprobs = self._score_logprobs(self.model, rollout)
@@ -345,25 +415,33 @@ class Trainer:
         t0 = time.perf_counter()
         micro_batches, gen_stats = self._micro_batches()
         t1 = time.perf_counter()
-        normalizer = Normalizer.from_masks(*[mb.completion_mask for mb in micro_batches])
-        sums: dict[str, float] = {}
+        loss_masks = [self._loss_mask(mb) for mb in micro_batches]
+        normalizer = Normalizer.from_masks(*loss_masks)
+        metrics_sum: dict[str, float] = {}
         loss_total = 0.0
-        for mb in micro_batches:
-            logprobs, entropies = self._logprobs(self.model, mb, with_entropy=self.with_entropy)
+        for mb, loss_mask in zip(micro_batches, loss_masks, strict=True):
+            with self._autocast(), self._training_forward():
+                logprobs, entropies = self._logprobs(self.model, mb, with_entropy=self.with_entropy)
             batch = PolicyBatch(
-                logprobs=logprobs, advantages=mb.advantages, completion_mask=mb.completion_mask,
+                logprobs=logprobs, advantages=mb.advantages, completion_mask=loss_mask,
                 old_logprobs=mb.old_logprobs, ref_logprobs=mb.ref_logprobs, rollout_logprobs=mb.rollout_logprobs,
                 entropies=entropies,
             )
             out = self.loss_fn(batch, normalizer=normalizer)
             out.loss.backward()
             loss_total += float(out.loss.detach())
-            share = float(mb.completion_mask.sum()) / max(1.0, float(normalizer.num_tokens))
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + share * float(value)
-        grad_norm = float("nan")
-        if self.config.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+            share = float(loss_mask.sum()) / max(1.0, float(normalizer.num_tokens))
+            _merge_metrics(metrics_sum, out.metrics, share)
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not (math.isfinite(loss_total) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"step {self.step + 1}: the loss ({loss_total}) or the gradient norm ({grad_norm}) is not finite; "
+                "the optimizer step was not taken and the model is unchanged. Lower --learning-rate, check the "
+                "loss options (e.g. a huge clip bound), or use --dtype float32; resume from the last checkpoint "
+                "with --resume latest"
+            )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -388,7 +466,7 @@ class Trainer:
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(truncated.mean()),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm,  # before clipping
             "learning_rate": lr,
             "step_time": t2 - t0,
             "generation_time": gen_stats.get("generation_time", 0.0),
@@ -398,15 +476,16 @@ class Trainer:
         for name, column in zip(self.rewards.names, torch.cat([mb.rewards for mb in micro_batches]).T, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
         metrics.update({k: v for k, v in gen_stats.items() if k != "generation_time"})
-        metrics.update(sums)
+        metrics.update(metrics_sum)
         return metrics
 
     # ---------------------------------------------------------------------------------------------- eval
     def evaluate(self, limit: int | None = None) -> EvalResult:
         """Greedy accuracy on the held-out set (``limit`` problems at most)."""
-        return greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_generator,
-                               batch_size=self.config.eval_batch_size, system_prompt=self.config.system_prompt,
-                               limit=limit)
+        with self._autocast():
+            return greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_generator,
+                                   batch_size=self.config.eval_batch_size, system_prompt=self.config.system_prompt,
+                                   limit=limit)
 
     # --------------------------------------------------------------------------------------------- loop
     def train(self) -> list[dict[str, Any]]:
@@ -421,8 +500,9 @@ class Trainer:
                     extra={"resolved_loss": self.loss_fn.to_config(), "resolved_advantage": self.advantage_name,
                            "output_dir": str(self.output_dir)})
         metrics_log = MetricsLog(self.output_dir, self.history)
+        precision = str(self.dtype).removeprefix("torch.") + (" + bf16 autocast" if self.autocast_dtype else "")
         log.info("run dir %s | loss %s | advantage %s | device %s %s", self.output_dir,
-                 self.loss_fn.name or "custom", self.advantage_name, self.device, str(self.dtype).removeprefix("torch."))
+                 self.loss_fn.name or "custom", self.advantage_name, self.device, precision)
         if self.step == 0 and cfg.eval_size > 0:
             result = self.evaluate()
             log.info("step 0 held-out greedy accuracy %s", result)
@@ -434,7 +514,7 @@ class Trainer:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-            redirect = logging_redirect_tqdm(loggers=[logging.getLogger("rlzoo")])
+            redirect = logging_redirect_tqdm()  # the root logger: records print once, above the bar
         last_acc = next((m["eval/accuracy"] for m in reversed(self.history) if "eval/accuracy" in m), None)
         with redirect:
             while self.step < cfg.max_steps:
@@ -571,7 +651,7 @@ def evaluate(config: TrainConfig) -> EvalResult:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = _resolve_device(config.device)
-    model, tokenizer = load_model(config.model, dtype=_resolve_dtype(config.dtype, device), device=device)
+    model, tokenizer = load_model(config.model, dtype=_inference_dtype(config.dtype, device), device=device)
     model.eval()
     task = make_task(config.task, config.resolved_task_kwargs, train_seed=config.train_seed,
                      eval_seed=config.eval_seed, eval_size=config.eval_size,

@@ -267,13 +267,112 @@ def test_overlong_punishment_follows_dapo(tmp_path):
     torch.testing.assert_close(reward, expected)
 
 
-def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path):
-    trainer = Trainer(_config(tmp_path, mask_truncated_completions=True, max_completion_length=3, eval_size=0))
+def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path, monkeypatch):
+    """DAPO's mask_truncated_completions: truncated rows count in neither the loss nor its normalizer, while
+    the length metrics still report them (their real lengths, as TRL logs them)."""
+    from rlzoo.losses import PolicyLoss
+
+    trainer = Trainer(_config(tmp_path, mask_truncated_completions=True, max_completion_length=3, eval_size=0,
+                              max_steps=1))
+    seen = []
+    original = PolicyLoss.__call__
+    monkeypatch.setattr(PolicyLoss, "__call__", lambda self, batch, normalizer=None: (
+        seen.append((batch.completion_mask.clone(), normalizer)) or original(self, batch, normalizer=normalizer)))
+    rollouts = []
+    generate = trainer.generate_batch
+
+    def half_truncated():  # the random model almost never stops by itself: mark every other row as finished
+        rollout, stats = generate()
+        rollout.is_truncated = torch.arange(rollout.num_completions) % 2 == 0
+        rollouts.append(rollout)
+        return rollout, stats
+
+    monkeypatch.setattr(trainer, "generate_batch", half_truncated)
+    history = trainer.train()
+    (rollout,), ((mask, normalizer),) = rollouts, seen
+    truncated = rollout.is_truncated
+    assert mask.shape == rollout.completion_mask.shape
+    assert int(mask.sum()) == int(rollout.completion_mask[~truncated].sum()) == float(normalizer.num_tokens)
+    assert int(mask.any(-1).sum()) == int((~truncated).sum())
+    lengths = rollout.completion_mask.sum(-1).float()
+    assert history[-1]["completions/mean_length"] == pytest.approx(float(lengths.mean()))
+    assert history[-1]["completions/clipped_ratio"] == pytest.approx(float(truncated.float().mean()))
+
+
+def test_merged_metrics_take_min_and_max_across_micro_batches():
+    from rlzoo.trainer.loop import _merge_metrics
+
+    total: dict[str, float] = {}
+    _merge_metrics(total, {"ratio/mean": 1.0, "ratio/min": 0.9, "ratio/max": 1.1}, 0.25)
+    _merge_metrics(total, {"ratio/mean": 2.0, "ratio/min": 0.5, "ratio/max": 1.05}, 0.75)
+    assert total == {"ratio/mean": pytest.approx(1.75), "ratio/min": 0.5, "ratio/max": 1.1}
+
+
+def test_reward_functions_receive_completion_ids(tmp_path):
+    """As TRL: reward functions get ``completion_ids`` (token ids without padding) beside the texts."""
+    seen = []
+
+    def length_reward(prompts, completions, completion_ids, **columns):
+        seen.append((completions, completion_ids))
+        return [float(len(ids)) for ids in completion_ids]
+
+    trainer = Trainer(_config(tmp_path, max_steps=1, eval_size=0, reward_funcs=()), reward_funcs=[length_reward])
     rollout, _ = trainer.generate_batch()
-    assert bool(rollout.is_truncated.any())
-    assert not bool(rollout.completion_mask[rollout.is_truncated].any())
-    kept = ~rollout.is_truncated
-    assert bool((rollout.completion_mask[kept].sum(-1) > 0).all())
+    (texts, ids), = seen
+    assert len(ids) == len(texts) == rollout.num_completions
+    assert [len(x) for x in ids] == rollout.completion_mask.sum(-1).tolist()
+    assert [trainer.tokenizer.decode(x, skip_special_tokens=True) for x in ids] == texts
+
+
+def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(tmp_path, monkeypatch):
+    """Never a silent NaN: the step raises, naming it, and the parameters are untouched."""
+    import dataclasses
+
+    from rlzoo.losses import PolicyLoss
+
+    trainer = Trainer(_config(tmp_path, max_steps=2, eval_size=0))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    original = PolicyLoss.__call__
+    monkeypatch.setattr(PolicyLoss, "__call__", lambda self, batch, normalizer=None: (
+        lambda out: dataclasses.replace(out, loss=out.loss * float("nan")))(original(self, batch, normalizer)))
+    with pytest.raises(FloatingPointError, match="step 1: the loss"):
+        trainer.train()
+    assert trainer.step == 0
+    for p, q in zip(before, trainer.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_gradient_checkpointing_recomputes_and_changes_nothing(tmp_path, monkeypatch):
+    """--gradient-checkpointing really checkpoints (the decoder layers run again in backward) and gives the
+    same loss and gradient as the plain run."""
+    results = {}
+    for checkpointing in (False, True):
+        trainer = Trainer(_config(tmp_path / str(checkpointing), max_steps=1, eval_size=0, seed=3,
+                                  gradient_checkpointing=checkpointing, learning_rate=0.0, max_grad_norm=0.0,
+                                  share_prompt_prefix=False))
+        mlp = trainer.model.model.layers[0].mlp  # inside the checkpointed layer.forward: runs again on recompute
+        calls = []
+        handle = mlp.register_forward_pre_hook(lambda module, args: calls.append(torch.is_grad_enabled()))
+        rollout, _ = trainer.generate_batch()
+        monkeypatch.setattr(trainer, "generate_batch", lambda rollout=rollout: (rollout, {}))
+        calls.clear()
+        row = trainer.train_step()
+        handle.remove()
+        results[checkpointing] = (row["loss"], row["grad_norm"], len(calls))
+    (loss, norm, forwards), (loss_ckpt, norm_ckpt, forwards_ckpt) = results[False], results[True]
+    assert loss_ckpt == pytest.approx(loss, rel=1e-5, abs=1e-7)
+    assert norm_ckpt == pytest.approx(norm, rel=1e-4)
+    assert forwards_ckpt > forwards  # the recomputation in backward
+
+
+def test_bf16_mixed_precision_keeps_float32_weights(tmp_path):
+    """dtype bf16-mixed (the GPU default): float32 parameters and optimizer state, bf16 autocast forward; runs
+    on CPU autocast too. The first-iteration ratio is still exactly 1."""
+    trainer = Trainer(_config(tmp_path, max_steps=2, eval_size=4, dtype="bf16-mixed", learning_rate=1e-3))
+    history = trainer.train()
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert all(math.isfinite(row["loss"]) for row in history if "loss" in row)
+    assert all(row["ratio/max"] == 1.0 for row in history if "ratio/max" in row)
 
 
 @pytest.mark.slow
