@@ -11,6 +11,7 @@ probabilities (nats), so they are <= 0.
 """
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import torch
@@ -179,7 +180,7 @@ def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
         return value.reshape(())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BatchError(f"Normalizer.{name} must be a number or a 0-d tensor, got {type(value).__name__}")
-    if value < 0 or value != value:
+    if value < 0 or math.isnan(value):
         raise BatchError(f"Normalizer.{name} must be >= 0, got {value}")
     return float(value)
 

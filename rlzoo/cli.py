@@ -24,17 +24,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "parse_train_args"]
+__all__ = ["console_main", "main", "parse_train_args"]
 
 _DOTTED = re.compile(r"^--(loss|advantage|task)\.([A-Za-z0-9_\-]+)(?:=(.*))?$")
 _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs"}
 
 
 def _scalar(text: str) -> Any:
+    """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number)."""
     import yaml
 
+    from rlzoo.trainer.config import yaml_numbers
+
     try:
-        return yaml.safe_load(text)
+        return yaml_numbers(yaml.safe_load(text))
     except yaml.YAMLError:
         return text
 
@@ -56,12 +59,17 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
 
     argv = list(argv)
     base: dict[str, Any] = {}
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise SystemExit(f"{prog}: --config needs a file")
-        base = load_config_file(argv[i + 1])
-        del argv[i:i + 2]
+    for i, arg in enumerate(argv):
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise SystemExit(f"{prog}: --config needs a file")
+            base = load_config_file(argv[i + 1])
+            del argv[i:i + 2]
+            break
+        if arg.startswith("--config="):
+            base = load_config_file(arg.split("=", 1)[1])
+            del argv[i]
+            break
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
     i = 0
@@ -169,8 +177,29 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     return subprocess.call(command, cwd=root)
 
 
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, ImportError, OSError,
+               FloatingPointError, RuntimeError)
+"""Exceptions the ``rlzoo`` command prints as one message instead of a traceback (``RLZOO_DEBUG=1``: raise)."""
+
+
+def console_main() -> int:
+    """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
+    instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("rlzoo: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        if os.environ.get("RLZOO_DEBUG"):
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"rlzoo: error: {message}\n(RLZOO_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``rlzoo`` command."""
+    """Entry point of the ``rlzoo`` command (raises on bad input; the console script is :func:`console_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=os.environ.get("RLZOO_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -195,4 +224,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console_main())

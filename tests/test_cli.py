@@ -5,7 +5,7 @@ import json
 import pytest
 
 import rlzoo
-from rlzoo.cli import main, parse_train_args
+from rlzoo.cli import console_main, main, parse_train_args
 from rlzoo.registry import UnknownNameError
 
 
@@ -80,3 +80,31 @@ def test_train_and_eval_end_to_end(tmp_path, capsys):
     assert main(["eval", "--model", str(checkpoint), "--eval-size", "4", "--max-completion-length", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy accuracy" in out and "95% CI" in out and "n=4" in out
+
+
+def test_exponent_numbers_are_numbers_in_flags_and_yaml(tmp_path):
+    """YAML 1.1 reads ``1e-3`` as a string; flags and YAML files read it as the number it is."""
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 1e-4\nloss:\n  beta: 2E-3\nsystem_prompt: hello\n")
+    config = parse_train_args([f"--config={path}", "--loss.epsilon_high", "3e-1"])
+    assert config.learning_rate == 1e-4 and config.system_prompt == "hello"
+    assert dict(config.loss) == {"beta": 2e-3, "epsilon_high": 0.3}
+
+
+def test_config_file_values_are_type_checked(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[advantage]\nscale = "none"\n')
+    with pytest.raises(ValueError, match="advantage must be a string.*advantage_options"):
+        parse_train_args(["--config", str(path)])
+    path.write_text('dtype = "fp8"\n')
+    with pytest.raises(ValueError, match="dtype must be one of 'auto', 'float32', 'bf16-mixed'"):
+        parse_train_args(["--config", str(path)])
+
+
+def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--algorithm", "not-a-loss", "--model", "tiny-random"])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    assert console_main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlzoo: error: ") and "not-a-loss" in err and "dapo" in err
+    assert "Traceback" not in err

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/composing.md", "docs/trainer.md"])

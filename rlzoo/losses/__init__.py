@@ -1,6 +1,7 @@
 """The loss zoo: parts (ratio levels, surrogates, token weights, penalties, aggregations), their
 composition :class:`PolicyLoss`, and the registered presets."""
 
+from rlzoo.losses import _core
 from rlzoo.losses._core import (
     LossInputs,
     Part,

@@ -18,7 +18,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses._core import LossInputs, Metrics, Part, check_choice, check_number, kl_estimators, penalties, require
+from rlzoo.losses._core import (
+    LossInputs,
+    Metrics,
+    Part,
+    check_choice,
+    check_number,
+    kl_estimators,
+    penalties,
+    require,
+)
 
 __all__ = ["EntropyBonus", "KLPenalty", "kl_estimate"]
 

@@ -57,7 +57,7 @@ def _optional_owners() -> dict[str, tuple[str, type]]:
     """Option name -> (slot, part class) for every registered optional part."""
     owners: dict[str, tuple[str, type]] = {}
     for slot, registry in _OPTIONAL_REGISTRIES:
-        for _, cls in registry.items():
+        for cls in map(registry.get, registry.names()):
             for option in cls.option_names():
                 owners.setdefault(option, (slot, cls))
     return owners

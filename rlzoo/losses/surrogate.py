@@ -22,15 +22,15 @@ from rlzoo.losses._core import LossInputs, Metrics, Part, check_number, surrogat
 __all__ = [
     "CISPO",
     "DRO",
-    "DPPOBinaryKL",
-    "DPPOBinaryTV",
     "GMPO",
-    "PPOClip",
-    "Reinforce",
     "SAPO",
     "VESPO",
     "ClipCov",
+    "DPPOBinaryKL",
+    "DPPOBinaryTV",
     "KLCov",
+    "PPOClip",
+    "Reinforce",
 ]
 
 PartOutput = tuple[Float[Tensor, "B T"], Metrics]

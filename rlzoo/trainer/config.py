@@ -13,11 +13,14 @@ every ``steps_per_generation * num_iterations`` micro-steps.
 import dataclasses
 import json
 import os
-import tomllib
+import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import tomllib
 import tyro
 
 __all__ = ["TrainConfig", "load_config_file", "save_config"]
@@ -160,6 +163,10 @@ class TrainConfig:
     """Show a live progress bar."""
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            value = _coerce(field.name, getattr(self, field.name), hints[field.name])
+            object.__setattr__(self, field.name, value)
         checks = [
             ("num_generations", self.num_generations >= 2, ">= 2"),
             ("max_completion_length", self.max_completion_length >= 1, ">= 1"),
@@ -250,11 +257,84 @@ class TrainConfig:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(names))}")
-        data = dict(data)
-        for key in ("reward_funcs", "reward_weights"):
-            if isinstance(data.get(key), list):
-                data[key] = tuple(data[key])
-        return cls(**data)
+        hints = typing.get_type_hints(cls)
+        return cls(**{key: _coerce(key, value, hints[key]) for key, value in data.items()})
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field's annotation (config files and the Python API bypass the CLI's
+    parser): ints and numeric strings become floats where a float is expected (YAML 1.1 reads ``1e-4`` as a
+    string), lists become tuples.
+
+    Raises:
+        ValueError: the value does not fit, naming the field, the expected type and the valid choices.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return _coerce(name, value, args[0])
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(name, value, arg)
+            except ValueError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, args))}; got {value!r}")
+        return value
+    if hint is Any:
+        return value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        hint_text = {"advantage": " (estimator options go in advantage_options / --advantage.NAME)",
+                     "task": " (data set options go in task_kwargs / --task.NAME)"}.get(name, "")
+        raise ValueError(f"{name} must be a string, got {value!r}{hint_text}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        return tuple(_coerce(name, v, args[0]) for v in value)
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a mapping of options, got {value!r}")
+        return value
+    return value
+
+
+_YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def yaml_numbers(value: Any) -> Any:
+    """Read the numbers YAML 1.1 leaves as strings (``1e-3``, ``5E4``: exponent without a dot) as floats,
+    recursively through mappings and lists."""
+    if isinstance(value, str) and _YAML11_FLOAT.match(value):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: yaml_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [yaml_numbers(v) for v in value]
+    return value
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -272,7 +352,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         import yaml
 
         with path.open() as fh:
-            data = yaml.safe_load(fh) or {}
+            data = yaml_numbers(yaml.safe_load(fh) or {})
     elif path.suffix == ".json":
         data = json.loads(path.read_text())
     else:

@@ -7,6 +7,7 @@ for completions that hit ``max_completion_length`` without EOS.
 
 import dataclasses
 import os
+import shutil
 import tempfile
 from typing import Protocol
 
@@ -184,7 +185,8 @@ class VLLMGenerator:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_completion_length: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = 0.3, seed: int = 0) -> None:
+                 top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = 0.3, seed: int = 0,
+                 max_prompt_length: int | None = None, dtype: torch.dtype | None = None) -> None:
         try:
             import vllm
         except ImportError as err:
@@ -194,15 +196,21 @@ class VLLMGenerator:
         from rlzoo.trainer.models import save_pretrained_atomic
 
         self.tokenizer = tokenizer
-        self._snapshot = tempfile.mkdtemp(prefix="rlzoo-vllm-")
-        save_pretrained_atomic(model, tokenizer, os.path.join(self._snapshot, "model"))
-        self.llm = vllm.LLM(
-            model=os.path.join(self._snapshot, "model"),
-            gpu_memory_utilization=gpu_memory_utilization,
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-            seed=seed,
-            enable_prefix_caching=True,
-        )
+        # The prompts are tokenised exactly as the HF path does (left padding, truncation to max_prompt_length,
+        # no special tokens added) and given to vLLM as token ids, so sampler and trainer see the same context.
+        self.encoder = HFGenerator(tokenizer, max_completion_length=1, max_prompt_length=max_prompt_length)
+        snapshot = tempfile.mkdtemp(prefix="rlzoo-vllm-")
+        try:
+            save_pretrained_atomic(model, tokenizer, os.path.join(snapshot, "model"))
+            self.llm = vllm.LLM(
+                model=os.path.join(snapshot, "model"),
+                gpu_memory_utilization=gpu_memory_utilization,
+                dtype=str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
+                seed=seed,
+                enable_prefix_caching=True,
+            )
+        finally:  # the engine holds the weights in memory once built
+            shutil.rmtree(snapshot, ignore_errors=True)
         self.max_completion_length = max_completion_length
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
 
@@ -220,9 +228,10 @@ class VLLMGenerator:
             max_tokens=self.max_completion_length,
             logprobs=0,
         )
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         device = next(model.parameters()).device
-        prompt_ids, prompt_mask = HFGenerator(self.tokenizer, max_completion_length=1).encode_prompts(prompts, device)
+        prompt_ids, prompt_mask = self.encoder.encode_prompts(prompts, device)
+        requests = [{"prompt_token_ids": ids[mask].tolist()} for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         eos = _eos_ids(model, self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         seqs, logps = [], []

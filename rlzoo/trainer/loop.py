@@ -135,6 +135,9 @@ class Trainer:
         reward_funcs: extra reward callables with TRL's signature ``fn(prompts, completions, **columns)``,
             added after ``config.reward_funcs``.
 
+    With ``loss`` given, ``config.algorithm`` is ignored (``config.json`` records the loss as built under
+    ``resolved_loss``) and the advantage estimator is ``config.advantage`` or, if None, ``grpo``.
+
     Raises:
         UnknownNameError: unknown algorithm, advantage estimator, task or model (lists the valid names).
         ValueError: an invalid combination (e.g. an estimator that needs a value model).
@@ -152,7 +155,6 @@ class Trainer:
             torch.set_num_threads(config.num_threads)
         self.device = _resolve_device(config.device)
         self.dtype, self.autocast_dtype = _resolve_precision(config.dtype, self.device)
-        self.output_dir = Path(config.output_dir or self._default_output_dir())
 
         # The loss and the advantage estimator (from the preset's card unless overridden).
         if loss is None:
@@ -170,6 +172,7 @@ class Trainer:
             advantage_name, advantage_options = config.advantage, {}
         advantage_options.update(config.advantage_options)
         self.loss_fn = loss
+        self.output_dir = Path(config.output_dir or self._default_output_dir())
         self.advantage_name = advantage_name
         self.advantage_fn = get_advantage(advantage_name, **advantage_options)
         unsupported = set(self.advantage_fn.needs) - {"completion_mask"}
@@ -213,6 +216,7 @@ class Trainer:
                 self.model, self.tokenizer, max_completion_length=config.max_completion_length,
                 temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                 gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=config.seed,
+                max_prompt_length=config.max_prompt_length, dtype=self.autocast_dtype or self.dtype,
             )
         else:
             self.generator = HFGenerator(
@@ -247,7 +251,8 @@ class Trainer:
     # --------------------------------------------------------------------------------------------- helpers
     def _default_output_dir(self) -> str:
         task = Path(self.config.task).stem if self.config.task.endswith(".jsonl") else self.config.task
-        return os.path.join("runs", f"{self.config.algorithm}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+        name = self.loss_fn.name or "custom"
+        return os.path.join("runs", f"{name}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     def _logprobs(self, model: torch.nn.Module, r: Rollout, *, with_entropy: bool = False):
         return completion_logprobs(
@@ -369,7 +374,7 @@ class Trainer:
         def left(x: torch.Tensor, width: int, value: int | bool) -> torch.Tensor:
             return torch.nn.functional.pad(x, (width - x.shape[-1], 0), value=value)
 
-        def right(x: torch.Tensor, width: int, value: float | int | bool) -> torch.Tensor:
+        def right(x: torch.Tensor, width: int, value: float | bool) -> torch.Tensor:
             return torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)
 
         prompt_ids, prompt_mask, comp_ids, comp_mask, trunc, texts, values, rewards, rollout_lp = ([] for _ in range(9))
@@ -498,6 +503,12 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.output_dir / "config.json",
                     extra={"resolved_loss": self.loss_fn.to_config(), "resolved_advantage": self.advantage_name,
+                           "resolved_task_kwargs": cfg.resolved_task_kwargs,
+                           "resolved_steps_per_generation": cfg.effective_steps_per_generation,
+                           "resolved_device": str(self.device),
+                           "resolved_dtype": str(self.dtype).removeprefix("torch."),
+                           "resolved_autocast_dtype": (str(self.autocast_dtype).removeprefix("torch.")
+                                                       if self.autocast_dtype else None),
                            "output_dir": str(self.output_dir)})
         metrics_log = MetricsLog(self.output_dir, self.history)
         precision = str(self.dtype).removeprefix("torch.") + (" + bf16 autocast" if self.autocast_dtype else "")
@@ -538,6 +549,7 @@ class Trainer:
         metrics_log.add(metrics)
         if final or (cfg.save_steps and self.step % cfg.save_steps == 0):
             self.save_checkpoint()
+            metrics_log.plot()  # a run that stops later still has its plot up to here
         log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", self.step, cfg.max_steps, metrics["loss"],
                  metrics["reward"], metrics["completions/mean_length"], metrics["step_time"])
         if bar is not None:
@@ -648,6 +660,8 @@ def evaluate(config: TrainConfig) -> EvalResult:
     from rlzoo.trainer.models import load_model
     from rlzoo.trainer.tasks import make_task
 
+    if config.eval_size < 1:
+        raise ValueError(f"eval_size must be >= 1 to evaluate, got {config.eval_size}")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = _resolve_device(config.device)

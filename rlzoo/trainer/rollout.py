@@ -134,7 +134,7 @@ def _hidden_states(
     body = model.base_model
     prompt_pos = position_ids_for(prompt_mask)
     prompt_len = prompt_mask.sum(-1)
-    n, c = completion_ids.shape
+    c = completion_ids.shape[1]
     completion_pos = prompt_len[group_index, None] + torch.arange(c, device=completion_ids.device)[None, :]
     if share_prefix:
         out = body(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=prompt_pos, use_cache=True)

@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from tolerances import tol
 
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.rewards import RewardFunctionError
 from rlzoo.trainer.rollout import completion_logprobs
-from tolerances import tol
 
 TINY = {
     "model": "tiny-random",
@@ -151,7 +151,7 @@ def test_completion_logprobs_agree_across_paths(share_prefix, fused):
     """Prefix sharing and the fused kernel compute the same log-probs and gradients as the plain full pass."""
     from rlzoo.trainer.models import load_model
 
-    model, tokenizer = load_model("tiny-random")
+    model, _ = load_model("tiny-random")
     torch.manual_seed(0)
     prompt_ids = torch.randint(3, 200, (3, 5))
     prompt_mask = torch.ones(3, 5, dtype=torch.bool)
@@ -333,8 +333,11 @@ def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(tmp_path, mon
     trainer = Trainer(_config(tmp_path, max_steps=2, eval_size=0))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     original = PolicyLoss.__call__
-    monkeypatch.setattr(PolicyLoss, "__call__", lambda self, batch, normalizer=None: (
-        lambda out: dataclasses.replace(out, loss=out.loss * float("nan")))(original(self, batch, normalizer)))
+    def nan_loss(self, batch, normalizer=None):
+        out = original(self, batch, normalizer)
+        return dataclasses.replace(out, loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(PolicyLoss, "__call__", nan_loss)
     with pytest.raises(FloatingPointError, match="step 1: the loss"):
         trainer.train()
     assert trainer.step == 0
@@ -351,8 +354,8 @@ def test_gradient_checkpointing_recomputes_and_changes_nothing(tmp_path, monkeyp
                                   gradient_checkpointing=checkpointing, learning_rate=0.0, max_grad_norm=0.0,
                                   share_prompt_prefix=False))
         mlp = trainer.model.model.layers[0].mlp  # inside the checkpointed layer.forward: runs again on recompute
-        calls = []
-        handle = mlp.register_forward_pre_hook(lambda module, args: calls.append(torch.is_grad_enabled()))
+        calls: list[bool] = []
+        handle = mlp.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(torch.is_grad_enabled()))
         rollout, _ = trainer.generate_batch()
         monkeypatch.setattr(trainer, "generate_batch", lambda rollout=rollout: (rollout, {}))
         calls.clear()
