@@ -3,7 +3,7 @@
 * The project's pytest ``addopts`` turn on the jaxtyping/beartype import hook for rlzoo (a test-time
   checker). Benchmarks must time the code users run, and Dynamo cannot compile through the hook, so
   this conftest removes the hook before anything imports rlzoo.
-* CUDA cases are skipped cleanly without a GPU (``@pytest.mark.cuda``).
+* CUDA cases (``@pytest.mark.cuda``) are skipped cleanly without a GPU by the root conftest.py.
 * Environment knobs: ``RLZOO_BENCH_ROUNDS`` (timed rounds per case; default 3 on CPU, 10 on CUDA),
   ``RLZOO_BENCH_THREADS`` (torch CPU threads; default: all cores), ``RLZOO_BENCH_MEMORY=0`` (skip the
   peak-memory measurement).
@@ -36,14 +36,6 @@ if os.environ.get("RLZOO_BENCH_THREADS"):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs a CUDA device")
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
 
 
 def _version(name: str) -> str | None:

@@ -6,10 +6,11 @@ estimators and presets each have one :class:`Registry`. Choosing an algorithm is
 """
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "UnknownNameError"]
+__all__ = ["Configurable", "Registry", "UnknownNameError"]
 
 T = TypeVar("T")
 
@@ -106,3 +107,17 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
+
+
+class Configurable:
+    """Mixin of the registered components that are dataclasses (loss parts, advantage estimators): their
+    keyword options are their dataclass fields."""
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options (dataclass fields) of this component."""
+        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    def options(self) -> dict[str, Any]:
+        """Current option values, by name."""
+        return {name: getattr(self, name) for name in self.option_names()}

@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -24,12 +23,3 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip CUDA-marked tests when no GPU is present."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)

@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.advantages.groups import GroupIds, GroupIndex
-from rlzoo.registry import Registry
+from rlzoo.registry import Configurable, Registry
 
 __all__ = [
     "INPUTS",
@@ -172,7 +172,7 @@ def build_inputs(owner: str, rewards: Tensor, given: Mapping[str, Any]) -> Advan
     return AdvantageInputs(**fields)
 
 
-class AdvantageEstimator:
+class AdvantageEstimator(Configurable):
     """Base of every advantage estimator (abstract; each registered subclass is a frozen kw-only dataclass).
 
     Subclasses set the class attributes ``_needs``, ``_accepts``, ``uses_groups``, ``token_level`` and
@@ -265,15 +265,6 @@ class AdvantageEstimator:
             if obj is cls:
                 return name
         return cls.__name__
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        """The keyword options (dataclass fields)."""
-        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-
-    def options(self) -> dict[str, Any]:
-        """Current option values."""
-        return {name: getattr(self, name) for name in self.option_names()}
 
     def to_config(self) -> dict[str, Any]:
         """JSON-able ``{"name": ..., **options}``; ``get_advantage(**config)`` rebuilds it."""

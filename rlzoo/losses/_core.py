@@ -17,7 +17,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.batch import BatchError, PolicyBatch
-from rlzoo.registry import Registry
+from rlzoo.registry import Configurable, Registry
 
 __all__ = [
     "LossInputs",
@@ -173,7 +173,7 @@ def _from_jsonable(value: Any) -> Any:
     return value
 
 
-class Part:
+class Part(Configurable):
     """Base of every loss part (a frozen, keyword-only dataclass with one job).
 
     Class attributes a part may set:
@@ -204,15 +204,6 @@ class Part:
             if obj is cls:
                 return name
         raise LookupError(f"{cls.__name__} is not registered in {cls.registry!r}")
-
-    @classmethod
-    def option_names(cls) -> tuple[str, ...]:
-        """The keyword options (dataclass fields) of this part."""
-        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-
-    def options(self) -> dict[str, Any]:
-        """Current option values."""
-        return {name: getattr(self, name) for name in self.option_names()}
 
     def to_config(self) -> dict[str, Any]:
         """JSON-able ``{"name": ..., **options}``."""
