@@ -142,6 +142,12 @@ def chunk_table(run: Run) -> list[str]:
         lines.append(f"| {label} | {_fmt_t(c['t'])} | {_fmt_ratio(c['t'] / base['t'])} | "
                      f"{'-' if mem is None else f'{mem:,.0f} MiB'} | "
                      f"{_fmt_ratio(mem / _mem(base) if mem is not None and _mem(base) else None)} |")
+    fastest = min(rows, key=lambda c: c["t"])
+    default_row = next(c for c in rows if c.get("chunk_size") is None)
+    fastest_chunk = fastest.get("chunk_size") or default
+    verdict = ("the default is the fastest" if fastest is default_row else
+               f"the fastest is {fastest_chunk} ({_fmt_ratio(fastest['t'] / default_row['t'])} the default's time)")
+    lines += ["", f"In this run {verdict}."]
     return [*lines, ""]
 
 
@@ -321,8 +327,8 @@ python benchmarks/render.py            # every benchmarks/results/*.json -> docs
 
 The committed CPU results were taken with `RLZOO_BENCH_THREADS=1` (see Method). Other knobs: `-k fused`
 (select cases), `RLZOO_BENCH_ROUNDS` (timed rounds of slow cases; default 3 on CPU, 10 on CUDA),
-`RLZOO_BENCH_MEMORY=0` (skip the memory measurement). The CPU suite takes 15-40 min on 2 cores
-(depending on other load).
+`RLZOO_BENCH_MEMORY=0` (skip the memory measurement). On a CPU the suite takes a while: every slow case
+runs its rounds, then once more in a fresh process for the memory figure.
 
 ## Method
 
@@ -338,9 +344,9 @@ The committed CPU results were taken with `RLZOO_BENCH_THREADS=1` (see Method). 
 - Timing: pytest-benchmark pedantic mode, an untimed preparation before every round, 3 rounds for slow CPU
   cases (10 on CUDA; more rounds for fast cases). **CPU ratios use the minimum process CPU time** of the
   rounds (`time.process_time`, recorded per round in `extra_info.cpu_time_rounds`), with one torch thread:
-  the 2-core machine is shared with other jobs, and in an earlier two-thread run wall-clock times (and
-  OpenMP barrier waits behind descheduled threads) varied by 2-4x between rounds. Wall-clock minima are
-  shown too; in the committed run (load average below) they agree with the CPU times. CUDA ratios use
+  the 2-core machine is shared with other jobs, and a single-threaded process's CPU time does not count
+  the time it waits for a core (with several threads, OpenMP barriers would spin while a sibling thread
+  is descheduled). Wall-clock minima are shown too; the load average at the start of the run is below. CUDA ratios use
   the minimum wall-clock time (with a device synchronisation in every round). Only cases of the same run
   are compared (side by side).
 - Peak extra memory: **CPU** - torch's CPU allocator is invisible to `tracemalloc`, so each case runs once
@@ -350,11 +356,10 @@ The committed CPU results were taken with `RLZOO_BENCH_THREADS=1` (see Method). 
   here) and the hidden-state gradient, for every implementation. **CUDA** -
   `torch.cuda.max_memory_allocated()` during the timed part minus `memory_allocated()` before it.
 - Default chunk size of `fused_linear_logprobs`: CPU - `2**24 // N` vocabulary columns (4096 at N = 4096,
-  8192 at N = 2048), picked from the chunk-size sweep below: 4096 was the fastest (the one-thread sweep is
-  within ~10 %; an earlier two-thread sweep on the busy machine gave 1.14x / 1.00x / 0.86x / 0.83x naive
-  for 1024 / 2048 / 4096 / 8192), and memory grows with the chunk while staying far below the target; CUDA - `2**26 // N` (2048 at N = 32768, 8192 at
+  8192 at N = 2048): a chunk of 16 Mi float32 logits (64 MiB); the sweep below measures the alternatives
+  (memory grows with the chunk, time varies little). CUDA - `2**26 // N` (2048 at N = 32768, 8192 at
   N = 8192), chosen by reasoning (GEMMs of at least N x 2048 keep the tensor cores busy; a 256 MiB float32
-  chunk is 2.5 % of the 10 GiB bf16 logits) and **not measured yet**.
+  chunk is 2.7 % of the 9.3 GiB bf16 logits) and **not measured yet**.
 """
 
 

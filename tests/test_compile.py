@@ -7,7 +7,8 @@ under pytest the jaxtyping/beartype import hook wraps every rlzoo function, and 
 beartype's checks - the hook is the test-time type checker, not the code users compile.
 
 Default suite: three presets with the ``aot_eager`` backend (Dynamo tracing with ``fullgraph=True`` plus
-AOTAutograd's forward/backward graphs, no C++ compile). ``-m slow``: every token-level preset, and inductor.
+AOTAutograd's forward/backward graphs, no C++ compile). ``-m slow``: every preset with ``aot_eager``, and eleven
+token-level presets with inductor.
 """
 
 import json
@@ -21,7 +22,10 @@ import torch
 from tolerances import tol
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN_LEVEL = ["ppo", "grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "gpg", "two_sided", "dro", "vespo"]
+TOKEN_LEVEL = ["ppo", "grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "gpg", "two_sided", "dro", "vespo",
+               "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"]
+SEQUENCE_LEVEL = ["gspo", "gspo_token", "gmpo", "luspo"]
+INDUCTOR = TOKEN_LEVEL[:11]
 FAST = ["grpo", "dr_grpo", "cispo"]
 
 
@@ -49,13 +53,16 @@ def test_token_level_presets_compile_without_graph_breaks():
 
 
 @pytest.mark.slow
-def test_all_token_level_presets_compile_without_graph_breaks():
-    _check(_run_child("aot_eager", TOKEN_LEVEL), TOKEN_LEVEL)
+def test_every_preset_compiles_without_graph_breaks():
+    import rlzoo
+
+    assert sorted(TOKEN_LEVEL + SEQUENCE_LEVEL) == rlzoo.list_losses()
+    _check(_run_child("aot_eager", TOKEN_LEVEL + SEQUENCE_LEVEL), TOKEN_LEVEL + SEQUENCE_LEVEL)
 
 
 @pytest.mark.slow
 def test_token_level_presets_inductor_equal_eager():
-    _check(_run_child("inductor", TOKEN_LEVEL), TOKEN_LEVEL)
+    _check(_run_child("inductor", INDUCTOR), INDUCTOR)
 
 
 # ------------------------------------------------------------------------------------- child process
@@ -72,7 +79,7 @@ def _child(backend: str, presets: list[str]) -> dict[str, dict]:
     entropies = torch.rand(b, t, generator=g, dtype=torch.float64)
     results = {}
     for name in presets:
-        loss_fn = rlzoo.get_loss(name, max_completion_length=t) if name == "dr_grpo" else rlzoo.get_loss(name)
+        loss_fn = rlzoo.get_loss(name, max_completion_length=t)  # a universal option (dr_grpo, dppo need it)
 
         def make(base=base):
             lp = base.clone().requires_grad_()

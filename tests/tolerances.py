@@ -17,6 +17,27 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 REFERENCE_ATOL = 1e-6
 
 
+# Norm-wise relative error ||actual - expected|| / ||expected|| of a gradient in that dtype: a single rounding
+# to the dtype gives about 0.25 eps; the elementwise row above alone would pass gradients far smaller than
+# its atol whatever their values.
+GRAD_NORM_RTOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.bfloat16: torch.finfo(torch.bfloat16).eps,
+    torch.float16: torch.finfo(torch.float16).eps,
+}
+
+
+def assert_grad_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """A gradient in ``actual.dtype`` against a reference: the dtype's elementwise row and its norm-wise bound."""
+    torch.testing.assert_close(actual.to(expected.dtype), expected, **tol(actual.dtype))
+    scale = float(expected.double().norm())
+    err = float((actual.double() - expected.double()).norm())
+    assert err <= GRAD_NORM_RTOL[actual.dtype] * max(scale, 1e-30), (
+        f"relative gradient error {err / max(scale, 1e-30):.3g} > {GRAD_NORM_RTOL[actual.dtype]:.3g} ({actual.dtype})"
+    )
+
+
 def tol(dtype: torch.dtype) -> dict[str, float]:
     """``dict(atol=..., rtol=...)`` for ``torch.testing.assert_close``."""
     atol, rtol = TOLERANCES[dtype]

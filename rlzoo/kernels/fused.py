@@ -32,6 +32,7 @@ import functools
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from rlzoo.kernels import _tiles
 from rlzoo.kernels._common import (
@@ -212,6 +213,7 @@ class _FusedFunction(torch.autograd.Function):
         return logprob, entropy
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises, never wrong
     def backward(ctx, grad_logprob, grad_entropy):
         with torch.autocast(ctx.device_type, enabled=False):
             return _FusedFunction._backward(ctx, grad_logprob, grad_entropy)

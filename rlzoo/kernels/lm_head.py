@@ -1,6 +1,6 @@
 """Read a Hugging Face causal LM's output head: weight (tied or not), bias, logit scale and soft-cap.
 
-``fused_linear_logprobs(hidden, token_ids, **lm_head_spec(model))`` then scores tokens exactly as
+``fused_linear_logprobs(hidden, token_ids=token_ids, **lm_head_spec(model))`` then scores tokens exactly as
 ``model(...).logits`` would (up to float rounding), for the model families whose logit transform is
 known here; any other family that declares a logit-transform config field raises, so the caller falls
 back to the plain logits path instead of silently computing the wrong distribution.

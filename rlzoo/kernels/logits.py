@@ -20,6 +20,7 @@ online softmax: Milakov & Gimelshein (2018), arXiv:1805.02867.
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from rlzoo.kernels import _tiles
 from rlzoo.kernels._common import (
@@ -83,6 +84,7 @@ class _LogitsFunction(torch.autograd.Function):
         return logprob, entropy
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises, never wrong
     def backward(ctx, grad_logprob, grad_entropy):
         logits, ids, m, log_s, entropy = ctx.saved_tensors
         temperature, row_chunk, backend, _ = ctx.cfg

@@ -18,7 +18,7 @@ from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["Rollout", "completion_logprobs", "position_ids_for"]
+__all__ = ["Rollout", "completion_logprobs", "model_logits", "position_ids_for"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -152,12 +152,34 @@ def _hidden_states(
             use_cache=True,
         )
         return torch.cat([last[:, None], cont.last_hidden_state], dim=1)
+    out = body(**_full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids), use_cache=False)
+    return out.last_hidden_state[:, prompt_ids.shape[1] - 1:]
+
+
+def _full_sequence_inputs(prompt_ids: Tensor, prompt_mask: Tensor, group_index: Tensor,
+                          completion_ids: Tensor) -> dict[str, Tensor]:
+    """Model inputs of every row's prompt + completion (all but its last token), with generate's positions."""
+    prompt_pos = position_ids_for(prompt_mask)
+    c = completion_ids.shape[1]
+    completion_pos = prompt_mask.sum(-1)[group_index, None] + torch.arange(c, device=completion_ids.device)[None, :]
     ids = torch.cat([prompt_ids[group_index], completion_ids[:, :-1]], dim=1)
     mask = torch.cat([prompt_mask[group_index], torch.ones_like(completion_ids[:, :-1], dtype=torch.bool)], dim=1)
     pos = torch.cat([prompt_pos[group_index], completion_pos[:, :-1]], dim=1)
-    out = body(input_ids=ids, attention_mask=mask.long(), position_ids=pos, use_cache=False)
-    p = prompt_ids.shape[1]
-    return out.last_hidden_state[:, p - 1:]
+    return {"input_ids": ids, "attention_mask": mask.long(), "position_ids": pos}
+
+
+def model_logits(
+    model: torch.nn.Module,
+    prompt_ids: Int[Tensor, "Np P"],
+    prompt_mask: Bool[Tensor, "Np P"],
+    group_index: Int[Tensor, " N"],
+    completion_ids: Int[Tensor, "N C"],
+) -> Float[Tensor, "N C V"]:
+    """The model's own ``logits`` (its full forward, whatever its head does) at the positions that predict
+    each completion token: the path for heads ``rlzoo.kernels.lm_head_spec`` does not know, and the
+    independent reference of the tests. Holds ``[N, P + C - 1, V]`` logits."""
+    out = model(**_full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids), use_cache=False)
+    return out.logits[:, prompt_ids.shape[1] - 1:]
 
 
 def completion_logprobs(
@@ -181,31 +203,53 @@ def completion_logprobs(
     Args:
         model: a Hugging Face causal LM (``model.base_model`` gives final hidden states; the lm_head is read
             by ``rlzoo.kernels.lm_head_spec``).
+        prompt_ids, prompt_mask: ``[Np, P]`` left-padded unique prompts and their attention mask.
+        group_index: ``[N]`` the prompt row (in ``[0, Np)``) of each completion.
+        completion_ids, completion_mask: ``[N, C]`` right-padded completion tokens and the counted ones.
         temperature: > 0; logits are divided by it (the sampling distribution's log-probs, as TRL).
         share_prefix: run each prompt once and reuse its KV cache for its completions (exact).
-        fused: log-probs through ``fused_linear_logprobs`` (chunked, no [M, V] logits); False: plain logits.
+        fused: log-probs through ``fused_linear_logprobs`` (chunked, no [M, V] logits); False: plain logits
+            from the final hidden states and the lm_head. A model whose logit transform
+            ``rlzoo.kernels.lm_head_spec`` does not know is scored through its own forward
+            (:func:`model_logits`, no prefix sharing) either way.
         with_entropy: also return the per-token entropy (nats) of the temperature-scaled distribution.
 
     Returns:
         ``(logprobs, entropies)``, each ``Float[N, C]`` in nats (entropies None unless asked).
-    """
-    from rlzoo.kernels import fused_linear_logprobs, lm_head_spec, logprobs_and_entropy_from_logits
 
-    hidden = _hidden_states(model, prompt_ids, prompt_mask, group_index, completion_ids, share_prefix)
+    Source: the per-token log-probs of TRL 1.16's ``GRPOTrainer._get_per_token_logps_and_entropies``
+    (logits divided by the temperature, then ``log_softmax`` and gather), computed without the ``[N, C, V]``
+    logits.
+    """
+    from rlzoo.kernels import (
+        fused_linear_logprobs,
+        lm_head_spec,
+        logprobs_and_entropy_from_logits,
+        logprobs_from_logits,
+    )
+
     flat_index = rearrange(completion_mask, "n c -> (n c)").nonzero().squeeze(-1)
-    h = rearrange(hidden, "n c h -> (n c) h").index_select(0, flat_index)  # counted positions only
     targets = rearrange(completion_ids, "n c -> (n c)").index_select(0, flat_index)
     try:
         spec = lm_head_spec(model)
-    except NotImplementedError:  # a logit transform rlzoo's kernels do not know: the model's own head
-        spec, fused = None, False
-    if fused:
-        lp, ent = fused_linear_logprobs(h, **spec, token_ids=targets, temperature=temperature,
-                                        return_entropy=with_entropy)
+    except NotImplementedError:  # a logit transform rlzoo's kernels do not know: the model's own forward
+        spec = None
+    if spec is None:
+        logits = model_logits(model, prompt_ids, prompt_mask, group_index, completion_ids)
+        logits = rearrange(logits, "n c v -> (n c) v").index_select(0, flat_index)
     else:
-        logits = spec.logits(h) if spec is not None else model.get_output_embeddings()(h)
-        lp, ent = logprobs_and_entropy_from_logits(logits, targets, temperature=temperature)
-        ent = ent if with_entropy else None
+        hidden = _hidden_states(model, prompt_ids, prompt_mask, group_index, completion_ids, share_prefix)
+        h = rearrange(hidden, "n c h -> (n c) h").index_select(0, flat_index)  # counted positions only
+        if fused:
+            lp, ent = fused_linear_logprobs(h, **spec, token_ids=targets, temperature=temperature,
+                                            return_entropy=with_entropy)
+        else:
+            logits = spec.logits(h)
+    if spec is None or not fused:
+        if with_entropy:
+            lp, ent = logprobs_and_entropy_from_logits(logits, targets, temperature=temperature)
+        else:
+            lp, ent = logprobs_from_logits(logits, targets, temperature=temperature), None
     shape = completion_ids.shape
 
     def scatter(x: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from tolerances import tol
+from tolerances import assert_grad_close, tol
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlzoo.kernels import KernelInputError, default_chunk_size, fused_linear_logprobs
@@ -136,7 +136,7 @@ def test_low_precision(dtype):
     want = _grads(ref, ref_inputs)
     for g, r in zip(got, want, strict=True):
         assert g.dtype == dtype
-        torch.testing.assert_close(g.double(), r, **tol(dtype))
+        assert_grad_close(g, r)
 
 
 class _LargestTensor(TorchDispatchMode):
@@ -276,3 +276,12 @@ def test_autocast_runs_the_projection_in_the_autocast_dtype():
     ref = naive_linear_logprobs(h16, w16, ids)
     torch.testing.assert_close(lp.double(), ref.logprobs, **tol(torch.float32))
     torch.testing.assert_close(ent.double(), ref.entropy, **tol(torch.float32))
+
+
+def test_double_backward_raises_instead_of_being_wrong():
+    """The custom backward is not differentiable: a second-order gradient raises (never a silent wrong value)."""
+    hidden, weight, _, ids = _problem(5, 8, 11, dtype=torch.float64)
+    out = fused_linear_logprobs(hidden, weight, ids)
+    (grad_h,) = torch.autograd.grad(out.logprobs.sum(), hidden, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(grad_h.sum(), weight)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tolerances import tol
+from tolerances import assert_grad_close, tol
 
 triton = pytest.importorskip("triton")
 
-from rlzoo.kernels import fused_linear_logprobs, logprobs_and_entropy_from_logits
+from rlzoo.kernels import fused_linear_logprobs, logprobs_and_entropy_from_logits, logprobs_from_logits
 from rlzoo.kernels.reference import naive_linear_logprobs, naive_logprobs
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -66,7 +66,7 @@ def _run_fused(backend, hidden, weight, bias, ids, chunk, options, which):
     loss = 0.0
     if which in ("both", "logprob"):
         loss = loss + (wl * out.logprobs).sum()
-    if which in ("both", "entropy"):
+    if which in ("both", "entropy") and out.entropy is not None:
         loss = loss + (we * out.entropy).sum()
     grads = torch.autograd.grad(loss, inputs)
     return out, grads
@@ -79,20 +79,25 @@ def _compare_fused(device, shape, options, dtype, which="both"):
     k_out, k_grads = _run_fused("triton", hidden, weight, bias, ids, chunk, opts, which)
     t_out, t_grads = _run_fused("torch", hidden, weight, bias, ids, chunk, opts, which)
     torch.testing.assert_close(k_out.logprobs, t_out.logprobs, **tol(torch.float32))
-    torch.testing.assert_close(k_out.entropy, t_out.entropy, **tol(torch.float32))
+    if opts.get("return_entropy", True):
+        torch.testing.assert_close(k_out.entropy, t_out.entropy, **tol(torch.float32))
+    else:
+        assert k_out.entropy is None and t_out.entropy is None
     for kg, tg in zip(k_grads, t_grads, strict=True):
         assert kg.dtype == dtype
-        torch.testing.assert_close(kg, tg, **tol(dtype))
+        assert_grad_close(kg, tg)
     # and the float64 reference of the same (rounded) inputs; on CUDA, bf16 logits come from a bf16 GEMM
     # (float32 output where torch supports it), so there the bf16 row applies
+    ref_opts = {k: v for k, v in opts.items() if k != "return_entropy"}
     ref = naive_linear_logprobs(*(t.detach().double() for t in (hidden, weight)), ids,
-                                bias=None if bias is None else bias.detach().double(), **opts)
+                                bias=None if bias is None else bias.detach().double(), **ref_opts)
     ref_tol = tol(torch.float32 if device == "cpu" else dtype)
     torch.testing.assert_close(k_out.logprobs.double(), ref.logprobs, **ref_tol)
-    torch.testing.assert_close(k_out.entropy.double(), ref.entropy, **ref_tol)
+    if k_out.entropy is not None:
+        torch.testing.assert_close(k_out.entropy.double(), ref.entropy, **ref_tol)
 
 
-def _compare_logits(device, dtype, sliced, temperature, masked):
+def _compare_logits(device, dtype, sliced, temperature, masked, entropy=True):
     g = torch.Generator().manual_seed(0)
     full = (3 * torch.randn(3, 6, 77, generator=g)).to(device=device, dtype=dtype)
     if masked:
@@ -103,7 +108,11 @@ def _compare_logits(device, dtype, sliced, temperature, masked):
     results = []
     for backend in ("triton", "torch"):
         leaf = x.detach().clone().requires_grad_()
-        lp, ent = logprobs_and_entropy_from_logits(leaf, ids, temperature, backend=backend)
+        if entropy:
+            lp, ent = logprobs_and_entropy_from_logits(leaf, ids, temperature, backend=backend)
+        else:  # the kernel's WITH_ENTROPY=False branch (the trainer's default)
+            lp = logprobs_from_logits(leaf, ids, temperature, backend=backend)
+            ent = torch.zeros_like(lp)
         wl, we = _loss_weights(lp.numel(), device)
         (grad,) = torch.autograd.grad((wl.view_as(lp) * lp + we.view_as(ent) * ent).sum(), leaf)
         results.append((lp, ent, grad))
@@ -111,11 +120,12 @@ def _compare_logits(device, dtype, sliced, temperature, masked):
     torch.testing.assert_close(k_lp, t_lp, **tol(torch.float32))
     torch.testing.assert_close(k_ent, t_ent, **tol(torch.float32))
     assert k_g.dtype == dtype and torch.isfinite(k_g).all()
-    torch.testing.assert_close(k_g, t_g, **tol(dtype))
+    assert_grad_close(k_g, t_g)
     ref_lp, ref_ent = naive_logprobs(x.detach().double()[..., :60] if masked else x.detach().double(), ids,
                                      temperature, return_entropy=True)
     torch.testing.assert_close(k_lp.double(), ref_lp, **tol(torch.float32))
-    torch.testing.assert_close(k_ent.double(), ref_ent, **tol(torch.float32))
+    if entropy:
+        torch.testing.assert_close(k_ent.double(), ref_ent, **tol(torch.float32))
 
 
 # ------------------------------------------------------------------------------------- interpreter (CPU)
@@ -136,9 +146,17 @@ def test_fused_interpreter_single_output_gradients(which):
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_interpreter_without_entropy(dtype):
+    """return_entropy=False: the kernel's WITH_ENTROPY=False branch (the trainer's default)."""
+    _compare_fused("cpu", (19, 8, 130, 47), {"return_entropy": False, "temperature": 0.9}, dtype, which="logprob")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("sliced", "temperature", "masked"), [(False, 1.0, False), (True, 0.8, False), (True, 1.0, True)])
-def test_logits_interpreter_matches_torch(dtype, sliced, temperature, masked):
-    _compare_logits("cpu", dtype, sliced, temperature, masked)
+@pytest.mark.parametrize("entropy", [True, False])
+def test_logits_interpreter_matches_torch(dtype, sliced, temperature, masked, entropy):
+    _compare_logits("cpu", dtype, sliced, temperature, masked, entropy)
 
 
 def test_kernels_in_triton_interpreter():

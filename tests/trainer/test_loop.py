@@ -10,7 +10,7 @@ from tolerances import tol
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.rewards import RewardFunctionError
-from rlzoo.trainer.rollout import completion_logprobs
+from rlzoo.trainer.rollout import completion_logprobs, model_logits
 
 TINY = {
     "model": "tiny-random",
@@ -145,10 +145,19 @@ def test_the_tiny_model_learns_a_reward_from_scratch(tmp_path):
     assert end > start + 0.2, (start, end)
 
 
+@pytest.mark.parametrize("head", ["known", "unknown"])
 @pytest.mark.parametrize("share_prefix", [True, False])
 @pytest.mark.parametrize("fused", [True, False])
-def test_completion_logprobs_agree_across_paths(share_prefix, fused):
-    """Prefix sharing and the fused kernel compute the same log-probs and gradients as the plain full pass."""
+def test_completion_logprobs_agree_across_paths(share_prefix, fused, head, monkeypatch):
+    """Every path (prefix sharing or not, fused kernel or plain logits, and the model's own forward for a head
+    lm_head_spec does not know) gives the log-probs, entropies and gradients of the model's own logits."""
+    asked = []
+    if head == "unknown":
+        def unknown(model):
+            asked.append(model)
+            raise NotImplementedError("a logit transform rlzoo does not know")
+
+        monkeypatch.setattr("rlzoo.kernels.lm_head_spec", unknown)
     from rlzoo.trainer.models import load_model
 
     model, _ = load_model("tiny-random")
@@ -164,7 +173,12 @@ def test_completion_logprobs_agree_across_paths(share_prefix, fused):
               "completion_ids": completion_ids, "completion_mask": completion_mask, "temperature": 0.7,
               "with_entropy": True}
     lp, ent = completion_logprobs(model, share_prefix=share_prefix, fused=fused, **kwargs)
-    ref_lp, ref_ent = completion_logprobs(model, share_prefix=False, fused=False, **kwargs)
+    assert len(asked) == (head == "unknown")
+    # the independent reference: the model's own forward, log_softmax, gather (masked positions hold 0)
+    logits = model_logits(model, prompt_ids, prompt_mask, group_index, completion_ids) / 0.7
+    log_p = torch.log_softmax(logits.double(), dim=-1)
+    ref_lp = (log_p.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask).float()
+    ref_ent = (-(log_p.exp() * log_p).sum(-1) * completion_mask).float()
     torch.testing.assert_close(lp, ref_lp, **tol(torch.float32))
     torch.testing.assert_close(ent, ref_ent, **tol(torch.float32))
     assert torch.all(lp[~completion_mask] == 0)
