@@ -36,9 +36,9 @@ class PolicyBatch:
     """One (micro-)batch of completions, as every loss of the zoo consumes it.
 
     Validated on construction: shapes agree, ``completion_mask`` is bool, the other tensors are floating
-    point, ``B >= 1`` and ``T >= 1``, and every value at a counted position (``completion_mask`` True) is
-    finite, with log-probs <= 0. Values at masked positions are never read: they may be anything,
-    NaN and inf included (padding is inert).
+    point, every tensor is on the device of ``logprobs``, ``B >= 1`` and ``T >= 1``, and every value at a
+    counted position (``completion_mask`` True) is finite, with log-probs <= 0. Values at masked positions
+    are never read: they may be anything, NaN and inf included (padding is inert).
 
     Args:
         logprobs: ``Float[B, T]``, log pi_theta(o_t | q, o_<t) in nats; carries the gradient.
@@ -56,8 +56,9 @@ class PolicyBatch:
             or when the producer already guarantees it.
 
     Raises:
-        BatchError: naming the offending field: wrong type, dtype or shape, ``B == 0`` or ``T == 0``,
-            a non-bool mask, or a NaN/inf/positive log-prob at a counted position.
+        BatchError: naming the offending field: wrong type, dtype, shape or device (the message names both
+            devices), ``B == 0`` or ``T == 0``, a non-bool mask, or a NaN/inf/positive log-prob at a counted
+            position.
 
     Example:
         >>> import torch, rlzoo
@@ -108,6 +109,8 @@ class PolicyBatch:
                 raise BatchError(f"{name} must have shape {(b, t)} like logprobs, got {tuple(value.shape)}")
             if value.device != lp.device:
                 raise BatchError(f"{name} is on {value.device} but logprobs is on {lp.device}")
+        if mask.device != lp.device:
+            raise BatchError(f"completion_mask is on {mask.device} but logprobs is on {lp.device}")
         adv = self.advantages
         if not isinstance(adv, Tensor):
             raise BatchError(f"advantages must be a torch.Tensor, got {type(adv).__name__}")
@@ -118,6 +121,8 @@ class PolicyBatch:
                 f"advantages must have shape [B]={(b,)} (per sequence) or [B, T]={(b, t)} (per token), "
                 f"got {tuple(adv.shape)}"
             )
+        if adv.device != lp.device:
+            raise BatchError(f"advantages is on {adv.device} but logprobs is on {lp.device}")
         if self.check_values:
             self._check_values()
 
@@ -173,15 +178,30 @@ class PolicyBatch:
         return out
 
 
+def _check_count(name: str, value: float) -> None:
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise BatchError(f"Normalizer.{name} must be a finite number >= 0, got {value}")
+
+
 def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
+    """``value`` as a float or a 0-d tensor, or a :class:`BatchError` naming ``Normalizer.<name>``.
+
+    A tensor count is checked for its value (negative, NaN, inf) only on the CPU and outside
+    ``torch.compile`` tracing: reading an accelerator tensor's value would be a device sync, and a
+    data-dependent check a graph break. Its shape and dtype are checked everywhere.
+    """
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise BatchError(f"Normalizer.{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        return value.reshape(())
+        if value.dtype == torch.bool or value.is_complex():
+            raise BatchError(f"Normalizer.{name} must be a real-valued count, got a {value.dtype} tensor")
+        value = value.reshape(())
+        if value.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_count(name, value.detach().item())
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BatchError(f"Normalizer.{name} must be a number or a 0-d tensor, got {type(value).__name__}")
-    if value < 0 or math.isnan(value):
-        raise BatchError(f"Normalizer.{name} must be >= 0, got {value}")
+    _check_count(name, value)
     return float(value)
 
 
@@ -195,13 +215,19 @@ class Normalizer:
     multiply each rank's loss by the world size.
 
     Args:
-        num_tokens: counted tokens (``completion_mask.sum()``) of the whole optimizer-step batch, >= 0.
-            Used by "token-mean". A count of 0 gives a loss of 0 (it is clamped to 1).
-        num_sequences: sequences with at least one counted token in the whole optimizer-step batch,
-            >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
+        num_tokens: counted tokens (``completion_mask.sum()``) of the whole optimizer-step batch, finite and
+            >= 0. Used by "token-mean". A count of 0 gives a loss of 0 (it is clamped to 1).
+        num_sequences: sequences with at least one counted token in the whole optimizer-step batch, finite
+            and >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
+
+    A count is a Python number or a one-element tensor (kept as a 0-d tensor, on its device). The value of
+    a tensor count is checked only when it is on the CPU (outside ``torch.compile`` tracing): checking a
+    CUDA tensor's value would cost a device sync, so a negative, NaN or inf count on an accelerator is the
+    caller's responsibility (:meth:`from_masks` counts are valid by construction).
 
     Raises:
-        BatchError: if a count is negative, NaN, or not a scalar.
+        BatchError: naming the count: negative, NaN or inf (a number, or a tensor on the CPU), neither a
+            number nor a real-valued tensor, or not a scalar.
     """
 
     num_tokens: int | float | Tensor
@@ -215,10 +241,37 @@ class Normalizer:
     def from_masks(cls, *masks: Bool[Tensor, "_ _"]) -> "Normalizer":
         """Counts over one or more completion masks (e.g. all micro-batches of one optimizer step).
 
-        Returns 0-d tensors on the masks' device (no device sync).
+        Args:
+            *masks: ``Bool[B_k, T_k]`` completion masks, all on one device (``B_k`` and ``T_k`` may differ).
+
+        Returns:
+            A :class:`Normalizer` holding 0-d tensors on the masks' device (no device sync).
+
+        Raises:
+            ValueError: if no mask is given.
+            BatchError: naming the mask's position if one is not a tensor, not ``torch.bool``, not 2-D, or
+                on another device than the first.
         """
         if not masks:
             raise ValueError("Normalizer.from_masks needs at least one completion mask")
+        for i, m in enumerate(masks):
+            if not isinstance(m, Tensor):
+                raise BatchError(
+                    f"Normalizer.from_masks: mask {i} must be a torch.Tensor, got {type(m).__name__}"
+                )
+            if m.dtype != torch.bool:
+                raise BatchError(
+                    f"Normalizer.from_masks: mask {i} must have dtype torch.bool (True = token counts), got "
+                    f"{m.dtype}; convert with mask.bool()"
+                )
+            if m.ndim != 2:
+                raise BatchError(
+                    f"Normalizer.from_masks: mask {i} must have shape [B, T] (2 dims), got {tuple(m.shape)}"
+                )
+            if m.device != masks[0].device:
+                raise BatchError(
+                    f"Normalizer.from_masks: mask {i} is on {m.device} but mask 0 is on {masks[0].device}"
+                )
         num_tokens = sum(m.sum() for m in masks)
         num_sequences = sum(m.any(dim=-1).sum() for m in masks)
         return cls(num_tokens=num_tokens, num_sequences=num_sequences)

@@ -70,7 +70,12 @@ class _Aggregation(Part):
 @aggregations.register("token-mean")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenMean(_Aggregation):
-    """Mean over every counted token of the optimizer-step batch (DAPO's token-level loss, eq. 12)."""
+    """Mean over every counted token of the optimizer-step batch: ``sum_it m l / N``.
+
+    DAPO's normalisation: Yu et al. 2025, "DAPO", arXiv:2503.14476, the objective of sec. 3 and the
+    token-level policy-gradient loss of sec. 3.3, eq. (12). verl ``loss_agg_mode="token-mean"``; TRL 1.16
+    ``loss_type="dapo"``/``"bnpo"``/``"cispo"`` (with the token count of the optimizer-step batch here).
+    """
 
     def _reduce(self, loss, mask, normalizer, max_completion_length):
         return loss.sum() / _at_least_one(normalizer.num_tokens)
@@ -79,7 +84,11 @@ class TokenMean(_Aggregation):
 @aggregations.register("token-sum")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenSum(_Aggregation):
-    """Sum over counted tokens (no normalisation; the learning rate absorbs the scale)."""
+    """Sum over counted tokens: ``sum_it m l`` (no normalisation; the learning rate absorbs the scale).
+
+    verl ``loss_agg_mode="token-sum"``. Does not read the normalizer: micro-batch sums add up to the
+    full-batch sum as they are.
+    """
 
     def _reduce(self, loss, mask, normalizer, max_completion_length):
         return loss.sum()
@@ -88,7 +97,12 @@ class TokenSum(_Aggregation):
 @aggregations.register("seq-mean-token-mean")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SeqMeanTokenMean(_Aggregation):
-    """Mean over sequences of each sequence's token mean (GRPO, DeepSeekMath eq. 3)."""
+    """Mean over sequences of each sequence's token mean: ``(1/S) sum_i (1/n_i) sum_t m l``.
+
+    GRPO's objective: Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. (3) (``1/G sum_i 1/|o_i|
+    sum_t``). verl ``loss_agg_mode="seq-mean-token-mean"``; TRL 1.16 ``loss_type="grpo"``/``"sapo"`` (with
+    ``S`` the sequences of the optimizer-step batch here).
+    """
 
     def _reduce(self, loss, mask, normalizer, max_completion_length):
         per_seq = loss.sum(-1) / mask.sum(-1).clamp(min=1).to(loss.dtype)
@@ -98,7 +112,12 @@ class SeqMeanTokenMean(_Aggregation):
 @aggregations.register("seq-mean-token-sum")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SeqMeanTokenSum(_Aggregation):
-    """Mean over sequences of each sequence's token sum (TRL's "luspo")."""
+    """Mean over sequences of each sequence's token sum: ``(1/S) sum_i sum_t m l``.
+
+    verl ``loss_agg_mode="seq-mean-token-sum"``; TRL 1.16 ``loss_type="luspo"``, LUSPO's length-weighted
+    sequence loss (Liu et al. 2026, arXiv:2602.05261; the ``luspo`` preset). Like
+    :class:`SeqMeanTokenSumNorm` without the constant divisor, so the loss scale grows with the length.
+    """
 
     def _reduce(self, loss, mask, normalizer, max_completion_length):
         return loss.sum() / _at_least_one(normalizer.num_sequences)

@@ -94,11 +94,17 @@ class KLPenalty(Part):
     under off-policy data (DeepSeek-V3.2).
 
     Args:
-        beta: >= 0, the coefficient (0 disables the penalty and the need for ``ref_logprobs``).
+        beta: finite, >= 0, the coefficient (default 0.0: disables the penalty and the need for
+            ``ref_logprobs``).
         kl_estimator: "k1", "k2", "k3" (default), "abs", "k1+", "k3+".
-        use_bias_correction_kl: multiply the estimate by ``w`` (default False).
+        use_bias_correction_kl: a bool: multiply the estimate by ``w`` (default False).
 
     Metrics: ``kl`` (masked mean of the per-token estimate, after the bias correction).
+
+    Raises:
+        ValueError: on construction, naming the option: beta < 0, NaN, inf or not a number; an unknown
+            kl_estimator (the message lists the estimators); a non-bool use_bias_correction_kl.
+        BatchError: when called with ``PolicyBatch.ref_logprobs`` None while ``beta != 0``.
 
     References:
         Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. (3)-(4) (k3 in the loss);
@@ -143,7 +149,12 @@ class EntropyBonus(Part):
     of it; the two coincide under "token-mean".
 
     Args:
-        entropy_coef: the coefficient c (0 disables; negative values penalise entropy).
+        entropy_coef: the coefficient c, any finite value (default 0.0: disabled; negative values penalise
+            entropy).
+
+    Raises:
+        ValueError: naming entropy_coef when it is NaN, inf, or not a number.
+        BatchError: when called with ``PolicyBatch.entropies`` None while ``entropy_coef != 0``.
 
     References: Williams & Peng 1991; verl ``actor.entropy_coeff``; TRL 1.16 ``entropy_coef``.
     """

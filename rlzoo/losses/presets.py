@@ -155,7 +155,10 @@ def _ppo_clip(**kw: Any) -> PPOClip:
     "rlzoo.advantages.value_loss); rlzoo's trainer has no critic, so it uses group-normalised advantages.",
 )
 def ppo() -> PolicyLoss:
-    r"""loss = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A), token ratio w, token-mean."""
+    r"""loss = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A), token ratio w, token-mean.
+
+    Defaults: eps_low = eps_high = 0.2, no dual clip (dual_clip=None), no delta cap, no KL term (beta = 0).
+    """
     return PolicyLoss(surrogate=_ppo_clip(epsilon_low=0.2, epsilon_high=0.2), aggregation="token-mean")
 
 
@@ -289,7 +292,10 @@ def cispo() -> PolicyLoss:
     advantage="grpo",
 )
 def sapo() -> PolicyLoss:
-    r"""loss = (1/S) sum_i (1/|o_i|) sum_t -(4/tau) sigmoid(tau (w - 1)) A, tau = tau_pos (A > 0) or tau_neg."""
+    r"""loss = (1/S) sum_i (1/|o_i|) sum_t -(4/tau) sigmoid(tau (w - 1)) A, tau = tau_pos (A > 0) or tau_neg.
+
+    Defaults: tau_pos = 1.0, tau_neg = 1.05 (TRL's sapo_temperature_pos/neg), token ratio w.
+    """
     return PolicyLoss(surrogate=SAPO(tau_pos=1.0, tau_neg=1.05), aggregation="seq-mean-token-mean")
 
 
@@ -334,7 +340,10 @@ def gmpo() -> PolicyLoss:
     advantage="grpo",
 )
 def clip_cov() -> PolicyLoss:
-    r"""PPO clip loss with the loss of floor(r N) random tokens with lb < cov < ub set to 0; token-mean."""
+    r"""PPO clip loss with the loss of floor(r N) random tokens with lb < cov < ub set to 0; token-mean.
+
+    Defaults: eps_low = eps_high = 0.2, r = clip_cov_ratio = 2e-4, lb = clip_cov_lb = 1, ub = clip_cov_ub = 5.
+    """
     return PolicyLoss(surrogate=ClipCov(), aggregation="token-mean")
 
 
@@ -348,7 +357,10 @@ def clip_cov() -> PolicyLoss:
     notes="The paper uses k=2e-3 for Qwen2.5-7B and 2e-4 for 32B, with beta=1 (sec. 4.3).",
 )
 def kl_cov() -> PolicyLoss:
-    r"""loss = -w A + ppo_kl_coef |log w| on the top-k covariance tokens; token-mean."""
+    r"""loss = -w A + ppo_kl_coef |log w| on the top-k covariance tokens; token-mean.
+
+    Defaults: k = max(1, floor(kl_cov_ratio N)) with kl_cov_ratio = 2e-4, ppo_kl_coef = 1.
+    """
     return PolicyLoss(surrogate=KLCov(), aggregation="token-mean")
 
 
@@ -400,7 +412,10 @@ def luspo() -> PolicyLoss:
     advantage="grpo",
 )
 def vespo() -> PolicyLoss:
-    r"""loss = sum_it -sg[phi(W_i)] A logp / N_tokens, phi(W) = e^lambda W^k e^(-lambda W) (eq. 17), W_i = prod_t w_it."""
+    r"""loss = sum_it -sg[phi(W_i)] A logp / N_tokens, phi(W) = e^lambda W^k e^(-lambda W) (eq. 17), W_i = prod_t w_it.
+
+    Defaults: (k_pos, lambda_pos) = (2, 3) for A >= 0, (k_neg, lambda_neg) = (3, 2) for A < 0.
+    """
     return PolicyLoss(surrogate=VESPO(), aggregation="token-mean")
 
 
@@ -416,7 +431,10 @@ def vespo() -> PolicyLoss:
     "policy: pass the sampler's log-probs as old_logprobs (verl's bypass_mode). Needs max_completion_length.",
 )
 def dppo_tv() -> PolicyLoss:
-    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12-13), M_t = 0 where |p - p_old| > delta_TV in the direction of A."""
+    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12-13), M_t = 0 where |p - p_old| > delta_TV in the direction of A.
+
+    Defaults: delta_TV = epsilon_low = epsilon_high = 0.15, C = clip_ratio_c = 5; seq-mean-token-sum-norm.
+    """
     return PolicyLoss(
         surrogate=DPPOBinaryTV(epsilon_low=0.15, epsilon_high=0.15, clip_ratio_c=5.0),
         aggregation="seq-mean-token-sum-norm",
@@ -434,7 +452,10 @@ def dppo_tv() -> PolicyLoss:
     notes="As dppo_tv with the binary KL (eq. 14) and delta_KL = 0.05. Needs max_completion_length.",
 )
 def dppo_kl() -> PolicyLoss:
-    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12, 14), M_t = 0 where binary KL(p_old, p) > delta_KL in the direction of A."""
+    r"""loss = -A sg[min(w, C)] logp * M_t (eq. 12, 14), M_t = 0 where binary KL(p_old, p) > delta_KL in the direction of A.
+
+    Defaults: delta_KL = epsilon_low = epsilon_high = 0.05, C = clip_ratio_c = 5; seq-mean-token-sum-norm.
+    """
     return PolicyLoss(
         surrogate=DPPOBinaryKL(epsilon_low=0.05, epsilon_high=0.05, clip_ratio_c=5.0),
         aggregation="seq-mean-token-sum-norm",

@@ -85,11 +85,14 @@ class GeometricRatio(Part):
     advantage = masked mean of the per-token advantages).
 
     Args:
-        epsilon_low: >= 0, lower clip of the token *log*-ratio (default 0.4).
-        epsilon_high: >= 0, upper clip of the token *log*-ratio (default 0.4).
+        epsilon_low: finite, >= 0, lower clip of the token *log*-ratio (default 0.4).
+        epsilon_high: finite, >= 0, upper clip of the token *log*-ratio (default 0.4).
 
     Metrics: ``clip_ratio/low_mean`` (A < 0 tokens whose log-ratio was clipped), ``clip_ratio/high_mean``
     (A > 0), ``clip_ratio/region_mean``.
+
+    Raises:
+        ValueError: naming epsilon_low or epsilon_high when it is < 0, NaN, inf, or not a number.
     """
 
     registry: ClassVar = ratio_levels

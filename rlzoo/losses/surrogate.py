@@ -85,13 +85,20 @@ class PPOClip(Part):
     clipped: its loss and gradient grow with ``w``.
 
     Args:
-        epsilon_low: >= 0, lower clip ``1 - epsilon_low`` (default 0.2).
-        epsilon_high: >= 0, upper clip ``1 + epsilon_high`` (default 0.2; DAPO's clip-higher uses 0.28).
-        dual_clip: None (off) or ``c > 1``: bounds the loss of ``A < 0`` tokens at ``c * |A|``.
-        delta: None (off) or ``> 0``: caps the unclipped ratio before the min (two-sided clipping).
+        epsilon_low: finite, >= 0, lower clip ``1 - epsilon_low`` (default 0.2).
+        epsilon_high: finite, >= 0, upper clip ``1 + epsilon_high`` (default 0.2; DAPO's clip-higher uses
+            0.28).
+        dual_clip: None (off, default) or a finite ``c > 1``: bounds the loss of ``A < 0`` tokens at
+            ``c * |A|``.
+        delta: None (off, default) or ``> 0`` (inf is the same as off): caps the unclipped ratio before the
+            min (two-sided clipping).
 
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (TRL's
     definitions, on the ratio before ``delta``), and ``clip_ratio/dual_mean`` when ``dual_clip`` is set.
+
+    Raises:
+        ValueError: naming the option when it is outside its range above, NaN, or not a number (a string,
+            a bool, or None where None is not allowed).
 
     References:
         Schulman et al. 2017, "Proximal Policy Optimization Algorithms", arXiv:1707.06347, eq. (7);
@@ -137,14 +144,19 @@ class CISPO(Part):
     .. math:: \ell = -\mathrm{sg}\big[\mathrm{clip}(w, 1-\epsilon_{low}, 1+\epsilon_{high})\big]\,A\,\log\pi_\theta
 
     Args:
-        epsilon_low: >= 0 (default 1.0: lower bound 0, i.e. no lower clip, as the paper).
-        epsilon_high: >= -1 (default 4.0: upper bound 5, ScaleRL's ``epsilon_max = 5``), with
+        epsilon_low: finite, >= 0 (default 1.0: lower bound 0, i.e. no lower clip, as the paper).
+        epsilon_high: finite, >= -1 (default 4.0: upper bound 5, ScaleRL's ``epsilon_max = 5``), with
             ``1 + epsilon_high >= 1 - epsilon_low``. TRL's ``epsilon_high`` for cispo is the absolute cap,
             i.e. ``1 + epsilon_high`` here; a cap below 1 (``epsilon_high < 0``, e.g. TRL's fallback cap 0.2)
             down-weights every token.
 
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean`` (TRL's ``cispo_clip_ratio``),
     ``clip_ratio/region_mean``.
+
+    Raises:
+        ValueError: naming the option when it is outside its range above, NaN, or not a number, or naming
+            epsilon_high when the upper bound ``1 + epsilon_high`` is below the lower bound
+            ``1 - epsilon_low``.
 
     References:
         MiniMax 2025, "MiniMax-M1", arXiv:2506.13585, eq. (4)-(5);
@@ -185,8 +197,11 @@ class SAPO(Part):
     ``f'(1) = 1``, so at ``w = 1`` the gradient is REINFORCE's; the loss value there is ``-2A/tau``.
 
     Args:
-        tau_pos: > 0, gate temperature for ``A > 0`` tokens (default 1.0).
-        tau_neg: > 0, gate temperature for ``A <= 0`` tokens (default 1.05).
+        tau_pos: finite, > 0, gate temperature for ``A > 0`` tokens (default 1.0).
+        tau_neg: finite, > 0, gate temperature for ``A <= 0`` tokens (default 1.05).
+
+    Raises:
+        ValueError: naming tau_pos or tau_neg when it is <= 0, NaN, inf, or not a number.
 
     References:
         Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347, eq. (5)-(6).
@@ -267,12 +282,17 @@ class ClipCov(Part):
     random (torch's global RNG) and their loss is set to 0 (no gradient).
 
     Args:
-        epsilon_low, epsilon_high: the PPO clip range (default 0.2 / 0.2).
+        epsilon_low, epsilon_high: finite, >= 0, the PPO clip range (default 0.2 / 0.2).
         clip_cov_ratio: in (0, 1], fraction of counted tokens to remove (default 2e-4).
-        clip_cov_lb, clip_cov_ub: covariance window (defaults 1.0, 5.0).
+        clip_cov_lb, clip_cov_ub: covariance window, any finite values with ``clip_cov_lb < clip_cov_ub``
+            (the covariance may be negative; defaults 1.0, 5.0 as verl).
 
     Batch-coupled: the covariance and the draw depend on the whole (micro-)batch.
     Metrics: the PPO clip metrics and ``clip_cov/removed_mean``.
+
+    Raises:
+        ValueError: naming the option when it is outside its range above, NaN, or not a number, or naming
+            clip_cov_ub when ``clip_cov_ub <= clip_cov_lb``.
 
     References:
         Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
@@ -326,9 +346,13 @@ class KLCov(Part):
 
     Args:
         kl_cov_ratio: in (0, 1], fraction of counted tokens penalised (default 2e-4, verl's default).
-        ppo_kl_coef: >= 0, the penalty coefficient kappa (default 1.0).
+        ppo_kl_coef: finite, >= 0, the penalty coefficient kappa (default 1.0).
 
     Batch-coupled (top-k over the batch). Metrics: ``kl_cov/penalized_mean``, ``ppo_kl_abs``.
+
+    Raises:
+        ValueError: naming kl_cov_ratio or ppo_kl_coef when it is outside its range above, NaN, or not a
+            number.
 
     References:
         Cui et al. 2025, arXiv:2505.22617, sec. 4 (KL-Cov). Matches verl ``loss_mode="kl_cov"``.
@@ -370,10 +394,19 @@ class VESPO(Part):
     weight into ``W`` instead of multiplying by it.
 
     Args:
-        k_pos, lambda_pos: shape and rate for ``A >= 0`` (defaults 2.0, 3.0).
-        k_neg, lambda_neg: for ``A < 0`` (defaults 3.0, 2.0). lambda is clamped to >= 1e-4, as TRL.
+        k_pos, lambda_pos: any finite values, shape and rate for ``A >= 0`` (defaults 2.0, 3.0).
+        k_neg, lambda_neg: any finite values, for ``A < 0`` (defaults 3.0, 2.0).
+
+    As in TRL, which does not range-check them either: ``k`` sets how strongly ``W < 1`` is down-weighted,
+    ``lambda`` how strongly ``W > 1`` is; a lambda below 1e-4 is used as 1e-4 (clamped at call time).
+
+    Only the token IS-correction modes combine with VESPO: :class:`~rlzoo.losses.PolicyLoss` raises a
+    ValueError naming is_correction for a sequence mode.
 
     Metrics: ``vespo/phi_seq_mean``.
+
+    Raises:
+        ValueError: naming the option when it is NaN, inf, or not a number.
 
     References:
         Shen et al. 2026, "VESPO: Variational Sequence-level Soft Policy Optimization for (Stable)
@@ -457,12 +490,15 @@ class DPPOBinaryTV(_DPPO):
     where ``p = exp(logp)``: the binary total-variation divergence of the sampled token's probability.
 
     Args:
-        epsilon_low, epsilon_high: >= 0, TV thresholds in probability units (default 0.2 / 0.2, verl's
-            ``clip_ratio``; the paper and the ``dppo_tv`` preset use 0.15).
-        clip_ratio_c: > 0, truncation C of the detached IS ratio (default 20.0, verl's fallback; the
-            paper's scaling runs and the preset use 5).
+        epsilon_low, epsilon_high: finite, >= 0, TV thresholds in probability units (default 0.2 / 0.2,
+            verl's ``clip_ratio``; the paper and the ``dppo_tv`` preset use 0.15).
+        clip_ratio_c: > 0 (inf: no truncation), truncation C of the detached IS ratio (default 20.0, verl's
+            fallback; the paper's scaling runs and the preset use 5).
 
     Metrics: ``dppo/masked_mean`` (tokens outside the region), ``dppo/truncated_mean``.
+
+    Raises:
+        ValueError: naming the option when it is outside its range above, NaN, or not a number.
 
     References:
         Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879,
@@ -489,9 +525,15 @@ class DPPOBinaryKL(_DPPO):
     (``D <= epsilon_low`` or ``p >= p_old``).
 
     Args:
-        epsilon_low, epsilon_high: >= 0, KL thresholds in nats (default 0.2 / 0.2 as verl; the paper and
-            the ``dppo_kl`` preset use 0.05).
-        clip_ratio_c: > 0, truncation C of the detached IS ratio (default 20.0; preset 5).
+        epsilon_low, epsilon_high: finite, >= 0, KL thresholds in nats (default 0.2 / 0.2 as verl; the
+            paper and the ``dppo_kl`` preset use 0.05).
+        clip_ratio_c: > 0 (inf: no truncation), truncation C of the detached IS ratio (default 20.0;
+            preset 5).
+
+    Metrics: ``dppo/masked_mean`` (tokens outside the region), ``dppo/truncated_mean``.
+
+    Raises:
+        ValueError: naming the option when it is outside its range above, NaN, or not a number.
 
     References:
         Qi et al. 2026, arXiv:2602.04879, eq. (12), (14). Matches verl ``loss_mode="dppo_kl"``.
@@ -519,10 +561,13 @@ class DRO(Part):
         \qquad \ell_t = \log\pi_\theta(o_t) - \log\pi_{old}(o_t)
 
     Args:
-        dro_beta: > 0, the penalty coefficient (default 0.05, the verl/Tinker example value; verl
+        dro_beta: finite, > 0, the penalty coefficient (default 0.05, the verl/Tinker example value; verl
             requires it, no paper value is confirmed).
 
     Metrics: ``ppo_kl`` (masked mean of ``-log_ratio``).
+
+    Raises:
+        ValueError: naming dro_beta when it is <= 0, NaN, inf, or not a number.
 
     References:
         Kimi Team 2025, "Kimi k1.5", arXiv:2501.12599, sec. 2.3.2 (the log-ratio-squared surrogate);

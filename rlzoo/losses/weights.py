@@ -48,13 +48,21 @@ class ISCorrection(Part):
     ``rollout_logprobs``. The weight is detached.
 
     Args:
-        is_correction: "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", or None (off).
-        is_min: lower bound, or None (no lower bound).
-        is_max: upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``), or None (no upper
-            bound). The truncate modes need is_max or is_min (as TRL).
+        is_correction: "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", or None (off,
+            default).
+        is_min: finite, >= 0, the lower bound, or None (no lower bound; default).
+        is_max: > 0 (inf allowed), the upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``),
+            or None (no upper bound). The truncate modes need is_max or is_min (as TRL), and
+            ``is_min <= is_max`` when both are set. The bounds are checked only when is_correction is set.
 
-    Metrics: ``sampling/importance_sampling_ratio/{min,mean,max}`` (before truncation/masking is
-    *not* reported: after it, as TRL) and ``sampling/sampling_logp_difference/{mean,max}``.
+    Metrics: ``sampling/importance_sampling_ratio/{min,mean,max}`` (of rho *after* truncation/masking, as
+    TRL; the raw ratio is not reported) and ``sampling/sampling_logp_difference/{mean,max}``.
+
+    Raises:
+        ValueError: on construction, naming the option: an unknown is_correction mode (the message lists
+            the four), a bound outside its range above, NaN or not a number, a truncate mode with neither
+            bound, or ``is_min > is_max``.
+        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while is_correction is set.
 
     References:
         Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
@@ -125,9 +133,13 @@ class OffPolicySequenceMask(Part):
     sequence advantages).
 
     Args:
-        off_policy_mask_threshold: delta, in nats per token; None disables.
+        off_policy_mask_threshold: delta, in nats per token: any number but NaN (inf keeps every sequence,
+            -inf drops every ``A < 0`` sequence); None (default) disables.
 
     Metrics: ``off_policy_mask/dropped_mean`` (fraction of counted tokens dropped).
+
+    Raises:
+        ValueError: naming off_policy_mask_threshold when it is NaN or neither a number nor None.
 
     References:
         DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, sec. 3.1 (Off-Policy Sequence Masking).
@@ -156,8 +168,18 @@ class OffPolicySequenceMask(Part):
 def masked_quantile(values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], q: float) -> Float[Tensor, ""]:
     """``torch.quantile(values[mask], q)`` (linear interpolation) without a data-dependent shape.
 
-    Returns 0 when no position is counted.
+    Args:
+        values: ``Float[B, T]``; values at masked positions are ignored.
+        mask: ``Bool[B, T]``; True where a value counts.
+        q: the quantile, a number in [0, 1] (0 = the minimum, 1 = the maximum of the counted values).
+
+    Returns:
+        0-d tensor: the ``q``-quantile of the counted values, or 0 when no position is counted.
+
+    Raises:
+        ValueError: naming q if it is not a finite number in [0, 1].
     """
+    check_number("masked_quantile", "q", q, low=0.0, high=1.0)
     flat = torch.where(mask, values, torch.full_like(values, torch.inf)).flatten()
     ordered = torch.sort(flat).values
     n = mask.sum()
@@ -178,11 +200,15 @@ class EntropyMask(Part):
     .. math:: M_t = \mathbb{1}[H_t \ge \mathrm{quantile}(\{H\}, 1 - q)]
 
     Args:
-        top_entropy_quantile: q in [0, 1]; 1.0 disables (keeps every token); 0.0 keeps only the
+        top_entropy_quantile: q in [0, 1]; 1.0 (default) disables (keeps every token); 0.0 keeps only the
             highest-entropy token(s) (as TRL); the paper uses 0.2.
 
     Batch-coupled: the quantile is over the batch's counted tokens. Needs ``PolicyBatch.entropies``.
     Metrics: ``entropy_mask/kept_mean``.
+
+    Raises:
+        ValueError: naming top_entropy_quantile when it is outside [0, 1], NaN, or not a number.
+        BatchError: when called with ``PolicyBatch.entropies`` None while ``top_entropy_quantile < 1``.
 
     References:
         Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective RL for

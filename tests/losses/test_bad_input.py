@@ -351,12 +351,89 @@ def test_loss_rejects_a_non_batch():
 
 # ------------------------------------------------------------------------------------------ Normalizer
 @pytest.mark.parametrize("field", ["num_tokens", "num_sequences"])
-@pytest.mark.parametrize("value", [-1, -0.5, math.nan, "3", None, True, torch.ones(2)])
+@pytest.mark.parametrize("value", [-1, -0.5, math.nan, math.inf, -math.inf, "3", None, True, torch.ones(2)])
 def test_normalizer_rejects_bad_counts(field, value):
-    """Negative, NaN, non-numeric or non-scalar counts raise a BatchError naming the count."""
+    """Negative, NaN, inf, non-numeric or non-scalar counts raise a BatchError naming the count (an inf
+    count would silently give a loss of 0)."""
     counts = {"num_tokens": 4, "num_sequences": 2, field: value}
     with pytest.raises(BatchError, match=field):
         Normalizer(**counts)
+
+
+@pytest.mark.parametrize("field", ["num_tokens", "num_sequences"])
+@pytest.mark.parametrize(
+    "value",
+    [torch.tensor(-1), torch.tensor([-3]), torch.tensor(-0.5, dtype=torch.float64), torch.tensor(math.nan),
+     torch.tensor(math.inf), torch.tensor(-math.inf), torch.tensor(True), torch.tensor(2 + 0j)],
+    ids=["int-neg", "int-neg-1elem", "f64-neg", "nan", "inf", "-inf", "bool", "complex"],
+)
+def test_normalizer_rejects_bad_cpu_tensor_counts(field, value):
+    """A CPU tensor count is checked like a number: negative, NaN, inf, bool or complex is a BatchError naming
+    the count (reading a CPU value costs no device sync)."""
+    counts = {"num_tokens": 4, "num_sequences": 2, field: value}
+    with pytest.raises(BatchError, match=field):
+        Normalizer(**counts)
+
+
+def test_normalizer_accepts_valid_counts_and_leaves_accelerator_tensors_unread():
+    """Zero and positive counts pass as numbers or tensors (kept 0-d, on their device). A count on another
+    device (meta stands in for CUDA) is not read: checking its value would be a device sync."""
+    n = Normalizer(num_tokens=torch.tensor([0]), num_sequences=torch.tensor(3.0, dtype=torch.float64))
+    assert n.num_tokens.shape == () and n.num_sequences.dtype == torch.float64
+    assert Normalizer(num_tokens=0, num_sequences=2.5).num_tokens == 0.0
+    meta = Normalizer(num_tokens=torch.empty((), device="meta"), num_sequences=torch.empty(1, device="meta"))
+    assert meta.num_tokens.device.type == "meta" and meta.num_sequences.shape == ()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8])
+def test_normalizer_from_masks_rejects_non_bool_masks(dtype):
+    """from_masks counts True entries: a 0/1 float or integer mask (which would be summed, not counted) is a
+    BatchError naming the mask's position and torch.bool."""
+    good = torch.ones(B, T, dtype=torch.bool)
+    with pytest.raises(BatchError, match=r"mask 1 .*torch\.bool"):
+        Normalizer.from_masks(good, torch.ones(B, T, dtype=dtype))
+
+
+@pytest.mark.parametrize("shape", [(T,), (B, T, 1), ()])
+def test_normalizer_from_masks_rejects_non_2d_masks(shape):
+    """Masks are [B, T]: a 1-D or 3-D mask (whose any(dim=-1) would count something else than sequences) is a
+    BatchError naming the mask and its shape."""
+    with pytest.raises(BatchError, match=re.escape(f"mask 0 must have shape [B, T] (2 dims), got {shape}")):
+        Normalizer.from_masks(torch.ones(shape, dtype=torch.bool))
+
+
+def test_normalizer_from_masks_rejects_non_tensors_and_mixed_devices():
+    """A list instead of a tensor, or masks on two devices, is a BatchError naming the mask."""
+    good = torch.ones(B, T, dtype=torch.bool)
+    with pytest.raises(BatchError, match="mask 0"):
+        Normalizer.from_masks([[True] * T] * B)
+    with pytest.raises(BatchError, match=r"mask 1 is on meta.*mask 0 is on cpu"):
+        Normalizer.from_masks(good, torch.ones(B, T, dtype=torch.bool, device="meta"))
+    with pytest.raises(ValueError, match="at least one"):
+        Normalizer.from_masks()
+
+
+@pytest.mark.parametrize(("field", "shape"), [("completion_mask", (B, T)), ("advantages", (B,)),
+                                               ("advantages", (B, T))])
+def test_device_mismatch_of_mask_or_advantages_names_field_and_devices(field, shape):
+    """completion_mask and advantages must be on logprobs' device: a BatchError naming the field and both
+    devices (meta stands in for CUDA), raised before any value check."""
+    dtype = torch.bool if field == "completion_mask" else torch.float64
+    with pytest.raises(BatchError, match=rf"{field} is on meta but logprobs is on cpu"):
+        _batch(**{field: torch.ones(shape, dtype=dtype, device="meta")})
+
+
+# ------------------------------------------------------------------------------------------ masked_quantile
+@pytest.mark.parametrize("q", [-0.1, -1e-12, 1.0 + 1e-9, 2.0, math.nan, math.inf, "0.5", None, True])
+def test_masked_quantile_rejects_q_outside_the_unit_interval(q):
+    """masked_quantile's q is a number in [0, 1]; anything else is a ValueError naming q (never a gather out of
+    range or a silent extrapolation)."""
+    values = torch.arange(6, dtype=torch.float64).view(B, T)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"\bq\b"):
+        rlzoo.losses.masked_quantile(values, mask, q)
+    assert rlzoo.losses.masked_quantile(values, mask, 0.0) == 0.0
+    assert rlzoo.losses.masked_quantile(values, mask, 1) == 5.0
 
 
 def test_error_messages_say_what_was_expected():
