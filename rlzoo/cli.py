@@ -42,6 +42,14 @@ def _scalar(text: str) -> Any:
         return text
 
 
+_TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig fields; rlzoo eval reads the model,
+task and evaluation flags among them).
+
+Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names; flags override it),
+and the dotted options --loss.NAME VALUE (see `rlzoo explain ALGORITHM`), --advantage.NAME VALUE and
+--task.NAME VALUE (the data set's options), values read as YAML scalars (0.28, 1e-3, true, null)."""
+
+
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     """Parse ``rlzoo train`` arguments into a :class:`~rlzoo.trainer.TrainConfig`.
 
@@ -89,8 +97,7 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     for field, values in dotted.items():
         base[field] = {**(base.get(field) or {}), **values}
     default = TrainConfig.from_dict(base)
-    parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog,
-                      description="Train a causal LM with any loss of the zoo (flags = TrainConfig fields).")
+    parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP)
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
     return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
                                task_kwargs=default.task_kwargs)

@@ -71,6 +71,38 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
         torch.testing.assert_close(p, q, **tol(torch.float32))
 
 
+def test_resume_inside_a_generation_cycle_restores_the_unfinished_batch(tmp_path):
+    """num_iterations = 2: the checkpoint after step 1 holds a generation batch with one pass left; resuming
+    trains on it (no new generation) and reproduces the uninterrupted run's steps 2 and 3."""
+    common = {"max_steps": 3, "save_steps": 1, "save_total_limit": 5, "eval_size": 0, "num_iterations": 2,
+              "learning_rate": 1e-3, "reward_funcs": ()}
+    history = Trainer(_config(tmp_path / "a", **common), reward_funcs=[digit_fraction]).train()
+    checkpoint = tmp_path / "a" / "run" / "checkpoints" / "step-000001"
+    resumed = Trainer(_config(tmp_path / "b", resume=str(checkpoint), **common), reward_funcs=[digit_fraction])
+    generated = []
+    original = resumed.generate_batch
+    resumed.generate_batch = lambda: generated.append(resumed.step) or original()
+    resumed_history = resumed.train()
+    assert generated == [2]  # step 2 reuses the restored batch; step 3 starts a new cycle
+    for step in (2, 3):
+        want, got = history[step - 1], resumed_history[step - 1]
+        assert got["step"] == want["step"] == step
+        for key in ("loss", "reward", "grad_norm", "ratio/mean"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (step, key)
+    assert history[1]["ratio/mean"] != 1.0  # the second pass over the batch: a real check
+
+
+def test_schedule_warmup_cosine_and_periodic_evaluation(tmp_path):
+    """Linear warmup then cosine decay (transformers' schedule), and evaluation at 0, every eval_steps and the end."""
+    lr = 1e-3
+    history = Trainer(_config(tmp_path, max_steps=5, warmup_steps=2, lr_scheduler="cosine", learning_rate=lr,
+                              eval_steps=2, eval_size=4)).train()
+    rates = [row["learning_rate"] for row in history if "learning_rate" in row]
+    expected = [0.0, lr / 2] + [lr * 0.5 * (1 + math.cos(math.pi * k / 3)) for k in range(3)]
+    assert rates == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert [row["step"] for row in history if row.get("eval/accuracy") is not None] == [0, 2, 4, 5]
+
+
 def test_one_iteration_never_computes_old_logprobs_and_never_clips(tmp_path, monkeypatch):
     """num_iterations = 1: old log-probs are not computed, the ratio is exactly 1, every clip metric is 0."""
     trainer = Trainer(_config(tmp_path, max_steps=3, eval_size=0, learning_rate=1e-2, reward_funcs=()),
