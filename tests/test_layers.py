@@ -1,0 +1,52 @@
+"""DESIGN.md section 1: each layer of rlzoo imports only from itself and the layers listed above it, so a
+loss never imports the trainer (the trainer wires losses and kernels, never the reverse)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "rlzoo"
+LAYERS = [
+    ("rlzoo.batch", "rlzoo.registry", "rlzoo._version"),
+    ("rlzoo.losses",),
+    ("rlzoo.advantages",),
+    ("rlzoo.compat",),
+    ("rlzoo.kernels",),
+    ("rlzoo.trainer",),
+    ("rlzoo.cli",),
+]
+
+
+def _layer(module: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    if module == "rlzoo":
+        return -1  # the package facade
+    raise AssertionError(f"{module} is in no layer of DESIGN.md section 1; add it to LAYERS")
+
+
+def _rlzoo_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "rlzoo":
+                found.update(f"rlzoo.{a.name}" for a in node.names)
+            elif node.module.startswith("rlzoo."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("rlzoo."))
+    return found
+
+
+MODULES = sorted(p for p in ROOT.rglob("*.py") if p.name != "__init__.py" or p.parent != ROOT)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT.parent)))
+def test_imports_only_from_its_layer_or_above(path):
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    own = _layer(module)
+    bad = sorted(m for m in _rlzoo_imports(path) if _layer(m) > own)
+    assert not bad, f"{module} (layer {own}) imports from lower layers: {bad}"
