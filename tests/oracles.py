@@ -7,6 +7,8 @@
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import os
 import sys
 import types
 
@@ -46,11 +48,14 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def verl_core_algos() -> types.ModuleType:
-    """``verl.trainer.ppo.core_algos``; skips the test when verl is not installed."""
-    pytest.importorskip("verl", reason="verl (test oracle) is not installed: pip install --no-deps verl==0.9.1")
-    try:
-        import ray  # noqa: F401
-    except ImportError:
+    """``verl.trainer.ppo.core_algos``; skips the test when verl is not installed (fails under ``CI``)."""
+    if importlib.util.find_spec("verl") is None:
+        message = "verl (test oracle) is not installed: pip install --no-deps verl==0.9.1"
+        if os.environ.get("CI"):  # CI installs it (.ci/run): a missing oracle there is a failure, not a skip
+            pytest.fail(message)
+        pytest.skip(message)
+    # `import verl` itself imports ray (verl/protocol.py): stub it before the first import of verl
+    if importlib.util.find_spec("ray") is None and not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder(("ray",)))
     from verl.trainer.ppo import core_algos
 
