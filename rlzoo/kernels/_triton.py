@@ -16,6 +16,7 @@ in the environment *before triton is first imported*, ``triton.jit`` builds inte
 that run on CPU tensors (how the tests exercise these kernels without a GPU).
 """
 
+import functools
 from typing import no_type_check
 
 try:
@@ -24,11 +25,12 @@ try:
 except ImportError:  # optional dependency; the module stays importable (doctest collection imports it)
     triton = None
 
-FLOAT32_MIN = -3.4028234663852886e38
-LOG_FLOOR = -1.0e4
-
+from rlzoo.kernels._tiles import LOG_FLOOR as _LOG_FLOOR
 
 if triton is not None:
+    # a jit'ed kernel may read a module global only as a constexpr (Triton >= 3 refuses plain floats at
+    # compile time; the interpreter does not check, so this is easy to get wrong without a GPU)
+    LOG_FLOOR = tl.constexpr(_LOG_FLOOR)
 
     @triton.jit
     @no_type_check
@@ -113,6 +115,7 @@ if triton is not None:
             tl.store(out + cols, g.to(out_ptr.dtype.element_ty), mask=valid)
 
 
+@functools.cache  # fixed once triton is imported
 def interpreting() -> bool:
     """True when the kernels were built for the Triton interpreter (``TRITON_INTERPRET=1`` at import)."""
     if triton is None:

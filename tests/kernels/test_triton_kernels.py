@@ -174,6 +174,43 @@ def test_kernels_in_triton_interpreter():
     assert passed and int(passed.group(1)) >= 30, report
 
 
+# ------------------------------------------------------------------- compile for CUDA, without a GPU
+_FOLD_SIGNATURE = {
+    "x_ptr": "*{dt}", "rows_per_group": "i64", "stride_group": "i64", "stride_row": "i64", "n_cols": "i32",
+    "col_offset": "i64", "ids_ptr": "*i64", "state_ptr": "*fp32", "n_rows": "i32",
+    "scale_over_cap": "fp32", "cap_over_t": "fp32", "factor": "fp32",
+}
+_GRAD_SIGNATURE = {
+    "x_ptr": "*{dt}", "rows_per_group": "i64", "stride_group": "i64", "stride_row": "i64", "out_ptr": "*{dt}",
+    "out_stride_row": "i64", "n_cols": "i32", "col_offset": "i64", "ids_ptr": "*i64", "m_ptr": "*fp32",
+    "logs_ptr": "*fp32", "ent_ptr": "*fp32", "gl_ptr": "*fp32", "ge_ptr": "*fp32",
+    "scale_over_cap": "fp32", "cap_over_t": "fp32", "factor": "fp32",
+}
+
+
+@pytest.mark.skipif(INTERPRETING, reason="the interpreter builds no compilable kernels")
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+@pytest.mark.parametrize("kernel", ["fold", "grad"])
+def test_kernels_compile_for_sm90_without_a_gpu(kernel, dt):
+    """Ahead-of-time compilation to PTX/cubin for an H100 (sm_90) with Triton's bundled ptxas: catches what the
+    interpreter never checks (e.g. a kernel reading a non-constexpr module global, which Triton refuses)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from rlzoo.kernels import _triton
+
+    if kernel == "fold":
+        fn, signature = _triton._fold_kernel, _FOLD_SIGNATURE
+        constexprs = {"HAS_SOFTCAP": True, "WITH_ENTROPY": True, "BLOCK": 1024}
+    else:
+        fn, signature = _triton._grad_kernel, _GRAD_SIGNATURE
+        constexprs = {"HAS_SOFTCAP": True, "HAS_GL": True, "HAS_GE": True, "BLOCK": 1024}
+    sig = {k: v.format(dt=dt) for k, v in signature.items()} | dict.fromkeys(constexprs, "constexpr")
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32))
+    assert ".entry" in compiled.asm["ptx"]
+
+
 # --------------------------------------------------------------------------------------------- CUDA
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", SHAPES + [(1000, 64, 5000, 1024)])
