@@ -184,8 +184,7 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     return subprocess.call(command, cwd=root)
 
 
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, ImportError, OSError,
-               FloatingPointError, RuntimeError)
+USER_ERRORS = (ValueError, KeyError, ImportError, OSError, FloatingPointError, RuntimeError)
 """Exceptions the ``rlzoo`` command prints as one message instead of a traceback (``RLZOO_DEBUG=1``: raise)."""
 
 

@@ -115,7 +115,6 @@ class _Gemms:
     """
 
     def __init__(self, hidden: Tensor, weight: Tensor):
-        self.hidden = hidden
         self.cdt = _tiles.compute_dtype(hidden.dtype)
         lowp = hidden.dtype != self.cdt
         self.cuda_lowp = lowp and hidden.device.type == "cuda"

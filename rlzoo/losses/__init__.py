@@ -1,7 +1,6 @@
 """The loss zoo: parts (ratio levels, surrogates, token weights, penalties, aggregations), their
 composition :class:`PolicyLoss`, and the registered presets."""
 
-from rlzoo.losses import _core
 from rlzoo.losses._core import (
     LossInputs,
     Part,
@@ -9,7 +8,9 @@ from rlzoo.losses._core import (
     is_corrections,
     kl_estimators,
     masked_mean,
+    penalties,
     ratio_levels,
+    surrogates,
     token_weights,
 )
 from rlzoo.losses.aggregation import (
@@ -37,11 +38,6 @@ from rlzoo.losses.surrogate import (
     Reinforce,
 )
 from rlzoo.losses.weights import EntropyMask, ISCorrection, OffPolicySequenceMask, masked_quantile
-
-# The registries `surrogates` and `penalties` share their names with submodules, and importing a submodule binds
-# its name here: bind the registries last (the classes stay importable with `from rlzoo.losses.surrogate import`).
-surrogates = _core.surrogates
-penalties = _core.penalties
 
 __all__ = [
     "CISPO",

@@ -327,7 +327,10 @@ _YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 def yaml_numbers(value: Any) -> Any:
     """Read the numbers YAML 1.1 leaves as strings (``1e-3``, ``5E4``: exponent without a dot) as floats,
-    recursively through mappings and lists."""
+    recursively through mappings and lists; everything else is returned unchanged. Never raises.
+
+    Source: YAML 1.2's core-schema float rule (PyYAML implements YAML 1.1, whose float needs a dot).
+    """
     if isinstance(value, str) and _YAML11_FLOAT.match(value):
         return float(value)
     if isinstance(value, Mapping):

@@ -177,10 +177,12 @@ class Trainer:
         self.advantage_fn = get_advantage(advantage_name, **advantage_options)
         unsupported = set(self.advantage_fn.needs) - {"completion_mask"}
         if unsupported:
+            from rlzoo.advantages import advantage_estimators
+
+            usable = [n for n, cls in advantage_estimators.items() if cls._needs <= {"completion_mask"}]
             raise ValueError(
                 f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
-                "provide (no value model / token rewards); choose an outcome-reward estimator such as grpo, "
-                "dr_grpo, rloo, reinforce_pp_baseline, opo, gpg or maxrl"
+                f"provide (no value model / token rewards); choose one of {', '.join(usable)}"
             )
         required = self.loss_fn.required_fields()
         if "rollout_logprobs" in required and config.backend != "vllm":
@@ -311,8 +313,8 @@ class Trainer:
             prompts = [self.task.prompt(self.tokenizer, item, system_prompt=cfg.system_prompt) for item in items]
             with self._autocast():
                 gen = self.generator.generate(self.model, prompts, g)
-            completion_ids = [row[mask].tolist() for row, mask in zip(gen.completion_ids, gen.completion_mask,
-                                                                     strict=True)]
+            lengths = gen.completion_mask.sum(-1).tolist()  # the mask is a prefix of each row
+            completion_ids = [row[:n] for row, n in zip(gen.completion_ids.tolist(), lengths, strict=True)]
             values = self.rewards.compute(prompts=[p for p in prompts for _ in range(g)], completions=gen.texts,
                                           items=[item for item in items for _ in range(g)],
                                           completion_ids=completion_ids)
@@ -549,7 +551,8 @@ class Trainer:
         metrics_log.add(metrics)
         if final or (cfg.save_steps and self.step % cfg.save_steps == 0):
             self.save_checkpoint()
-            metrics_log.plot()  # a run that stops later still has its plot up to here
+            if not final:  # train() plots at the end
+                metrics_log.plot()  # a run that stops later still has its plot up to here
         log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", self.step, cfg.max_steps, metrics["loss"],
                  metrics["reward"], metrics["completions/mean_length"], metrics["step_time"])
         if bar is not None:

@@ -11,7 +11,6 @@ forward and backward done once per group.
 """
 
 import dataclasses
-from collections.abc import Sequence
 
 import torch
 from einops import rearrange
@@ -104,14 +103,6 @@ class Rollout:
         size = n // parts
         return [self.select(perm[i * size:(i + 1) * size]) for i in range(parts)]
 
-    def to(self, device: torch.device | str) -> "Rollout":
-        """Move every tensor to ``device``."""
-        fields = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            fields[f.name] = value.to(device) if isinstance(value, Tensor) else value
-        return Rollout(**fields)
-
     def state_dict(self) -> dict[str, object]:
         """Tensors and texts, for checkpoints (mid-cycle resume)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -132,28 +123,20 @@ def _hidden_states(
 ) -> Tensor:
     """``[N, C, H]`` final hidden states at the positions that predict each completion token."""
     body = model.base_model
-    prompt_pos = position_ids_for(prompt_mask)
-    prompt_len = prompt_mask.sum(-1)
-    c = completion_ids.shape[1]
-    completion_pos = prompt_len[group_index, None] + torch.arange(c, device=completion_ids.device)[None, :]
-    if share_prefix:
-        out = body(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=prompt_pos, use_cache=True)
-        cache = out.past_key_values
-        cache.batch_select_indices(group_index)
-        last = out.last_hidden_state[:, -1][group_index]
-        if c == 1:
-            return last[:, None]
-        mask = torch.cat([prompt_mask[group_index], torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
-        cont = body(
-            input_ids=completion_ids[:, :-1],
-            attention_mask=mask[:, :-1].long(),
-            position_ids=completion_pos[:, :-1],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return torch.cat([last[:, None], cont.last_hidden_state], dim=1)
-    out = body(**_full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids), use_cache=False)
-    return out.last_hidden_state[:, prompt_ids.shape[1] - 1:]
+    p = prompt_ids.shape[1]
+    full = _full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids)
+    if not share_prefix:
+        return body(**full, use_cache=False).last_hidden_state[:, p - 1:]
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids_for(prompt_mask),
+               use_cache=True)
+    cache = out.past_key_values
+    cache.batch_select_indices(group_index)
+    last = out.last_hidden_state[:, -1][group_index]
+    if completion_ids.shape[1] == 1:
+        return last[:, None]
+    cont = body(input_ids=full["input_ids"][:, p:], attention_mask=full["attention_mask"],
+                position_ids=full["position_ids"][:, p:], past_key_values=cache, use_cache=True)
+    return torch.cat([last[:, None], cont.last_hidden_state], dim=1)
 
 
 def _full_sequence_inputs(prompt_ids: Tensor, prompt_mask: Tensor, group_index: Tensor,
@@ -177,9 +160,18 @@ def model_logits(
 ) -> Float[Tensor, "N C V"]:
     """The model's own ``logits`` (its full forward, whatever its head does) at the positions that predict
     each completion token: the path for heads ``rlzoo.kernels.lm_head_spec`` does not know, and the
-    independent reference of the tests. Holds ``[N, P + C - 1, V]`` logits."""
-    out = model(**_full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids), use_cache=False)
-    return out.logits[:, prompt_ids.shape[1] - 1:]
+    independent reference of the tests. Holds ``[N, C, V]`` logits (unnormalised, the model's dtype).
+
+    Args: as :func:`completion_logprobs` (positions follow ``generate``: left-padded prompts count from 0).
+
+    Raises:
+        whatever the model's forward raises (e.g. a sequence longer than its maximum positions).
+
+    Source: ``model(input_ids, attention_mask, position_ids).logits`` sliced as TRL 1.16's
+    ``_get_per_token_logps_and_entropies`` slices it (the logit at position t predicts token t + 1).
+    """
+    inputs = _full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids)
+    return model(**inputs, use_cache=False, logits_to_keep=completion_ids.shape[1]).logits
 
 
 def completion_logprobs(
@@ -259,8 +251,3 @@ def completion_logprobs(
 
     return scatter(lp), (scatter(ent) if ent is not None else None)
 
-
-def stack_rewards(values: Sequence[Sequence[float | None]], device: torch.device | str = "cpu") -> Tensor:
-    """``[N, K]`` float tensor from K lists of N rewards (None -> NaN)."""
-    columns = [[float("nan") if v is None else float(v) for v in col] for col in values]
-    return torch.tensor(columns, dtype=torch.float32, device=device).T.contiguous()
