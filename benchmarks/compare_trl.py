@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from rlzoo.trainer.loop import write_json
+
 
 def machine_info() -> dict:
     """CPU model, cores, threads and package versions."""
@@ -189,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         result["ratio_mean_step_time"] = result["rlzoo"]["summary"]["mean_s"] / result["trl"]["summary"]["mean_s"]
         result["ratio_train_wall_time"] = result["rlzoo"]["train_wall_time"] / result["trl"]["train_wall_time"]
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)  # atomic
     print(json.dumps({k: v for k, v in result.items() if k in ("ratio_mean_step_time", "ratio_train_wall_time")}))
     for name in ("rlzoo", "trl"):
         if name in result:

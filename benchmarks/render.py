@@ -9,12 +9,13 @@ taken only between cases of the same results file (measured side by side in one 
 """
 
 import argparse
+import io
 import json
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from rlzoo.trainer.io import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPL_ORDER = ["naive", "trl", "rlzoo_logits", "fused_torch", "fused_triton", "liger_grpo", "rlzoo_grpo"]
@@ -30,14 +31,6 @@ IMPL_LABEL = {
 CPU_TARGET_N = 4096
 CUDA_TARGET = {"n": 32768, "h": 4096, "v": 151936, "dtype": "bfloat16"}
 NOT_MEASURED = "to be measured (no GPU in this session)"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 class Run:
@@ -304,11 +297,10 @@ def plot(runs: list[Run], path: Path) -> bool:
         axes[row, 1].set_title("peak extra memory (fresh process, VmHWM - VmRSS)")
         axes[row, 1].invert_yaxis()
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())
     return True
 
 
@@ -382,7 +374,7 @@ def render(paths: list[Path], out: Path, png: Path) -> str:
                    "rlzoo, the bare GEMMs, the logits copy and the Triton forward kernel's bandwidth) are in "
                    "`benchmarks/test_bench_logprobs.py` and run with the command above on a GPU machine."), ""]
     text = "\n".join(lines).rstrip() + "\n"
-    _write_atomic(out, text.encode())
+    atomic_write_bytes(out, text.encode())
     return text
 
 
