@@ -34,7 +34,7 @@ def _scalar(text: str) -> Any:
     """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number)."""
     import yaml
 
-    from rlzoo.trainer.config import yaml_numbers
+    from rlzoo.trainer.config_files import yaml_numbers
 
     try:
         return yaml_numbers(yaml.safe_load(text))
@@ -63,7 +63,8 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
 
     import tyro
 
-    from rlzoo.trainer.config import TrainConfig, load_config_file
+    from rlzoo.trainer.config import TrainConfig
+    from rlzoo.trainer.config_files import load_config_file
 
     argv = list(argv)
     base: dict[str, Any] = {}
@@ -163,7 +164,7 @@ def _cmd_train(argv: Sequence[str]) -> int:
 
 
 def _cmd_eval(argv: Sequence[str]) -> int:
-    from rlzoo.trainer.loop import evaluate
+    from rlzoo.trainer.evaluation import evaluate
 
     config = parse_train_args(argv, prog="rlzoo eval")
     result = evaluate(config)
@@ -184,15 +185,22 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     return subprocess.call(command, cwd=root)
 
 
-USER_ERRORS = (ValueError, KeyError, ImportError, OSError, FloatingPointError, RuntimeError)
-"""Exceptions the ``rlzoo`` command prints as one message instead of a traceback (``RLZOO_DEBUG=1``: raise)."""
+USER_ERRORS = (ValueError, KeyError, ImportError, OSError, FloatingPointError)
+"""Exceptions the ``rlzoo`` command prints as one message instead of a traceback (``RLZOO_DEBUG=1``: raise).
+Anything else (``RuntimeError`` from torch internals, ...) is a bug and keeps its traceback."""
 
 
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
-    instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback."""
+    instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
+    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once."""
+    from rlzoo.trainer.interrupts import RunInterrupted
+
     try:
         return main()
+    except RunInterrupted as stop:
+        print(f"rlzoo: {stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("rlzoo: interrupted", file=sys.stderr)
         return 130
@@ -200,7 +208,7 @@ def console_main() -> int:
         if os.environ.get("RLZOO_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"rlzoo: error: {message}\n(RLZOO_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"rlzoo: error: {message} (RLZOO_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
 
 

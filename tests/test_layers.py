@@ -14,7 +14,7 @@ LAYERS = [
     ("rlzoo.compat",),
     ("rlzoo.kernels",),
     ("rlzoo.trainer",),
-    ("rlzoo.cli",),
+    ("rlzoo.cli", "rlzoo.__main__"),
 ]
 
 

@@ -1,6 +1,19 @@
-"""The trainer harness: train a Hugging Face causal LM on verifiable tasks with any loss of the zoo."""
+"""The trainer harness: train a Hugging Face causal LM on verifiable tasks with any loss of the zoo.
+
+Components, each built from its own config section (:mod:`rlzoo.trainer.config`):
+
+- :class:`~rlzoo.trainer.rollouts.RolloutSource`: the generation cycle, rewards, advantages, old / reference
+  log-probs (:mod:`~rlzoo.trainer.generation`, :mod:`~rlzoo.trainer.rewards`, :mod:`~rlzoo.trainer.tasks`);
+- :class:`~rlzoo.trainer.scorer.Scorer`: log-probs and entropies of a micro-batch;
+- :class:`~rlzoo.trainer.optim.OptimizerStep`: AdamW, schedule, clipping;
+- :class:`~rlzoo.trainer.evaluation.Evaluator`, :class:`~rlzoo.trainer.checkpoint.Checkpointer`,
+  :class:`~rlzoo.trainer.metrics.MetricsLogger`, :class:`~rlzoo.trainer.run_dir.RunDirectory`;
+- :class:`~rlzoo.trainer.loop.Trainer` wires them and runs the loop.
+"""
 
 from rlzoo.trainer.config import TrainConfig
-from rlzoo.trainer.loop import EvalResult, Trainer, train
+from rlzoo.trainer.evaluation import EvalResult
+from rlzoo.trainer.interrupts import RunInterrupted
+from rlzoo.trainer.loop import Trainer, train
 
-__all__ = ["EvalResult", "TrainConfig", "Trainer", "train"]
+__all__ = ["EvalResult", "RunInterrupted", "TrainConfig", "Trainer", "train"]

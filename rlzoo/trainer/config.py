@@ -1,8 +1,14 @@
-"""The trainer's configuration: one frozen dataclass, one docstring line per field.
+"""The trainer's configuration: one small frozen section per component, joined into the flat ``TrainConfig``.
 
-Every field is a command-line flag of ``rlzoo train`` (kebab-case: ``max_steps`` -> ``--max-steps``) and a
-key of a config file (TOML or YAML, ``--config FILE``). The dict fields take dotted flags:
-``--loss.epsilon_high 0.28``, ``--advantage.scale none``, ``--task.max_terms 3``.
+Each component of the trainer is built from its own section (:class:`RolloutConfig` for the rollout source,
+:class:`OptimizerConfig` for the optimizer step, ...) and reads no other field; the :class:`~rlzoo.trainer.Trainer`
+(the composition root) passes the few values two components share explicitly. ``TrainConfig`` inherits every
+section, so the command line and config files keep TRL's flat names (``--learning-rate``, ``learning_rate =``)
+and ``config.section(OptimizerConfig)`` cuts one section out of it.
+
+Every field is a flag of ``rlzoo train`` (kebab-case: ``max_steps`` -> ``--max-steps``) and a key of a config
+file (TOML, YAML or JSON, ``--config FILE``). The mapping fields take dotted flags: ``--loss.epsilon_high 0.28``,
+``--advantage.scale none``, ``--task.max_terms 3``.
 
 Batch terms follow TRL's GRPOConfig: ``per_device_train_batch_size`` completions per micro-step,
 ``gradient_accumulation_steps`` micro-steps per optimizer step, a generation batch of
@@ -11,19 +17,28 @@ every ``steps_per_generation * num_iterations`` micro-steps.
 """
 
 import dataclasses
-import json
-import os
-import re
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-import tomllib
 import tyro
 
-__all__ = ["TrainConfig", "load_config_file", "save_config"]
+from rlzoo.trainer.config_files import coerce
+
+__all__ = [
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "ScorerConfig",
+    "TaskConfig",
+    "TrainConfig",
+]
 
 DEFAULT_TASK = "chain_sum"
 DEFAULT_TASK_KWARGS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
@@ -32,14 +47,37 @@ DEFAULT_TASK_KWARGS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digi
 DottedOptions = Annotated[Mapping[str, Any], tyro.conf.Suppress]
 OptionalDottedOptions = Annotated[Mapping[str, Any] | None, tyro.conf.Suppress]
 
+S = TypeVar("S", bound="Section")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
+class Section:
+    """Base of the config sections: values are type-checked (:func:`coerce`) and range-checked on construction.
 
-    # --- what to train
-    model: str = "smollm2-135m"
-    """Model: a Hugging Face id (local cache only) or directory, a .gguf file, 'smollm2-135m' or 'tiny-random'."""
+    A section lists its range checks in :meth:`checks`; sections combined by inheritance (``TrainConfig``)
+    run all of them (each ``checks`` extends ``super().checks()``).
+
+    Raises:
+        ValueError: a value of the wrong type or out of range, naming the field and what it must be.
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, coerce(field.name, getattr(self, field.name), hints[field.name]))
+        for name, ok, want in self.checks():
+            if not ok:
+                raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        """``(field, holds, what it must be)`` for each range check of this section."""
+        return []
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig(Section):
+    """The loss and the advantage estimator."""
+
     algorithm: str = "grpo"
     """Loss preset (see `rlzoo list`)."""
     loss: DottedOptions = dataclasses.field(default_factory=dict)
@@ -49,7 +87,30 @@ class TrainConfig:
     advantage_options: DottedOptions = dataclasses.field(default_factory=dict)
     """Advantage estimator options, e.g. --advantage.scale none."""
 
-    # --- task and rewards
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(Section):
+    """The policy model, where it runs and in which precision."""
+
+    model: str = "smollm2-135m"
+    """Model: a Hugging Face id (local cache only) or directory, a .gguf file, 'smollm2-135m' or 'tiny-random'."""
+    device: str = "auto"
+    """'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."""
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = "auto"
+    """Precision. auto = bf16-mixed on GPU, float32 on CPU. bf16-mixed: float32 weights and optimizer state,
+    forward passes under bfloat16 autocast (as transformers' Trainer with bf16=True). bfloat16 / float16: the
+    parameters themselves in that dtype (half the memory; AdamW updates smaller than the dtype's resolution
+    are lost)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    num_threads: int | None = None
+    """CPU threads for torch (None: torch's default)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskConfig(Section):
+    """The problems: training stream, held-out set, prompts and answer extraction."""
+
     task: str = DEFAULT_TASK
     """Task: a reasoning-gym data set name, or a .jsonl file with prompt and answer columns."""
     task_kwargs: OptionalDottedOptions = None
@@ -60,24 +121,53 @@ class TrainConfig:
     """System message for the chat template (None: the template's default)."""
     eval_size: int = 200
     """Held-out evaluation problems (fixed seed, disjoint from training)."""
-    eval_steps: int = 10
-    """Evaluate every N optimizer steps, besides before and after training (0: only those two)."""
-    eval_batch_size: int = 200
-    """Prompts per greedy evaluation batch."""
     exclude_eval_questions: bool = False
     """Never train on a question that is in the held-out set (small procedural tasks repeat problems)."""
     train_seed: int = 1
     """Seed of the training problem stream."""
     eval_seed: int = 1000
     """Seed of the held-out evaluation set."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("eval_size", self.eval_size >= 0, ">= 0"), *super().checks()]
+
+    @property
+    def resolved_task_kwargs(self) -> dict[str, Any]:
+        """``task_kwargs``, or the built-in job's kwargs when unset and the task is the default one."""
+        if self.task_kwargs is not None:
+            return dict(self.task_kwargs)
+        return dict(DEFAULT_TASK_KWARGS) if self.task == DEFAULT_TASK else {}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardConfig(Section):
+    """Reward functions, their combination and DAPO's soft overlong punishment."""
+
     reward_funcs: tuple[str, ...] = ("accuracy",)
     """Reward functions: 'accuracy', 'format', or 'module:function' with TRL's signature."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function (default: all 1)."""
     multi_reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """How several rewards combine before the advantage (TRL's multi_objective_aggregation)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment buffer L_cache in tokens (0: off)."""
+    overlong_penalty: float = 1.0
+    """Penalty at max_completion_length for the soft overlong punishment."""
 
-    # --- generation
+    def checks(self) -> list[tuple[str, bool, str]]:
+        weights_ok = self.reward_weights is None or len(self.reward_weights) == len(self.reward_funcs)
+        return [
+            ("overlong_buffer", self.overlong_buffer >= 0, ">= 0"),
+            ("reward_weights", weights_ok,
+             f"one weight per reward function ({len(self.reward_funcs)}: {list(self.reward_funcs)})"),
+            *super().checks(),
+        ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig(Section):
+    """Sampling and the generation cycle: what a generation batch is and how it is consumed."""
+
     backend: Literal["hf", "vllm"] = "hf"
     """Generation backend: Hugging Face generate, or vLLM (GPU, optional extra)."""
     num_generations: int = 8
@@ -92,22 +182,8 @@ class TrainConfig:
     """Nucleus sampling threshold."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
-    mask_truncated_completions: bool = False
-    """Exclude completions that hit max_completion_length without EOS from the loss (DAPO overlong filtering)."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts."""
-    max_sampling_rounds: int = 4
-    """Cap on generation rounds per generation batch under dynamic sampling."""
-    overlong_buffer: int = 0
-    """DAPO soft overlong punishment buffer L_cache in tokens (0: off)."""
-    overlong_penalty: float = 1.0
-    """Penalty at max_completion_length for the soft overlong punishment."""
     vllm_gpu_memory_utilization: float = 0.3
     """vLLM colocated engine's GPU memory share."""
-
-    # --- optimisation
-    max_steps: int = 20
-    """Optimizer steps."""
     per_device_train_batch_size: int = 32
     """Completions per micro-step (TRL's per_device_train_batch_size)."""
     gradient_accumulation_steps: int = 1
@@ -116,101 +192,31 @@ class TrainConfig:
     """Micro-steps covered by one generation batch (None: gradient_accumulation_steps)."""
     num_iterations: int = 1
     """Passes over each generation batch (mu in the GRPO paper)."""
-    learning_rate: float = 2e-5
-    """AdamW peak learning rate."""
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    """Schedule after warmup."""
-    warmup_steps: int = 0
-    """Linear warmup steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    """AdamW beta1."""
-    adam_beta2: float = 0.999
-    """AdamW beta2."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping norm (0: off)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    logprobs_backend: Literal["fused", "plain"] = "fused"
-    """Log-probs from hidden states with rlzoo.kernels.fused_linear_logprobs (no [N, V] logits), or plain logits."""
-    log_entropy: bool = True
-    """Compute per-token entropies for the `entropy` metric even when the loss does not need them."""
-    share_prompt_prefix: bool = True
-    """Run each prompt once per group and reuse its KV cache for the group's completions (exact)."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_completion_length without EOS from the loss (DAPO overlong filtering)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts."""
+    max_sampling_rounds: int = 4
+    """Cap on generation rounds per generation batch under dynamic sampling."""
 
-    # --- run
-    seed: int = 0
-    """Seed of model sampling and shuffling."""
-    device: str = "auto"
-    """'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."""
-    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = "auto"
-    """Precision. auto = bf16-mixed on GPU, float32 on CPU. bf16-mixed: float32 weights and optimizer state,
-    forward passes under bfloat16 autocast (as transformers' Trainer with bf16=True). bfloat16 / float16: the
-    parameters themselves in that dtype (half the memory; AdamW updates smaller than the dtype's resolution
-    are lost)."""
-    num_threads: int | None = None
-    """CPU threads for torch (None: torch's default)."""
-    output_dir: str | None = None
-    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP)."""
-    save_steps: int = 10
-    """Checkpoint every N optimizer steps (and at the end); 0: only at the end."""
-    save_total_limit: int = 2
-    """Keep this many most recent checkpoints."""
-    resume: str | None = None
-    """Resume: 'latest' (the output dir's newest checkpoint) or a checkpoint directory."""
-    progress: bool = True
-    """Show a live progress bar."""
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for field in dataclasses.fields(self):
-            value = _coerce(field.name, getattr(self, field.name), hints[field.name])
-            object.__setattr__(self, field.name, value)
-        checks = [
+    def checks(self) -> list[tuple[str, bool, str]]:
+        spg_ok = self.steps_per_generation is None or self.steps_per_generation >= 1
+        return [
             ("num_generations", self.num_generations >= 2, ">= 2"),
             ("max_completion_length", self.max_completion_length >= 1, ">= 1"),
-            ("max_steps", self.max_steps >= 0, ">= 0"),
             ("per_device_train_batch_size", self.per_device_train_batch_size >= 1, ">= 1"),
             ("gradient_accumulation_steps", self.gradient_accumulation_steps >= 1, ">= 1"),
             ("num_iterations", self.num_iterations >= 1, ">= 1"),
-            ("learning_rate", self.learning_rate >= 0, ">= 0"),
             ("temperature", self.temperature > 0, "> 0"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("top_k", self.top_k >= 0, ">= 0"),
-            ("eval_size", self.eval_size >= 0, ">= 0"),
-            ("eval_steps", self.eval_steps >= 0, ">= 0"),
-            ("eval_batch_size", self.eval_batch_size >= 1, ">= 1"),
-            ("save_steps", self.save_steps >= 0, ">= 0"),
-            ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
             ("max_sampling_rounds", self.max_sampling_rounds >= 1, ">= 1"),
-            ("overlong_buffer", 0 <= self.overlong_buffer < self.max_completion_length, "in [0, max_completion_length)"),
-            ("max_grad_norm", self.max_grad_norm >= 0, ">= 0"),
+            ("steps_per_generation", spg_ok, ">= 1"),
+            ("per_device_train_batch_size", self.generation_batch_size % self.num_generations == 0,
+             (f"such that the generation batch (per_device_train_batch_size * steps_per_generation = "
+              f"{self.generation_batch_size}) is divisible by num_generations ({self.num_generations})")),
+            *super().checks(),
         ]
-        for name, ok, want in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
-        if self.steps_per_generation is not None and self.steps_per_generation < 1:
-            raise ValueError(f"steps_per_generation must be >= 1, got {self.steps_per_generation}")
-        if self.generation_batch_size % self.num_generations != 0:
-            raise ValueError(
-                f"the generation batch (per_device_train_batch_size * steps_per_generation = "
-                f"{self.generation_batch_size}) must be divisible by num_generations ({self.num_generations})"
-            )
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(self.reward_weights)} entries but there are {len(self.reward_funcs)} "
-                f"reward_funcs {list(self.reward_funcs)}"
-            )
-        if self.resume is not None and self.resume != "latest" and not Path(self.resume).is_dir():
-            raise ValueError(f"resume must be 'latest' or a checkpoint directory, got {self.resume!r}")
-
-    @property
-    def resolved_task_kwargs(self) -> dict[str, Any]:
-        """``task_kwargs``, or the built-in job's kwargs when unset and the task is the default one."""
-        if self.task_kwargs is not None:
-            return dict(self.task_kwargs)
-        return dict(DEFAULT_TASK_KWARGS) if self.task == DEFAULT_TASK else {}
 
     @property
     def effective_steps_per_generation(self) -> int:
@@ -238,6 +244,119 @@ class TrainConfig:
         period = self.effective_steps_per_generation * self.num_iterations
         return self.gradient_accumulation_steps % period != 0 or self.backend == "vllm"
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScorerConfig(Section):
+    """How log-probs and entropies of completions are computed."""
+
+    logprobs_backend: Literal["fused", "plain"] = "fused"
+    """Log-probs from hidden states with rlzoo.kernels.fused_linear_logprobs (no [N, V] logits), or plain logits."""
+    log_entropy: bool = True
+    """Compute per-token entropies for the `entropy` metric even when the loss does not need them."""
+    share_prompt_prefix: bool = True
+    """Run each prompt once per group and reuse its KV cache for the group's completions (exact)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig(Section):
+    """AdamW, its schedule and gradient clipping."""
+
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0: off)."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            ("learning_rate", self.learning_rate >= 0, ">= 0"),
+            ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("adam_beta1", 0 <= self.adam_beta1 < 1, "in [0, 1)"),
+            ("adam_beta2", 0 <= self.adam_beta2 < 1, "in [0, 1)"),
+            ("max_grad_norm", self.max_grad_norm >= 0, ">= 0"),
+            *super().checks(),
+        ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig(Section):
+    """When and how the held-out set is evaluated."""
+
+    eval_steps: int = 10
+    """Evaluate every N optimizer steps, besides before and after training (0: only those two)."""
+    eval_batch_size: int = 200
+    """Prompts per greedy evaluation batch."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("eval_steps", self.eval_steps >= 0, ">= 0"), ("eval_batch_size", self.eval_batch_size >= 1, ">= 1"),
+                *super().checks()]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig(Section):
+    """When checkpoints are written, how many are kept, and where a run resumes from."""
+
+    save_steps: int = 10
+    """Checkpoint every N optimizer steps (and at the end); 0: only at the end."""
+    save_total_limit: int = 2
+    """Keep this many most recent checkpoints."""
+    resume: str | None = None
+    """Resume: 'latest' (the output dir's newest checkpoint) or a checkpoint directory."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        resume_ok = self.resume is None or self.resume == "latest" or Path(self.resume).is_dir()
+        return [
+            ("save_steps", self.save_steps >= 0, ">= 0"),
+            ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
+            ("resume", resume_ok, "'latest' or an existing checkpoint directory"),
+            *super().checks(),
+        ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig(Section):
+    """The run as a whole: its length, seed, directory and console output."""
+
+    max_steps: int = 20
+    """Optimizer steps."""
+    seed: int = 0
+    """Seed of model sampling and shuffling."""
+    output_dir: str | None = None
+    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP)."""
+    overwrite: bool = False
+    """Start a fresh run in an output dir that already holds one, deleting it (without it, such a start is refused)."""
+    progress: bool = True
+    """Show a live progress bar."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("max_steps", self.max_steps >= 0, ">= 0"), *super().checks()]
+
+
+# Bases are listed last-first: dataclasses collect inherited fields from the end of the MRO, so --help lists
+# the algorithm and model first, as before the split.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig(RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, ScorerConfig, RolloutConfig,
+                  RewardConfig, TaskConfig, ModelConfig, AlgorithmConfig):
+    """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        overlong_ok = self.overlong_buffer < self.max_completion_length
+        return [("overlong_buffer", overlong_ok, "in [0, max_completion_length)"), *super().checks()]
+
+    def section(self, cls: type[S]) -> S:
+        """The section ``cls`` of this config (its fields, with this config's values)."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (mappings and tuples converted)."""
         out: dict[str, Any] = {}
@@ -252,124 +371,14 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a dict (e.g. a config file); unknown keys raise naming them and listing the valid ones."""
+        """Build from a dict (e.g. a config file); unknown keys raise naming them and listing the valid ones.
+
+        Raises:
+            ValueError: unknown keys, or the errors of :class:`Section`.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(names))}")
         hints = typing.get_type_hints(cls)
-        return cls(**{key: _coerce(key, value, hints[key]) for key, value in data.items()})
-
-
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """``value`` checked against the field's annotation (config files and the Python API bypass the CLI's
-    parser): ints and numeric strings become floats where a float is expected (YAML 1.1 reads ``1e-4`` as a
-    string), lists become tuples.
-
-    Raises:
-        ValueError: the value does not fit, naming the field, the expected type and the valid choices.
-    """
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Annotated:
-        return _coerce(name, value, args[0])
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(name, value, arg)
-            except ValueError as err:
-                errors.append(err)
-        raise errors[0]
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, args))}; got {value!r}")
-        return value
-    if hint is Any:
-        return value
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        hint_text = {"advantage": " (estimator options go in advantage_options / --advantage.NAME)",
-                     "task": " (data set options go in task_kwargs / --task.NAME)"}.get(name, "")
-        raise ValueError(f"{name} must be a string, got {value!r}{hint_text}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{name} must be a list, got {value!r}")
-        return tuple(_coerce(name, v, args[0]) for v in value)
-    if origin in (Mapping, dict) or hint in (Mapping, dict):
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{name} must be a mapping of options, got {value!r}")
-        return value
-    return value
-
-
-_YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-
-
-def yaml_numbers(value: Any) -> Any:
-    """Read the numbers YAML 1.1 leaves as strings (``1e-3``, ``5E4``: exponent without a dot) as floats,
-    recursively through mappings and lists; everything else is returned unchanged. Never raises.
-
-    Source: YAML 1.2's core-schema float rule (PyYAML implements YAML 1.1, whose float needs a dot).
-    """
-    if isinstance(value, str) and _YAML11_FLOAT.match(value):
-        return float(value)
-    if isinstance(value, Mapping):
-        return {k: yaml_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [yaml_numbers(v) for v in value]
-    return value
-
-
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML (.toml) or YAML (.yaml/.yml) config file into a dict.
-
-    Raises:
-        ValueError: unknown extension or a file that is not a mapping.
-        FileNotFoundError: missing file.
-    """
-    path = Path(path)
-    if path.suffix == ".toml":
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    elif path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        with path.open() as fh:
-            data = yaml_numbers(yaml.safe_load(fh) or {})
-    elif path.suffix == ".json":
-        data = json.loads(path.read_text())
-    else:
-        raise ValueError(f"config file must be .toml, .yaml/.yml or .json, got {path.name!r}")
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of options, got {type(data).__name__}")
-    return data
-
-
-def save_config(config: TrainConfig, path: str | os.PathLike[str], extra: Mapping[str, Any] | None = None) -> None:
-    """Write the resolved config as JSON, atomically."""
-    from rlzoo.trainer.io import atomic_write_text
-
-    payload = config.to_dict()
-    if extra:
-        payload = {**payload, **extra}
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        return cls(**{key: coerce(key, value, hints[key]) for key, value in data.items()})

@@ -193,7 +193,7 @@ class VLLMGenerator:
             raise RuntimeError("the vLLM backend needs vllm: pip install 'rlzoo[vllm]' (GPU only)") from err
         if not torch.cuda.is_available():
             raise RuntimeError("the vLLM backend needs a CUDA device; use backend='hf' on CPU")
-        from rlzoo.trainer.models import save_pretrained_atomic
+        from rlzoo.trainer.io import save_pretrained_atomic
 
         self.tokenizer = tokenizer
         # The prompts are tokenised exactly as the HF path does (left padding, truncation to max_prompt_length,

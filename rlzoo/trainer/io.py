@@ -1,22 +1,74 @@
-"""Atomic file writes: write to a temporary file in the destination directory, then ``os.replace``."""
+"""Atomic file writes: write to a temporary sibling, fsync, then ``os.replace``; and recovery of interrupted ones.
+
+Every write keeps the user's umask (temporary files are created 0600 / 0700, and the files of a tree written by
+other libraries may be too; all are given the modes the umask allows before they become visible). Temporaries are named ``.NAME.XXXX.tmp``; a tree being replaced is moved
+aside to ``.NAME.old`` for the instant between two renames. :func:`recover_interrupted_writes` removes the
+temporaries a killed process left and puts back a ``.NAME.old`` whose replacement never arrived, so a kill at
+any point leaves either the old or the new content under ``NAME``, never nothing and never a mix.
+"""
 
 import contextlib
+import copy
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_dir", "atomic_write_bytes", "atomic_write_text"]
+__all__ = [
+    "append_line",
+    "atomic_dir",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "disk_full_is_os_error",
+    "recover_interrupted_writes",
+    "save_pretrained_atomic",
+    "umask_mode",
+]
+
+
+def umask_mode(mode: int) -> int:
+    """``mode`` with the process umask applied (what ``open``/``mkdir`` would give a new file or directory)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
+@contextlib.contextmanager
+def disk_full_is_os_error(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn "no space left on device" from any writer into ``OSError(ENOSPC)`` naming ``path``.
+
+    Python's own writes raise ``OSError(28)`` without a file name; safetensors raises its own error type
+    with "No space left on device (os error 28)" in the message. Other errors pass through unchanged.
+
+    Raises:
+        OSError: ``[Errno 28] no space left on device: 'PATH'``.
+    """
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename is not None:
+            raise  # already names its file (a narrower ``disk_full_is_os_error`` inside this one)
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
+            raise OSError(errno.ENOSPC, "no space left on device", str(path)) from err
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    Raises:
+        OSError: the write failed (disk full: ``[Errno 28] no space left on device: 'PATH'``); the old file
+            is untouched and no temporary is left.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with disk_full_is_os_error(path), os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), umask_mode(0o666))
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -32,24 +84,42 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def append_line(path: str | os.PathLike[str], line: str) -> None:
+    """Append one line (a newline is added) and fsync: a kill leaves at most a torn last line, which the
+    reader repairs (:meth:`rlzoo.trainer.metrics.MetricsLogger.open`).
+
+    Raises:
+        OSError: the write failed (disk full names the file).
+    """
+    with disk_full_is_os_error(path), open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``path`` as a whole.
 
     Used for checkpoints: a crash mid-save leaves the previous checkpoint (or nothing), never half a one.
     Every file and directory of the new tree is fsynced before the rename, and the parent after it.
-    Replacing an existing ``path`` takes two renames (old aside, new in); a crash between them leaves the
-    old tree at ``.NAME.old`` beside it.
+    Replacing an existing ``path`` takes two renames (old aside to ``.NAME.old``, new in); a kill between them
+    leaves the old tree at ``.NAME.old``, which :func:`recover_interrupted_writes` (run by the trainer at start,
+    under its run lock: concurrent writers of one target must not recover each other's work) puts back.
+
+    Raises:
+        OSError: from the writes (disk full names the directory); the previous tree is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
-        _fsync_tree(tmp)  # the data is on disk before the rename makes it visible
+        with disk_full_is_os_error(path):
+            yield tmp
+        _finish_tree(tmp)  # the umask's modes, and the data on disk before the rename makes it visible
         if path.exists():
             old = path.with_name(f".{path.name}.old")
-            if old.exists():
+            if old.exists():  # left by an earlier interrupted save; ``path`` is complete, so it is redundant
                 shutil.rmtree(old)
             os.replace(path, old)
             os.replace(tmp, path)
@@ -60,6 +130,80 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> Path:
+    """Save a Hugging Face model (safetensors), its tokenizer, config and generation config as one directory,
+    atomically (:func:`atomic_dir`): a crash leaves the previous directory or nothing, never half a checkpoint.
+    An existing ``path`` is replaced. Load it back with ``rlzoo.trainer.models.load_model(path)``.
+
+    The tokenizer is saved as configured, whatever the process did with it before: a fast tokenizer's
+    backend keeps the padding and truncation of its last call (e.g. left padding for generation), which
+    ``save_pretrained`` would write into ``tokenizer.json``; a copy without them is saved.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        NotADirectoryError: ``path`` exists and is a file.
+        OSError: the writes failed (disk full names the directory).
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"save path {str(path)!r} exists and is not a directory")
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and (backend.padding is not None or backend.truncation is not None):
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.backend_tokenizer.no_padding()
+        tokenizer.backend_tokenizer.no_truncation()
+    with atomic_dir(path) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return path
+
+
+def recover_interrupted_writes(directory: str | os.PathLike[str], names: tuple[str, ...] | None = None) -> list[str]:
+    """Undo what a killed atomic write left in ``directory`` (not recursive).
+
+    Removes temporaries (``.NAME.XXXX.tmp`` files and trees); a ``.NAME.old`` tree is renamed back to ``NAME``
+    when ``NAME`` is missing (the kill came between the two renames of :func:`atomic_dir`) and removed when
+    ``NAME`` is there (the kill came after the new tree was in place).
+
+    Args:
+        directory: where to look (nothing happens if it does not exist).
+        names: only these ``NAME`` s (None: all).
+
+    Returns:
+        What was done, one line per entry (for a log message).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    done = []
+    for entry in sorted(directory.iterdir()):
+        hidden = entry.name
+        if not hidden.startswith("."):
+            continue
+        if hidden.endswith(".tmp"):
+            name = hidden[1:].rsplit(".", 2)[0]
+            if names is not None and name not in names:
+                continue
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            done.append(f"removed the temporary {entry}")
+        elif hidden.endswith(".old") and entry.is_dir():
+            name = hidden[1:-len(".old")]
+            if names is not None and name not in names:
+                continue
+            target = directory / name
+            if target.exists():
+                shutil.rmtree(entry)
+                done.append(f"removed {entry} (its replacement {target} is complete)")
+            else:
+                os.replace(entry, target)
+                done.append(f"restored {target} from {entry} (a save was interrupted between two renames)")
+    if done:
+        _fsync_path(directory)
+    return done
 
 
 def _fsync_path(path: Path) -> None:
@@ -75,8 +219,14 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
+def _finish_tree(root: Path) -> None:
+    """Give every file and directory under ``root`` the modes the umask allows (some writers, e.g. safetensors,
+    create 0600 files), and fsync them."""
+    file_mode, dir_mode = umask_mode(0o666), umask_mode(0o777)
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            _fsync_path(Path(dirpath) / name)
+            path = Path(dirpath) / name
+            path.chmod(file_mode)
+            _fsync_path(path)
+        Path(dirpath).chmod(dir_mode)
         _fsync_path(Path(dirpath))

@@ -1,14 +1,54 @@
-"""The run's metrics file (``metrics.jsonl``, one JSON object per optimizer step) and its plot."""
+"""The run's metrics: the loss metrics of an optimizer step, the append-only ``metrics.jsonl`` with the console
+log and progress bar, and the plot."""
 
+import contextlib
 import json
+import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.io import atomic_write_bytes, atomic_write_text
+from jaxtyping import Bool
+from torch import Tensor
 
-__all__ = ["MetricsLog", "plot_metrics"]
+from rlzoo.batch import LossOutput, Normalizer
+from rlzoo.trainer.io import append_line, atomic_write_bytes, atomic_write_text
+
+__all__ = ["LossMetrics", "MetricsLogger", "plot_metrics", "read_metrics", "write_metrics"]
+
+log = logging.getLogger("rlzoo.train")
+
+
+class LossMetrics:
+    """The loss and loss metrics of one optimizer step, accumulated over its micro-batches.
+
+    ``loss`` is the sum of the micro-batch losses (each normalised by the whole step's ``normalizer``, so the
+    sum is the full-batch loss). Metrics ending in ``/min`` and ``/max`` are merged by min / max, the others
+    weighted by each micro-batch's share of the step's counted tokens.
+
+    Args:
+        normalizer: the counts of the whole optimizer-step batch.
+    """
+
+    def __init__(self, normalizer: Normalizer) -> None:
+        self.num_tokens = max(1.0, float(normalizer.num_tokens))
+        self.loss = 0.0
+        self.metrics: dict[str, float] = {}
+
+    def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
+        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its counted tokens)."""
+        self.loss += float(out.loss.detach())
+        share = float(loss_mask.sum()) / self.num_tokens
+        for key, value in out.metrics.items():
+            value = float(value)
+            if key.endswith("/min"):
+                self.metrics[key] = min(self.metrics.get(key, math.inf), value)
+            elif key.endswith("/max"):
+                self.metrics[key] = max(self.metrics.get(key, -math.inf), value)
+            else:
+                self.metrics[key] = self.metrics.get(key, 0.0) + share * value
 
 
 def _clean(value: Any) -> Any:
@@ -17,33 +57,118 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class MetricsLog:
-    """Accumulates per-step metric dicts and rewrites ``metrics.jsonl`` atomically after each one.
+def read_metrics(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a ``metrics.jsonl`` (none if it does not exist) and whether its last line was torn (a kill
+    during its write: not valid JSON or no final newline), in which case that line is left out.
 
-    Rows with the same ``step`` are merged (the step-0 evaluation and, after a resume, nothing is lost or
-    duplicated).
+    Raises:
+        ValueError: a line other than the last is not a JSON object (names the file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return [], False
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    complete, last = lines[:-1], lines[-1]  # ``last`` is "" when the file ends with a newline
+    rows: list[dict[str, Any]] = []
+    torn = bool(last)
+    for lineno, line in enumerate(complete, start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            if lineno == len(complete) and not last:
+                torn = True
+                break
+            raise ValueError(f"{path}:{lineno}: not a JSON object; metrics.jsonl is damaged")
+        rows.append(row)
+    return rows, torn
+
+
+def write_metrics(path: str | os.PathLike[str], rows: list[Mapping[str, Any]]) -> None:
+    """Replace ``path`` atomically with ``rows``, one JSON object a line."""
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+class MetricsLogger:
+    """``metrics.jsonl`` (one JSON object appended per optimizer step, and one for the step-0 evaluation), the
+    console log line of each step, the progress bar, and ``reward.png``.
+
+    Args:
+        output_dir: the run directory.
+        max_steps: the run's length (for the log line and the bar).
+        progress: show a live progress bar (tqdm).
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str], history: list[dict[str, Any]]) -> None:
+    def __init__(self, output_dir: str | os.PathLike[str], *, max_steps: int, progress: bool) -> None:
         self.output_dir = Path(output_dir)
-        self.history = history
+        self.max_steps = max_steps
+        self.progress = progress
+        self.history: list[dict[str, Any]] = []
+        self._bar: Any = None
+        self._redirect: contextlib.ExitStack | None = None
 
     @property
     def path(self) -> Path:
+        """``OUTPUT_DIR/metrics.jsonl``."""
         return self.output_dir / "metrics.jsonl"
 
-    def add(self, row: dict[str, Any]) -> None:
-        """Append (or merge into the row of the same step) and rewrite the file."""
+    def open(self, step: int, previous: list[dict[str, Any]] | None = None) -> None:
+        """Start logging at ``step``: read the rows already in the file (a torn last line is repaired) or
+        write ``previous`` (the rows of the run a checkpoint came from), then start the progress bar.
+
+        Raises:
+            ValueError: from :func:`read_metrics`.
+        """
+        rows, torn = read_metrics(self.path)
+        if previous is not None and not rows:
+            rows, torn = list(previous), True
+        if torn:
+            write_metrics(self.path, rows)
+        self.history = rows
+        if self.progress:
+            from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self._bar = tqdm(total=self.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+            self._redirect = contextlib.ExitStack()
+            self._redirect.enter_context(logging_redirect_tqdm())  # records print once, above the bar
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row; for a training step also log a line and advance the progress bar.
+
+        Raises:
+            OSError: the write failed (disk full names the file).
+        """
         row = {k: _clean(v) for k, v in row.items()}
-        if self.history and self.history[-1].get("step") == row.get("step"):
-            self.history[-1].update(row)
-        else:
-            self.history.append(row)
-        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.history))
+        append_line(self.path, json.dumps(row, sort_keys=True))
+        self.history.append(row)
+        if "loss" not in row:  # the step-0 evaluation
+            return
+        log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
+                 row["reward"], row["completions/mean_length"], row["step_time"])
+        if self._bar is not None:
+            postfix = {"reward": f"{row['reward']:.3f}", "step_s": f"{row['step_time']:.1f}"}
+            accuracy = next((r["eval/accuracy"] for r in reversed(self.history) if r.get("eval/accuracy") is not None),
+                            None)
+            if accuracy is not None:
+                postfix["acc"] = f"{100 * accuracy:.1f}%"
+            self._bar.set_postfix(postfix)
+            self._bar.update(1)
 
     def plot(self) -> Path:
         """Write ``reward.png`` (reward and held-out accuracy vs step)."""
         return plot_metrics(self.history, self.output_dir / "reward.png")
+
+    def close(self) -> None:
+        """Close the progress bar (the file is closed after every write)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._redirect is not None:
+            self._redirect.close()
+            self._redirect = None
 
 
 def plot_metrics(history: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:

@@ -61,8 +61,9 @@ class RewardFunction(Protocol):
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
 
 
-class RewardFunctionError(RuntimeError):
-    """A reward function raised, or returned the wrong number or type of values; names the function."""
+class RewardFunctionError(ValueError):
+    """A reward function cannot be loaded (no such attribute, not callable), raised, or returned the wrong number
+    or type of values; names the function. A ``ValueError``: the ``rlzoo`` command reports it in one line."""
 
 
 def accuracy_reward(task: Task, extraction: str = DEFAULT_EXTRACTION) -> RewardFunction:
@@ -135,8 +136,8 @@ def load_reward_function(spec: str) -> RewardFunction:
     Raises:
         ValueError: ``spec`` is not of the form ``module:function``.
         ImportError: the module (or file) cannot be found or fails to import (its error is chained).
-        AttributeError: the module has no such attribute; the message lists its public callables.
-        TypeError: the attribute is not callable.
+        RewardFunctionError: the module has no such attribute (the message lists its public callables), or the
+            attribute is not callable.
     """
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr or not attr.isidentifier():
@@ -163,13 +164,13 @@ def load_reward_function(spec: str) -> RewardFunction:
             raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
     if not hasattr(module, attr):
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise AttributeError(
+        raise RewardFunctionError(
             f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}; "
             f"its public callables: {', '.join(public) or '(none)'}"
         )
     fn = getattr(module, attr)
     if not callable(fn):
-        raise TypeError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
+        raise RewardFunctionError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
     return fn
 
 

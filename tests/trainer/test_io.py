@@ -35,3 +35,61 @@ def test_atomic_write_text_replaces_the_file(tmp_path):
     atomic_write_text(path, "b\n")
     assert path.read_text() == "b\n"
     assert [p.name for p in path.parent.iterdir()] == ["metrics.jsonl"]
+
+
+def test_recovery_removes_temporaries_and_puts_back_a_tree_moved_aside(tmp_path):
+    """A kill between the two renames of a re-save leaves only ``.NAME.old``: it is renamed back; next to a
+    complete ``NAME`` it is removed; temporaries (files and trees) are removed; other hidden files stay."""
+    from rlzoo.trainer.io import recover_interrupted_writes
+
+    (tmp_path / ".step-000002.old").mkdir()
+    (tmp_path / ".step-000002.old" / "a.txt").write_text("complete")
+    (tmp_path / "step-000003").mkdir()
+    (tmp_path / ".step-000003.old").mkdir()
+    (tmp_path / ".step-000004.k2j3h4g5.tmp").mkdir()
+    (tmp_path / ".metrics.jsonl.a1b2c3d4.tmp").write_text("half")
+    (tmp_path / ".rlzoo.lock").write_text("")
+    done = recover_interrupted_writes(tmp_path)
+    assert len(done) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rlzoo.lock", "step-000002", "step-000003"]
+    assert (tmp_path / "step-000002" / "a.txt").read_text() == "complete"
+    assert recover_interrupted_writes(tmp_path) == []
+
+
+def test_atomic_writes_respect_the_umask(tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        with atomic_dir(tmp_path / "tree") as tmp:
+            (tmp / "sub").mkdir(mode=0o700)
+            (tmp / "sub" / "b.bin").write_bytes(b"y")
+            (tmp / "sub" / "b.bin").chmod(0o600)  # as safetensors writes its files
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "tree").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "tree" / "sub").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "tree" / "sub" / "b.bin").stat().st_mode) == 0o640
+
+
+def test_disk_full_errors_name_the_file(tmp_path):
+    """Python writes raise ENOSPC without a file name and safetensors its own error type; both become one
+    ``OSError(ENOSPC)`` naming the file, and the innermost name wins."""
+    import errno
+
+    from rlzoo.trainer.io import disk_full_is_os_error
+
+    class SafetensorError(Exception):
+        pass
+
+    for raised in (OSError(errno.ENOSPC, "No space left on device"),
+                   SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")):
+        with (pytest.raises(OSError, match=r"no space left on device: '.*x\.pt'") as info,
+              disk_full_is_os_error(tmp_path / "dir"), disk_full_is_os_error(tmp_path / "dir" / "x.pt")):
+            raise raised
+        assert info.value.errno == errno.ENOSPC
+    with pytest.raises(ValueError, match="other"), disk_full_is_os_error(tmp_path):
+        raise ValueError("other")

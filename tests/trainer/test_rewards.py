@@ -83,9 +83,9 @@ def test_load_reward_function_from_module_and_file(tmp_path, monkeypatch):
     assert fn(prompts=["p"], completions=["abc"]) == [3.0]
     from_file = load_reward_function(f"{tmp_path / 'my_rewards.py'}:length_reward")
     assert from_file(prompts=["p"], completions=["ab"]) == [2.0]
-    with pytest.raises(AttributeError, match="no attribute 'lenght_reward'.*length_reward"):
+    with pytest.raises(RewardFunctionError, match="no attribute 'lenght_reward'.*length_reward"):
         load_reward_function("my_rewards:lenght_reward")
-    with pytest.raises(TypeError, match="'NOT_CALLABLE' is a int, not callable"):
+    with pytest.raises(RewardFunctionError, match="'NOT_CALLABLE' is a int, not callable"):
         load_reward_function("my_rewards:NOT_CALLABLE")
     with pytest.raises(ImportError, match="no module named 'no_such_reward_module'"):
         load_reward_function("no_such_reward_module:f")

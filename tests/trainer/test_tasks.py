@@ -7,7 +7,6 @@ import pytest
 from trl.data_utils import maybe_apply_chat_template
 
 from rlzoo.registry import UnknownNameError
-from rlzoo.trainer import tasks
 from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.tasks import (
     EXTRACTIONS,
@@ -19,6 +18,7 @@ from rlzoo.trainer.tasks import (
     normalized_match,
     prompt_messages,
 )
+from rlzoo.trainer.tasks.base import TRAIN_CHUNK
 
 ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 # many distinct problems: a repeated question means a repeated RNG state, not chance
@@ -52,9 +52,9 @@ def test_eval_is_not_a_shifted_copy_of_the_train_stream():
 
 def test_train_chunk_sharing_rng_states_with_eval_is_skipped(monkeypatch):
     seeds = {("eval", 0): 5000, ("train", 0, 0): 5000 - 10, ("train", 0, 1): 90_000, ("train", 0, 2): 3000}
-    monkeypatch.setattr(tasks, "_derive_seed", lambda *parts: seeds[parts])
+    monkeypatch.setattr("rlzoo.trainer.tasks.reasoning_gym_source.derive_seed", lambda *parts: seeds[parts])
     task = load_task("chain_sum", kwargs=WIDE, train_seed=0, eval_seed=0, eval_size=20)
-    assert list(itertools.islice(task._train_chunk_seeds(), 2)) == [90_000, 3000]
+    assert list(itertools.islice(task.train_chunk_seeds(), 2)) == [90_000, 3000]
     import reasoning_gym
 
     reference = reasoning_gym.create_dataset("chain_sum", seed=90_000, size=3, **WIDE)
@@ -64,8 +64,8 @@ def test_train_chunk_sharing_rng_states_with_eval_is_skipped(monkeypatch):
 
 def test_resume_from_any_position_including_chunk_boundaries():
     task = load_task("chain_sum", kwargs=WIDE, eval_size=5)
-    stream = list(itertools.islice(task.train_items(), tasks.TRAIN_CHUNK + 5))
-    for start in (0, 7, tasks.TRAIN_CHUNK - 2, tasks.TRAIN_CHUNK):
+    stream = list(itertools.islice(task.train_items(), TRAIN_CHUNK + 5))
+    for start in (0, 7, TRAIN_CHUNK - 2, TRAIN_CHUNK):
         resumed = list(itertools.islice(task.train_items(start=start), 4))
         assert resumed == stream[start : start + 4]
         assert [item.index for item in resumed] == list(range(start, start + 4))
@@ -84,9 +84,9 @@ def test_one_digit_chain_sum_repeats_problems_and_exclusion_removes_them():
 
 
 def test_exclusion_with_no_problem_left_raises(monkeypatch):
-    monkeypatch.setattr(tasks, "_MAX_SKIPPED", 300)
+    monkeypatch.setattr("rlzoo.trainer.tasks.base.MAX_SKIPPED", 300)
     task = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=3000, exclude_eval_questions=True)
-    with pytest.raises(RuntimeError, match="covers the problem space"):
+    with pytest.raises(ValueError, match="covers the problem space"):
         next(task.train_items())
 
 

@@ -1,0 +1,140 @@
+"""Config files (TOML, YAML or JSON with the field names of :class:`~rlzoo.trainer.TrainConfig`), and the type
+checks of the values they (and the Python API) give."""
+
+import json
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+__all__ = ["coerce", "load_config_file", "yaml_numbers"]
+
+_YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def yaml_numbers(value: Any) -> Any:
+    """Read the numbers YAML 1.1 leaves as strings (``1e-3``, ``5E4``: exponent without a dot) as floats,
+    recursively through mappings and lists; everything else is returned unchanged. Never raises.
+
+    Source: YAML 1.2's core-schema float rule (PyYAML implements YAML 1.1, whose float needs a dot).
+    """
+    if isinstance(value, str) and _YAML11_FLOAT.match(value):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: yaml_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [yaml_numbers(v) for v in value]
+    return value
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML (.toml), YAML (.yaml/.yml) or JSON (.json) config file into a dict.
+
+    A run's own ``config.json`` is accepted as well: what describes that run rather than its settings (the
+    ``resolved_*`` entries, ``segments``, ``output_dir``, ``resume``, ``overwrite``) is dropped, so
+    ``--config RUN/config.json`` starts a new run with that run's settings.
+
+    Raises:
+        ValueError: unknown extension, a syntax error (the message names the file, line and column), text that
+            is not UTF-8, or a file that is not a mapping.
+        FileNotFoundError: missing file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: config file is not UTF-8 text ({err.reason})") from None
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: TOML syntax error: {err}") from None
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml_numbers(yaml.safe_load(text) or {})
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValueError(f"{path}{where}: YAML syntax error: {problem}") from None
+    elif path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{err.lineno}:{err.colno}: JSON syntax error: {err.msg}") from None
+    else:
+        raise ValueError(f"config file must be .toml, .yaml/.yml or .json, got {path.name!r}")
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of options, got {type(data).__name__}")
+    if "segments" in data:  # a run's config.json: keep the settings only
+        data = {k: v for k, v in data.items()
+                if not k.startswith("resolved_") and k not in ("segments", "output_dir", "resume", "overwrite")}
+    return data
+
+
+def coerce(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field's annotation (config files and the Python API bypass the CLI's
+    parser): ints and numeric strings become floats where a float is expected (YAML 1.1 reads ``1e-4`` as a
+    string), lists become tuples.
+
+    Raises:
+        ValueError: the value does not fit, naming the field, the expected type and the valid choices.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return coerce(name, value, args[0])
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(name, value, arg)
+            except ValueError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, args))}; got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        hint_text = {"advantage": " (estimator options go in advantage_options / --advantage.NAME)",
+                     "task": " (data set options go in task_kwargs / --task.NAME)"}.get(name, "")
+        raise ValueError(f"{name} must be a string, got {value!r}{hint_text}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        return tuple(coerce(name, v, args[0]) for v in value)
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a mapping of options, got {value!r}")
+        return value
+    return value

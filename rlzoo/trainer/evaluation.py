@@ -1,0 +1,143 @@
+"""The evaluator: greedy accuracy on the task's held-out set, with a 95 % Wilson interval."""
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+import torch
+
+from rlzoo.trainer.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig, TrainConfig
+from rlzoo.trainer.generation import HFGenerator
+from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.tasks import TaskStream, build_task
+
+__all__ = ["EvalResult", "Evaluator", "evaluate", "greedy_accuracy", "wilson_interval"]
+
+log = logging.getLogger("rlzoo.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Greedy accuracy on the held-out set.
+
+    Attributes:
+        accuracy: mean score in [0, 1]; ci_low, ci_high: 95 % Wilson interval; n: problems scored.
+        samples: a few (question, completion, score) triples for the log.
+    """
+
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    n: int
+    samples: tuple[tuple[str, str, float], ...] = ()
+
+    def __str__(self) -> str:
+        return f"{100 * self.accuracy:.1f}% (95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}, n={self.n})"
+
+    def metrics(self) -> dict[str, float]:
+        """``eval/accuracy``, ``eval/ci_low``, ``eval/ci_high`` (the metrics.jsonl keys)."""
+        return {"eval/accuracy": self.accuracy, "eval/ci_low": self.ci_low, "eval/ci_high": self.ci_high}
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion (scores in [0, 1] summed as successes); ``(0, 1)`` for ``n = 0``.
+
+    Source: Wilson (1927), "Probable inference, the law of succession, and statistical inference", JASA 22.
+    """
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@torch.no_grad()
+def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
+                    batch_size: int, limit: int | None = None) -> EvalResult:
+    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer."""
+    items = list(task.eval_items)[:limit]
+    scores: list[float] = []
+    samples: list[tuple[str, str, float]] = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        prompts = [task.prompt(tokenizer, item) for item in chunk]
+        gen = generator.generate(model, prompts, 1, greedy=True)
+        for item, text in zip(chunk, gen.texts, strict=True):
+            score = float(task.score(text, item))
+            scores.append(score)
+            if len(samples) < 3:
+                samples.append((task.question(item), text, score))
+    n = len(scores)
+    low, high = wilson_interval(sum(scores), n)
+    return EvalResult(accuracy=sum(scores) / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
+                      samples=tuple(samples))
+
+
+class Evaluator:
+    """Evaluates the policy before training, every ``eval_steps`` steps and after the last step.
+
+    Nothing is evaluated when the task's held-out set is empty (``eval_size`` 0).
+
+    Args:
+        config: the evaluation section.
+        task: the run's task (its held-out set, prompts and scorer).
+        tokenizer: the model's tokenizer.
+        generator: greedy decoding (an :class:`~rlzoo.trainer.generation.HFGenerator` without prefix sharing).
+        precision: autocast of the forward passes.
+    """
+
+    def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
+                 precision: Precision) -> None:
+        self.config = config
+        self.task = task
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.precision = precision
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is a held-out set to evaluate."""
+        return len(self.task.eval_items) > 0
+
+    def run(self, model: torch.nn.Module, limit: int | None = None) -> EvalResult:
+        """Greedy accuracy of ``model`` on the held-out set (``limit`` problems at most)."""
+        with self.precision.autocast():
+            return greedy_accuracy(model, self.tokenizer, self.task, self.generator,
+                                   batch_size=self.config.eval_batch_size, limit=limit)
+
+    def maybe_run(self, model: torch.nn.Module, step: int, *, final: bool) -> dict[str, float]:
+        """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),
+        else ``{}``; logs the result."""
+        due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
+        if not (self.enabled and due):
+            return {}
+        result = self.run(model)
+        log.info("step %d held-out greedy accuracy %s", step, result)
+        return result.metrics()
+
+
+def evaluate(config: TrainConfig) -> EvalResult:
+    """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints).
+
+    Raises:
+        ValueError: ``eval_size`` < 1; and the errors of model and task loading.
+    """
+    from rlzoo.trainer.models import load_model
+
+    if config.eval_size < 1:
+        raise ValueError(f"eval_size must be >= 1 to evaluate, got {config.eval_size}")
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    precision = Precision.resolve(config.section(ModelConfig))
+    model, tokenizer = load_model(config.model, dtype=precision.inference_dtype, device=precision.device)
+    model.eval()
+    task = build_task(config.section(TaskConfig))
+    rollout = config.section(RolloutConfig)
+    generator = HFGenerator(tokenizer, max_completion_length=rollout.max_completion_length,
+                            max_prompt_length=rollout.max_prompt_length, share_prefix=False)
+    evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=tokenizer, generator=generator,
+                          precision=dataclasses.replace(precision, autocast_dtype=None))
+    return evaluator.run(model)

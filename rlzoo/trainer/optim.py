@@ -1,0 +1,99 @@
+"""The optimizer step: AdamW, the learning-rate schedule, gradient clipping and the non-finite guard."""
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rlzoo.trainer.config import OptimizerConfig
+
+__all__ = ["OptimizerStep"]
+
+_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+class OptimizerStep:
+    """AdamW over the trainable parameters with transformers' warmup + constant / linear / cosine schedule.
+
+    Args:
+        config: the optimizer section.
+        model: the policy (only parameters with ``requires_grad`` are optimized).
+        max_steps: the run's length in optimizer steps (the schedule's horizon).
+
+    Attributes:
+        optimizer: ``torch.optim.AdamW``.
+        scheduler: a ``torch.optim.lr_scheduler.LambdaLR`` from ``transformers.get_scheduler``.
+    """
+
+    def __init__(self, config: OptimizerConfig, model: torch.nn.Module, *, max_steps: int) -> None:
+        self.config = config
+        self.max_steps = max_steps
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
+        )
+        self.scheduler = self._schedule(completed_steps=0)
+
+    def _schedule(self, completed_steps: int) -> Any:
+        """A scheduler positioned after ``completed_steps`` optimizer steps (its rate is the next step's)."""
+        from transformers import get_scheduler
+
+        extra = {} if completed_steps == 0 else {"scheduler_specific_kwargs": {"last_epoch": completed_steps - 1}}
+        return get_scheduler(_SCHEDULES[self.config.lr_scheduler], self.optimizer,
+                             num_warmup_steps=self.config.warmup_steps, num_training_steps=max(1, self.max_steps),
+                             **extra)
+
+    def step(self, model: torch.nn.Module, *, loss: float, step: int) -> dict[str, float]:
+        """Clip the accumulated gradients, take the optimizer and schedule steps, zero the gradients.
+
+        Args:
+            model: the policy whose gradients were accumulated.
+            loss: the step's loss (checked for finiteness with the gradient norm).
+            step: the number of the step being taken (1-based; for the error message).
+
+        Returns:
+            ``grad_norm`` (before clipping) and ``learning_rate`` (the rate this step used).
+
+        Raises:
+            FloatingPointError: the loss or the gradient norm is not finite; the step is not taken (the model is
+                unchanged) and the gradients are dropped.
+        """
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; "
+                "the optimizer step was not taken and the model is unchanged. Lower --learning-rate, check the "
+                "loss options (e.g. a huge clip bound), or use --dtype float32; resume from the last checkpoint "
+                "with --resume latest"
+            )
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "learning_rate": lr}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and scheduler state (for checkpoints)."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, completed_steps: int, reschedule: bool = False) -> None:
+        """Restore a checkpoint's optimizer (AdamW moments) and schedule.
+
+        Args:
+            state: from :meth:`state_dict`.
+            completed_steps: optimizer steps the checkpoint had taken.
+            reschedule: the settings changed since the checkpoint: this config's learning rate, betas and
+                weight decay are put in the restored optimizer, and the schedule is rebuilt from this config
+                (schedule, warmup, horizon) at ``completed_steps``; else the saved schedule is restored as is.
+        """
+        self.optimizer.load_state_dict(state["optimizer"])
+        if not reschedule:
+            self.scheduler.load_state_dict(state["scheduler"])
+            return
+        for group in self.optimizer.param_groups:
+            group.update(lr=self.config.learning_rate, initial_lr=self.config.learning_rate,
+                         betas=(self.config.adam_beta1, self.config.adam_beta2), weight_decay=self.config.weight_decay)
+        self.scheduler = self._schedule(completed_steps)

@@ -1,0 +1,316 @@
+"""The rollout source: the generation cycle and its buffer, rewards and their combination, DAPO's dynamic
+sampling and overlong shaping, advantages, and the old / reference log-probs computed at generation time.
+
+The cycle is TRL's GRPOTrainer's: a generation batch of ``prompts_per_generation * num_generations``
+completions is sampled every ``steps_per_generation * num_iterations`` micro-steps and consumed as
+``steps_per_generation`` micro-batches (whole groups, shuffled), ``num_iterations`` times.
+"""
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlzoo.trainer.config import RewardConfig, RolloutConfig
+from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
+from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.rollout import Rollout
+from rlzoo.trainer.scorer import Scorer
+from rlzoo.trainer.tasks import TaskItem, TaskStream
+
+__all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
+
+log = logging.getLogger("rlzoo.train")
+
+
+def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: Any, *, share_prefix: bool,
+                    seed: int, precision: Precision) -> HFGenerator | VLLMGenerator:
+    """The sampling backend of the rollout section (``hf``: Hugging Face ``generate``; ``vllm``: a colocated
+    vLLM engine).
+
+    Raises:
+        RuntimeError: the vLLM backend without vLLM or CUDA.
+    """
+    if config.backend == "vllm":
+        return VLLMGenerator(
+            model, tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
+            top_p=config.top_p, top_k=config.top_k, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            seed=seed, max_prompt_length=config.max_prompt_length, dtype=precision.inference_dtype,
+        )
+    return HFGenerator(
+        tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
+        top_p=config.top_p, top_k=config.top_k, max_prompt_length=config.max_prompt_length,
+        share_prefix=share_prefix,
+    )
+
+
+def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
+                  weights: tuple[float, ...], group_size: int, max_completion_length: int) -> Float[Tensor, " N"]:
+    """The combined reward ``[N]`` of per-function rewards ``[N, K]``, plus DAPO's soft overlong punishment.
+
+    A completion whose every function returned None (NaN) gets reward 0 (TRL: "unscorable"), with a warning.
+    The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`);
+    with ``config.overlong_buffer`` = L_cache > 0, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at
+    -1, times ``overlong_penalty`` is added (DAPO arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``).
+
+    Raises:
+        ValueError: a None reward under ``normalize_then_sum`` (which needs every reward).
+    """
+    from rlzoo.advantages import combine_rewards
+
+    unscorable = torch.isnan(values).all(dim=1)
+    if config.multi_reward_aggregation == "normalize_then_sum" and bool(torch.isnan(values).any()):
+        raise ValueError("a reward function returned None; multi_reward_aggregation='normalize_then_sum' "
+                         "needs every reward of every completion")
+    if bool(unscorable.any()):
+        log.warning("%d completions were unscorable (every reward function returned None): reward 0",
+                    int(unscorable.sum()))
+    values = torch.nan_to_num(values, nan=0.0)
+    reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
+    if config.overlong_buffer > 0:
+        lengths = completion_mask.sum(-1).to(reward.dtype)
+        start = max_completion_length - config.overlong_buffer
+        penalty = ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
+        reward = reward + penalty
+    return reward
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerStepBatch:
+    """The micro-batches of one optimizer step.
+
+    Attributes:
+        micro_batches: ``gradient_accumulation_steps`` slices of generation batches.
+        loss_masks: the tokens each micro-batch's loss counts (its completion mask, minus truncated
+            completions under ``mask_truncated_completions``).
+        metrics: ``generation_time`` (0 when no batch was generated for this step) and, when one was, the
+            dynamic-sampling counts.
+    """
+
+    micro_batches: list[Rollout]
+    loss_masks: list[Bool[Tensor, "N C"]]
+    metrics: dict[str, float]
+
+    @property
+    def num_tokens(self) -> float:
+        """Prompt + completion tokens processed by this step."""
+        return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
+
+
+class RolloutSource:
+    """Produces the micro-batches of each optimizer step, generating a new batch when the cycle says so.
+
+    Args:
+        config: the rollout section (sampling, group size, the cycle, dynamic sampling, truncation masking).
+        reward_config: the reward section (combination, overlong shaping).
+        task: the task stream (prompts, training items, scorer).
+        rewards: the reward functions.
+        advantage_fn: an advantage estimator (``rlzoo.get_advantage``).
+        scorer: computes old / reference log-probs at generation time.
+        generator: the sampling backend (:func:`build_generator`).
+        tokenizer: the model's tokenizer.
+        policy: the trained model (sampled from; scored for old log-probs when they are needed).
+        reference: the reference model, when the loss needs reference log-probs, else None.
+        precision: autocast of the generation forward passes.
+        seed: seed of the micro-batch shuffling.
+    """
+
+    def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
+                 advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
+                 policy: torch.nn.Module, reference: torch.nn.Module | None, precision: Precision,
+                 seed: int) -> None:
+        self.config = config
+        self.reward_config = reward_config
+        self.task = task
+        self.rewards = rewards
+        self.advantage_fn = advantage_fn
+        self.scorer = scorer
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.reference = reference
+        self.precision = precision
+        self.micro_step = 0
+        self.buffer: list[Rollout] = []
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
+
+    def check_rewards(self) -> None:
+        """Call every reward function once on one problem (its reference answer as the completion), so that a
+        broken reward fails before the run's first evaluation and generation.
+
+        Raises:
+            RewardFunctionError: a function raised or returned a bad value (names it).
+        """
+        item = self.task.sample_item()
+        prompt = self.task.prompt(self.tokenizer, item)
+        ids = self.tokenizer(item.answer, add_special_tokens=False)["input_ids"]
+        self.rewards.compute(prompts=[prompt], completions=[item.answer], items=[item], completion_ids=[ids])
+
+    def generate(self) -> tuple[Rollout, dict[str, float]]:
+        """Sample, score and compute advantages for one generation batch (with DAPO dynamic sampling).
+
+        Returns:
+            the rollout and its statistics (``generation_time``; ``dynamic_sampling/*`` when enabled).
+
+        Raises:
+            RewardFunctionError: a reward function failed (names it).
+        """
+        cfg, g = self.config, self.config.num_generations
+        need = cfg.prompts_per_generation
+        kept: list[tuple[Generated, int, Tensor, Tensor]] = []
+        dropped: list[tuple[Generated, int, Tensor, Tensor]] = []
+        rounds, t0 = 0, time.perf_counter()
+        while len(kept) < need and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            rounds += 1
+            items = self.task.next_train(need)
+            gen, values, reward = self._sample(items)
+            for i in range(len(items)):
+                sl = slice(i * g, (i + 1) * g)
+                group = (gen, i, values[sl], reward[sl])
+                if cfg.dynamic_sampling and bool(torch.all(reward[sl] == reward[sl][0])):
+                    dropped.append(group)
+                else:
+                    kept.append(group)
+        if len(kept) < need:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
+            log.warning("dynamic sampling kept %d/%d groups after %d rounds; filling with zero-variance groups",
+                        len(kept), need, rounds)
+            kept += dropped[: need - len(kept)]
+        rollout = self._assemble(kept[:need])
+        extra = {"completion_mask": rollout.completion_mask} if "completion_mask" in self.advantage_fn.accepts else {}
+        rollout.advantages = self.advantage_fn(rollout.reward, group_size=g, **extra).to(torch.float32)
+        stats = {"generation_time": time.perf_counter() - t0}
+        if cfg.old_logprobs_needed:
+            rollout.old_logprobs = self.scorer.generation_logprobs(self.policy, rollout)
+        if self.reference is not None:
+            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
+        if cfg.dynamic_sampling:
+            stats.update({"dynamic_sampling/rounds": float(rounds),
+                          "dynamic_sampling/groups_dropped": float(len(dropped))})
+        return rollout, stats
+
+    def _sample(self, items: list[TaskItem]) -> tuple[Generated, Tensor, Tensor]:
+        """Completions of ``items``, their per-function rewards ``[N, K]`` and combined reward ``[N]``."""
+        g = self.config.num_generations
+        prompts = [self.task.prompt(self.tokenizer, item) for item in items]
+        with self.precision.autocast():
+            gen = self.generator.generate(self.policy, prompts, g)
+        lengths = gen.completion_mask.sum(-1).tolist()  # the mask is a prefix of each row
+        completion_ids = [row[:n] for row, n in zip(gen.completion_ids.tolist(), lengths, strict=True)]
+        values = self.rewards.compute(prompts=[p for p in prompts for _ in range(g)], completions=gen.texts,
+                                      items=[item for item in items for _ in range(g)],
+                                      completion_ids=completion_ids)
+        reward = shape_rewards(values, gen.completion_mask, config=self.reward_config, weights=self.rewards.weights,
+                               group_size=g, max_completion_length=self.config.max_completion_length)
+        return gen, values, reward
+
+    def _assemble(self, groups: list[tuple[Generated, int, Tensor, Tensor]]) -> Rollout:
+        """Concatenate kept groups (possibly from several generation rounds) into one rollout."""
+        g = self.config.num_generations
+        width_p = max(gen.prompt_ids.shape[1] for gen, *_ in groups)
+        width_c = max(gen.completion_ids.shape[1] for gen, *_ in groups)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        def left(x: Tensor, width: int, value: int | bool) -> Tensor:
+            return torch.nn.functional.pad(x, (width - x.shape[-1], 0), value=value)
+
+        def right(x: Tensor, width: int, value: float | bool) -> Tensor:
+            return torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)
+
+        prompt_ids, prompt_mask, comp_ids, comp_mask, trunc, texts, values, rewards, rollout_lp = ([] for _ in range(9))
+        for gen, i, vals, rew in groups:
+            prompt_ids.append(left(gen.prompt_ids[i], width_p, pad))
+            prompt_mask.append(left(gen.prompt_mask[i], width_p, False))
+            sl = slice(i * g, (i + 1) * g)
+            comp_ids.append(right(gen.completion_ids[sl], width_c, pad))
+            comp_mask.append(right(gen.completion_mask[sl], width_c, False))
+            trunc.append(gen.is_truncated[sl])
+            texts += gen.texts[sl]
+            values.append(vals)
+            rewards.append(rew)
+            if gen.rollout_logprobs is not None:
+                rollout_lp.append(right(gen.rollout_logprobs[sl], width_c, 0.0))
+        n_prompts = len(groups)
+        return Rollout(
+            prompt_ids=torch.stack(prompt_ids), prompt_mask=torch.stack(prompt_mask),
+            group_index=torch.arange(n_prompts, device=self.precision.device).repeat_interleave(g),
+            completion_ids=torch.cat(comp_ids), completion_mask=torch.cat(comp_mask),
+            is_truncated=torch.cat(trunc), rewards=torch.cat(values), reward=torch.cat(rewards),
+            advantages=torch.zeros(n_prompts * g), texts=texts,
+            rollout_logprobs=torch.cat(rollout_lp) if rollout_lp else None,
+        )
+
+    def loss_mask(self, micro_batch: Rollout) -> Bool[Tensor, "N C"]:
+        """The tokens the loss counts: the completion mask, minus truncated completions when asked (DAPO)."""
+        if self.config.mask_truncated_completions:
+            return micro_batch.completion_mask & ~micro_batch.is_truncated[:, None]
+        return micro_batch.completion_mask
+
+    def next_optimizer_step(self) -> OptimizerStepBatch:
+        """The micro-batches of the next optimizer step, generating new batches when the cycle says so."""
+        cfg = self.config
+        spg = cfg.effective_steps_per_generation
+        period = spg * cfg.num_iterations
+        micro_batches: list[Rollout] = []
+        stats: dict[str, float] = {}
+        for _ in range(cfg.gradient_accumulation_steps):
+            if self.micro_step % period == 0 or not self.buffer:
+                rollout, stats = self.generate()
+                self.buffer = rollout.split(spg, generator=self.shuffle_generator, group_size=cfg.num_generations)
+            micro_batches.append(self.buffer[self.micro_step % spg])
+            self.micro_step += 1
+        return OptimizerStepBatch(micro_batches=micro_batches, loss_masks=[self.loss_mask(mb) for mb in micro_batches],
+                                  metrics={"generation_time": 0.0, **stats})
+
+    def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
+        """Rewards and completion lengths of a step's completions (names as TRL logs them)."""
+        micro_batches = batch.micro_batches
+        reward = torch.cat([mb.reward for mb in micro_batches])
+        lengths = torch.cat([mb.completion_mask.sum(-1) for mb in micro_batches]).float()
+        truncated = torch.cat([mb.is_truncated for mb in micro_batches]).float()
+        g = self.config.num_generations
+        grouped = reward.view(-1, g) if reward.numel() % g == 0 else reward.view(1, -1)
+        metrics = {
+            "reward": float(reward.mean()),
+            "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+            "frac_reward_zero_std": float((grouped.std(-1) == 0).float().mean()) if grouped.shape[1] > 1 else 1.0,
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(truncated.mean()),
+        }
+        columns = torch.cat([mb.rewards for mb in micro_batches]).T
+        for name, column in zip(self.rewards.names, columns, strict=True):
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
+        return metrics
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Give the sampler the policy's new weights (after an optimizer step)."""
+        self.generator.sync_weights(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cycle's position, its unfinished generation batch, the shuffling RNG and the task position."""
+        return {"micro_step": self.micro_step, "buffer": [r.state_dict() for r in self.buffer],
+                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ValueError: the task state is from another training stream; or the restored generation batch lacks
+                reference log-probs the loss now needs (names the field and what to do).
+        """
+        self.task.load_state_dict(state["task"])
+        buffer = [Rollout(**r) for r in state["buffer"]]
+        if self.reference is not None and any(r.ref_logprobs is None for r in buffer):
+            raise ValueError(
+                "the checkpoint holds an unfinished generation batch without ref_logprobs, which the loss now needs "
+                "(beta > 0): resume from a checkpoint at a generation boundary, or keep --loss.beta 0 for now"
+            )
+        self.buffer = buffer
+        self.micro_step = state["micro_step"]
+        self.shuffle_generator.set_state(state["shuffle"])

@@ -1,0 +1,204 @@
+"""The run directory and the rules that keep it safe over days-long runs.
+
+- One run per directory: a lock file (``.rlzoo.lock``, holding pid and host) held with ``fcntl.flock`` for
+  the whole run; the kernel drops it when the process dies, so a stale lock (a killed run) is taken over
+  with a warning, and a live one refuses the second run.
+- A fresh run (no ``--resume``) never starts in a directory that holds a run: it is refused, naming
+  ``--resume`` and ``--overwrite``; ``--overwrite`` deletes that run's files first (and only those).
+- At start, what interrupted atomic writes left is cleaned up (:func:`rlzoo.trainer.io.recover_interrupted_writes`).
+- Resuming from a checkpoint older than the run's newest work starts a new timeline: the newer checkpoints and
+  metrics rows move to ``abandoned/AFTER-STEP-N-TIMESTAMP/`` (nothing is deleted), so ``--resume latest``
+  never picks them again.
+- ``config.json`` holds the current settings and, under ``segments``, what each segment of the run used.
+"""
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlzoo.trainer.checkpoint import step_of
+from rlzoo.trainer.io import atomic_write_text, recover_interrupted_writes, umask_mode
+from rlzoo.trainer.metrics import read_metrics, write_metrics
+
+__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError"]
+
+log = logging.getLogger("rlzoo.train")
+
+RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "abandoned")
+"""What a run writes into its directory (``--overwrite`` deletes these and nothing else)."""
+LOCK_FILE = ".rlzoo.lock"
+
+
+class RunLockedError(OSError):
+    """Another live process runs in this directory (names its pid and host)."""
+
+
+class RunDirectory:
+    """A run's output directory.
+
+    Args:
+        path: the directory (created if needed).
+        overwrite: a fresh start may delete the run already there.
+        resume: the run continues from a checkpoint (``latest`` or a path), so the run already there is its own.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, resume: str | None = None) -> None:
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self.resume = resume
+
+    @property
+    def checkpoints(self) -> Path:
+        """``PATH/checkpoints``."""
+        return self.path / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        """``PATH/metrics.jsonl``."""
+        return self.path / "metrics.jsonl"
+
+    @property
+    def starts_fresh(self) -> bool:
+        """Whether what the directory holds is not this run's past: no ``--resume``, or a checkpoint from outside
+        this directory's ``checkpoints/`` (a new run forked from another run)."""
+        if self.resume is None:
+            return True
+        if self.resume == "latest":
+            return False
+        return self.checkpoints.resolve() not in Path(self.resume).resolve().parents
+
+    def holds_run(self) -> bool:
+        """Whether a run has written into the directory (config, metrics or checkpoints)."""
+        return any((self.path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
+
+    def check(self) -> None:
+        """Fail fast, before anything heavy is loaded: the directory must be writable, and a fresh run must not
+        land on another run.
+
+        Raises:
+            OSError: the directory cannot be created or written (names it).
+            FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite).
+        """
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.path):
+                pass
+        except OSError as err:
+            raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
+        if self.starts_fresh and not self.overwrite and self.holds_run():
+            raise FileExistsError(
+                f"output directory {self.path} already holds a run; continue it with --resume latest, or start "
+                "over with --overwrite (deletes that run's checkpoints and metrics), or choose another --output-dir"
+            )
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the directory's run lock for the duration of the block.
+
+        Raises:
+            RunLockedError: another live process holds it (names pid and host).
+        """
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, umask_mode(0o666))
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                raise RunLockedError(
+                    errno.EBUSY, f"another run is using this output directory ({_describe(_read_lock(fd))}); "
+                    "wait for it or choose another --output-dir", str(self.path)) from None
+            previous = _read_lock(fd)
+            if previous:
+                log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",
+                            self.path, _describe(previous))
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)  # an empty lock file: released cleanly
+        finally:
+            os.close(fd)  # also releases the flock
+
+    def prepare(self) -> None:
+        """Under the lock: delete the old run (``--overwrite`` when :attr:`starts_fresh`) and clean up after interrupted
+        writes (temporaries; a checkpoint moved aside between two renames is put back)."""
+        if self.overwrite and self.starts_fresh:
+            for name in RUN_FILES:
+                target = self.path / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+        for directory in (self.path, self.checkpoints):
+            for line in recover_interrupted_writes(directory):
+                log.warning("%s", line)
+
+    def abandon_after(self, step: int) -> Path | None:
+        """Start a new timeline at ``step``: move the checkpoints and metrics rows after it (work of the run
+        this one resumes from an earlier point of) into ``abandoned/``; returns where, or None if there was
+        nothing after ``step``."""
+        rows, _ = read_metrics(self.metrics)
+        later_rows = [r for r in rows if r.get("step", 0) > step]
+        later_checkpoints = [p for p in (self.checkpoints.iterdir() if self.checkpoints.is_dir() else [])
+                             if p.is_dir() and (step_of(p) or 0) > step]
+        if not later_rows and not later_checkpoints:
+            return None
+        target = self.path / "abandoned" / f"after-step-{step:06d}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.mkdir(parents=True, exist_ok=True)
+        if later_rows:
+            write_metrics(target / "metrics.jsonl", later_rows)
+            write_metrics(self.metrics, [r for r in rows if r.get("step", 0) <= step])
+        for checkpoint in later_checkpoints:
+            (target / "checkpoints").mkdir(exist_ok=True)
+            os.replace(checkpoint, target / "checkpoints" / checkpoint.name)
+        log.warning("resumed at step %d: the later work of this run (%d checkpoints, %d metrics rows) moved to %s",
+                    step, len(later_checkpoints), len(later_rows), target)
+        return target
+
+    def write_config(self, settings: Mapping[str, Any], resolved: Mapping[str, Any], *, start_step: int,
+                     resumed_from: str | None, changes: Mapping[str, tuple[Any, Any]],
+                     source: Path | None = None) -> None:
+        """Write ``config.json``: the current ``settings`` and ``resolved`` values at the top level, and the list
+        of segments (one per start or resume: its first step, checkpoint, changed settings and all settings),
+        continued from this directory's ``config.json`` or else from ``source`` (the run a checkpoint came from)."""
+        segments: list[Any] = []
+        for candidate in (self.path / "config.json", source):
+            if candidate is not None and candidate.is_file():
+                with contextlib.suppress(ValueError, OSError):
+                    segments = list(json.loads(candidate.read_text()).get("segments", []))
+                break
+        segments.append({"start_step": start_step, "resumed_from": resumed_from,
+                         "changes": {k: list(v) for k, v in changes.items()}, "settings": dict(settings),
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        payload = {**settings, **resolved, "segments": segments}
+        atomic_write_text(self.path / "config.json", json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _read_lock(fd: int) -> dict[str, Any]:
+    data = os.pread(fd, 4096, 0)
+    try:
+        value = json.loads(data) if data.strip() else {}
+    except ValueError:
+        return {"content": data[:100].decode(errors="replace")}
+    return value if isinstance(value, dict) else {}
+
+
+def _describe(lock: Mapping[str, Any]) -> str:
+    if not lock:
+        return "unknown process"
+    return ", ".join(f"{k} {v}" for k, v in lock.items())

@@ -1,0 +1,200 @@
+"""The trainer's view of a task: a training cursor, the held-out set, prompts and completion scores."""
+
+import itertools
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from rlzoo.registry import UnknownNameError
+from rlzoo.trainer.config import TaskConfig
+from rlzoo.trainer.tasks.base import Task, TaskItem
+from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer
+from rlzoo.trainer.tasks.file_source import JsonlTask
+from rlzoo.trainer.tasks.prompts import format_prompt
+from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask
+
+__all__ = ["TaskStream", "build_task", "load_task", "make_task"]
+
+
+def load_task(
+    name_or_path: str,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    train_seed: int = 1,
+    eval_seed: int = 1000,
+    eval_size: int = 200,
+    exclude_eval_questions: bool = False,
+) -> Task:
+    """A task from a reasoning-gym data set name (with its config ``kwargs``) or a ``.jsonl`` file path.
+
+    Raises:
+        UnknownNameError: neither a ``.jsonl`` path nor a reasoning-gym name (lists the available names).
+        ValueError: ``kwargs`` given for a JSONL task, or the errors of :class:`ReasoningGymTask` /
+            :class:`JsonlTask`.
+    """
+    if name_or_path.endswith(".jsonl") or os.path.sep in name_or_path:
+        if kwargs:
+            raise ValueError(
+                f"task options {dict(kwargs)} only apply to reasoning-gym tasks, not {name_or_path!r}"
+            )
+        return JsonlTask(
+            path=name_or_path,
+            train_seed=train_seed,
+            eval_seed=eval_seed,
+            eval_size=eval_size,
+            exclude_eval_questions=exclude_eval_questions,
+        )
+    return ReasoningGymTask(
+        name=name_or_path,
+        kwargs=dict(kwargs or {}),
+        train_seed=train_seed,
+        eval_seed=eval_seed,
+        eval_size=eval_size,
+        exclude_eval_questions=exclude_eval_questions,
+    )
+
+
+class TaskStream:
+    """The trainer's view of a task: a training cursor, the held-out set, prompts and completion scores.
+
+    Wraps a :class:`Task` with the answer extraction, the system prompt and the position in the training
+    stream; the position is the trainer's checkpointed state (:meth:`state_dict`).
+
+    Args:
+        task: the task.
+        answer_extraction: how completions become answers (:data:`EXTRACTIONS`).
+        system_prompt: the system message of every prompt (None: the chat template's default).
+
+    Raises:
+        UnknownNameError: unknown ``answer_extraction`` (lists the valid ones).
+    """
+
+    def __init__(self, task: Task, *, answer_extraction: str = DEFAULT_EXTRACTION,
+                 system_prompt: str | None = None) -> None:
+        if answer_extraction not in EXTRACTIONS:
+            raise UnknownNameError(
+                f"unknown answer_extraction {answer_extraction!r}; valid: {', '.join(EXTRACTIONS)}"
+            )
+        self.task = task
+        self.answer_extraction = answer_extraction
+        self.system_prompt = system_prompt
+        self.position = 0
+        self._iterator: Iterator[TaskItem] | None = None
+
+    @property
+    def eval_items(self) -> list[TaskItem]:
+        """The fixed held-out items."""
+        return self.task.eval_items()
+
+    def sample_item(self) -> TaskItem:
+        """One problem to try things on (the first held-out one, else the first of the training stream); the
+        training position does not move."""
+        items = self.eval_items
+        return items[0] if items else next(iter(self.task.train_items()))
+
+    def next_train(self, n: int) -> list[TaskItem]:
+        """The next ``n`` training items (advances the cursor).
+
+        Raises:
+            ValueError: ``n`` < 0.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if self._iterator is None:
+            self._iterator = self.task.train_items(start=self.position)
+        items = list(itertools.islice(self._iterator, n))
+        if items:
+            self.position = items[-1].index + 1
+        return items
+
+    def prompt(self, tokenizer: PreTrainedTokenizerBase, item: TaskItem) -> str:
+        """:func:`format_prompt` of the item's question with the stream's system prompt (TRL's prompt string)."""
+        return format_prompt(tokenizer, item.question, self.system_prompt)
+
+    def question(self, item: TaskItem) -> str:
+        """The item's question (for logs)."""
+        return item.question
+
+    def score(self, completion: str, item: TaskItem) -> float:
+        """``task.score(extract_answer(completion, answer_extraction), item.columns)``, in [0, 1]."""
+        return self.task.score(extract_answer(completion, self.answer_extraction), item.columns)
+
+    def _identity(self) -> dict[str, Any]:
+        task = self.task
+        kwargs = dict(getattr(task, "kwargs", {}))
+        return {
+            "name": task.name,
+            "kwargs": kwargs,
+            "train_seed": task.train_seed,
+            "exclude_eval_questions": task.exclude_eval_questions,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the training position and what identifies the stream."""
+        return {"position": self.position, **self._identity()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the training position.
+
+        Raises:
+            ValueError: the state belongs to a different stream (task name, options, train seed); names the
+                differing keys.
+        """
+        mine = self._identity()
+        theirs = {k: state.get(k) for k in mine}
+        theirs["kwargs"] = dict(theirs["kwargs"] or {})
+        differ = sorted(
+            k
+            for k in mine
+            if json.dumps(mine[k], sort_keys=True, default=str)
+            != json.dumps(theirs[k], sort_keys=True, default=str)
+        )
+        if differ:
+            details = ", ".join(f"{k}={theirs[k]!r} (now {mine[k]!r})" for k in differ)
+            raise ValueError(f"task state is from a different training stream: {details}")
+        position = state.get("position")
+        if not isinstance(position, int) or position < 0:
+            raise ValueError(f"task state 'position' must be an int >= 0, got {position!r}")
+        self.position = position
+        self._iterator = None
+
+
+def make_task(
+    name_or_path: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    train_seed: int = 1,
+    eval_seed: int = 1000,
+    eval_size: int = 200,
+    answer_extraction: str = DEFAULT_EXTRACTION,
+    exclude_eval_questions: bool = False,
+) -> TaskStream:
+    """:func:`load_task` wrapped in a :class:`TaskStream` (what the trainer uses).
+
+    Raises:
+        the errors of :func:`load_task` and :class:`TaskStream`.
+    """
+    task = load_task(
+        name_or_path,
+        kwargs=kwargs,
+        train_seed=train_seed,
+        eval_seed=eval_seed,
+        eval_size=eval_size,
+        exclude_eval_questions=exclude_eval_questions,
+    )
+    return TaskStream(task, answer_extraction=answer_extraction)
+
+
+def build_task(config: TaskConfig) -> TaskStream:
+    """The :class:`TaskStream` of a run's task section.
+
+    Raises:
+        the errors of :func:`load_task` and :class:`TaskStream`.
+    """
+    task = load_task(config.task, kwargs=config.resolved_task_kwargs, train_seed=config.train_seed,
+                     eval_seed=config.eval_seed, eval_size=config.eval_size,
+                     exclude_eval_questions=config.exclude_eval_questions)
+    return TaskStream(task, answer_extraction=config.answer_extraction, system_prompt=config.system_prompt)

@@ -1,0 +1,374 @@
+"""Run safety for days-long runs: changed settings on resume, occupied directories, timelines, signals, leftovers
+of interrupted writes, the run lock, the umask, append-only metrics, fail-fast checks, one-line errors and the
+saved tokenizer. Everything on the tiny random model, through public component APIs and the console script."""
+
+import errno
+import inspect
+import json
+import logging
+import os
+import signal
+import stat
+
+import pytest
+import torch
+
+from rlzoo.cli import console_main
+from rlzoo.trainer import RunInterrupted, TrainConfig, Trainer
+from rlzoo.trainer.checkpoint import Checkpointer
+from rlzoo.trainer.config import CheckpointConfig
+from rlzoo.trainer.models import TinyRandomSpec, build_tiny_random
+from rlzoo.trainer.rewards import RewardFunctionError
+from rlzoo.trainer.run_dir import RunDirectory, RunLockedError
+
+TINY = {"model": "tiny-random", "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6,
+        "eval_size": 4, "eval_batch_size": 4, "progress": False, "learning_rate": 1e-3, "reward_funcs": ()}
+TINY_FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
+              "--max-completion-length", "4", "--eval-size", "0", "--no-progress"]
+
+
+def digit_fraction(prompts, completions, **columns):
+    """Reward: the fraction of a completion's characters that are digits (varies on the random model)."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def _config(run, **overrides) -> TrainConfig:
+    return TrainConfig(**{**TINY, "output_dir": str(run), **overrides})
+
+
+def _train(run, **overrides) -> tuple[Trainer, list[dict]]:
+    trainer = Trainer(_config(run, **overrides), reward_funcs=[digit_fraction])
+    return trainer, trainer.train()
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _cli(monkeypatch, capsys, *args) -> tuple[int, str]:
+    monkeypatch.setattr("sys.argv", ["rlzoo", *map(str, args)])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    code = console_main()
+    return code, capsys.readouterr().err
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    timing = ("step_time", "generation_time", "train_time", "tokens_per_second")
+    return [{k: v for k, v in row.items() if k not in timing} for row in rows]
+
+
+def _error_line(err: str) -> str:
+    """The one ``rlzoo: error:`` line of a failed command (and no traceback)."""
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _hidden(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") and p.name != ".rlzoo.lock")
+
+
+# ------------------------------------------------------------------------------------------------ 1. resume
+def test_resume_applies_changed_optimizer_settings_and_records_the_segments(tmp_path, caplog):
+    """A lower learning rate (and other AdamW settings) given on resume are what the next step uses, with one log
+    line per changed field; config.json keeps each segment's settings."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1)
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        resumed, history = _train(run, max_steps=2, learning_rate=2e-4, adam_beta2=0.99, weight_decay=0.1,
+                                  resume="latest")
+    assert history[-1]["step"] == 2 and history[-1]["learning_rate"] == 2e-4
+    group = resumed.optimizer.optimizer.param_groups[0]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (2e-4, (0.9, 0.99), 0.1)
+    lines = sorted(r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("resume: "))
+    assert lines == ["adam_beta2", "learning_rate", "max_steps", "weight_decay"]
+    config = json.loads((run / "config.json").read_text())
+    assert config["learning_rate"] == 2e-4
+    first, second = config["segments"]
+    assert (first["start_step"], first["settings"]["learning_rate"], first["changes"]) == (0, 1e-3, {})
+    assert second["start_step"] == 1 and second["changes"]["learning_rate"] == [1e-3, 2e-4]
+    assert second["resumed_from"].endswith("step-000001")
+
+
+def test_resume_rebuilds_a_changed_schedule_at_the_resumed_step(tmp_path):
+    """From constant to linear decay over a longer run: steps 3 and 4 use lr * (4 - s) / 4 for s = 2, 3."""
+    run = tmp_path / "run"
+    _train(run, max_steps=2, learning_rate=1e-3)
+    _, history = _train(run, max_steps=4, lr_scheduler="linear", resume="latest")
+    assert [row["learning_rate"] for row in history if row["step"] > 2] == pytest.approx([5e-4, 2.5e-4], rel=1e-12)
+
+
+def test_resume_refuses_changes_it_cannot_honour(tmp_path):
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)
+    model_dir = tmp_path / "same-weights"
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    for change, field in (({"num_generations": 2}, "num_generations"), ({"per_device_train_batch_size": 4},
+                          "per_device_train_batch_size"), ({"task": "basic_arithmetic"}, "task"),
+                          ({"seed": 1}, "seed"), ({"model": str(model_dir)}, "model")):
+        trainer = Trainer(_config(run, max_steps=2, eval_size=0, resume="latest", **change),
+                          reward_funcs=[digit_fraction])
+        with pytest.raises(ValueError, match=f"cannot resume with changed settings: {field} "):
+            trainer.train()
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]  # nothing was written by the refusals
+
+
+# ------------------------------------------------------------------------------- 2. occupied directories
+def test_a_fresh_run_refuses_a_directory_holding_a_run_and_overwrite_starts_clean(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _train(run, max_steps=2, save_steps=1)
+    loaded = []
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: loaded.append(a))
+    with pytest.raises(FileExistsError, match="--resume latest.*--overwrite"):
+        Trainer(_config(run, max_steps=1))
+    assert not loaded  # refused before the model loads
+    monkeypatch.undo()
+    _train(run, max_steps=1, overwrite=True)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"]
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [0, 1]
+    assert len(json.loads((run / "config.json").read_text())["segments"]) == 1
+
+
+# ------------------------------------------------------------------------------------------- 3. timelines
+def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
+    run = tmp_path / "run"
+    common = {"save_steps": 1, "save_total_limit": 5, "eval_size": 0}
+    _train(run, max_steps=3, **common)
+    _train(run, max_steps=2, resume=str(run / "checkpoints" / "step-000001"), **common)
+    assert [p.name for p in Checkpointer(CheckpointConfig(), run / "checkpoints").all()] == ["step-000001",
+                                                                                               "step-000002"]
+    (abandoned,) = (run / "abandoned").iterdir()
+    assert sorted(p.name for p in (abandoned / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+    assert [r["step"] for r in _rows(abandoned / "metrics.jsonl")] == [2, 3]
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    trainer, history = _train(run, max_steps=3, resume="latest", **common)
+    assert [r["step"] for r in history] == [1, 2, 3] and trainer.checkpointer.find("latest").name == "step-000003"
+    assert (abandoned / "checkpoints" / "step-000003").is_dir()  # never picked again
+
+
+def test_checkpoints_order_by_step_number_and_ignore_temporaries(tmp_path):
+    for name in ("step-999999", "step-1000000", "step-000010", ".step-2000000.abcd1234.tmp", ".step-000011.old",
+                 "notes"):
+        (tmp_path / name).mkdir()
+    checkpointer = Checkpointer(CheckpointConfig(), tmp_path)
+    assert [p.name for p in checkpointer.all()] == ["step-000010", "step-999999", "step-1000000"]
+    assert checkpointer.find("latest").name == "step-1000000"
+
+
+# --------------------------------------------------------------------------------------------- 4. signals
+def test_sigterm_finishes_the_step_checkpoints_it_and_resume_continues_exactly(tmp_path):
+    """Preemption during step 2: the step completes, is checkpointed (save_steps would not have), the run
+    raises RunInterrupted (exit code 143), and resuming reproduces the uninterrupted run bit for bit."""
+    full, want = _train(tmp_path / "full", max_steps=3, eval_size=0, save_steps=100)
+    calls = []
+
+    def preempted(prompts, completions, **columns):
+        calls.append(len(prompts))
+        if len(calls) == 3:  # the dry check, step 1, then during step 2's generation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return digit_fraction(prompts, completions)
+
+    preempted.__name__ = "digit_fraction"  # the same metric names as the uninterrupted run
+    run = tmp_path / "run"
+    trainer = Trainer(_config(run, max_steps=3, eval_size=0, save_steps=100), reward_funcs=[preempted])
+    with pytest.raises(RunInterrupted) as stop:
+        trainer.train()
+    assert (stop.value.signum, stop.value.step, stop.value.exit_code) == (signal.SIGTERM, 2, 143)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    resumed, got = _train(run, max_steps=3, eval_size=0, save_steps=100, resume="latest")
+    assert _untimed(got) == _untimed(want)
+    for p, q in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_second_ctrl_c_exits_at_once_and_leaves_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    reward = tmp_path / "twice.py"
+    reward.write_text(
+        "import os, signal\ncalls = []\n"
+        "def reward(prompts, completions, **kw):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return [0.0] * len(completions)\n")
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "3", "--save-steps", "1",
+                     "--reward-funcs", f"{reward}:reward", "--output-dir", run)
+    assert code == 130 and "interrupted" in err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"]
+    assert _hidden(run) == [] and _hidden(run / "checkpoints") == []
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]
+
+
+def test_the_console_script_exits_143_after_sigterm(tmp_path, monkeypatch, capsys):
+    reward = tmp_path / "term.py"
+    reward.write_text(
+        "import os, signal\ncalls = []\n"
+        "def reward(prompts, completions, **kw):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return [0.0] * len(completions)\n")
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "3",
+                     "--reward-funcs", f"{reward}:reward", "--output-dir", tmp_path / "run")
+    assert code == 143 and "SIGTERM after step 1" in err and "--resume latest" in err
+
+
+# ----------------------------------------------------------------------------- 5. interrupted writes
+def test_leftovers_of_interrupted_writes_are_removed_and_a_moved_aside_checkpoint_is_put_back(tmp_path):
+    run = tmp_path / "run"
+    common = {"save_steps": 1, "save_total_limit": 5, "eval_size": 0}
+    _train(run, max_steps=2, **common)
+    checkpoints = run / "checkpoints"
+    os.replace(checkpoints / "step-000002", checkpoints / ".step-000002.old")  # killed between the two renames
+    (checkpoints / ".step-000003.abcd1234.tmp").mkdir()  # killed while writing a checkpoint
+    (checkpoints / ".step-000003.abcd1234.tmp" / "optimizer.pt").write_bytes(b"partial")
+    (run / ".metrics.jsonl.x1y2z3a4.tmp").write_text("partial")
+    _, history = _train(run, max_steps=3, resume="latest", **common)
+    assert [r["step"] for r in history] == [1, 2, 3]  # resumed from the restored step 2
+    assert _hidden(run) == [] and _hidden(checkpoints) == []
+    assert [p.name for p in Checkpointer(CheckpointConfig(), checkpoints).all()] == [
+        "step-000001", "step-000002", "step-000003"]
+
+
+# ------------------------------------------------------------------------------------------------ 6. lock
+def test_one_run_per_directory_and_a_stale_lock_is_taken_over(tmp_path, caplog):
+    run = tmp_path / "run"
+    trainer = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])
+    with RunDirectory(run).lock(), pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+        trainer.train()
+    (run / ".rlzoo.lock").write_text(json.dumps({"pid": 999999, "host": "gone"}))  # a run killed with -9
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        assert trainer.train()[-1]["step"] == 1
+    assert "taking over the lock of a run that ended without releasing it (pid 999999, host gone)" in caplog.text
+    assert (run / ".rlzoo.lock").read_text() == ""  # released cleanly
+
+
+# ----------------------------------------------------------------------------------------------- 7. umask
+def test_outputs_respect_the_umask(tmp_path):
+    run = tmp_path / "run"
+    previous = os.umask(0o002)
+    try:
+        _train(run, max_steps=1)
+    finally:
+        os.umask(previous)
+    checkpoint = run / "checkpoints" / "step-000001"
+    for path in (run / "config.json", run / "metrics.jsonl", run / "reward.png", checkpoint / "optimizer.pt",
+                 checkpoint / "trainer_state.json", checkpoint / "model" / "model.safetensors"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o664, path
+    for path in (run / "checkpoints", checkpoint, checkpoint / "model"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o775, path
+
+
+# ---------------------------------------------------------------------------------------------- 8. metrics
+def test_metrics_are_appended_and_a_torn_last_line_is_repaired(tmp_path):
+    run = tmp_path / "run"
+    inodes = []
+
+    def watch(prompts, completions, **columns):
+        if (run / "metrics.jsonl").exists():
+            inodes.append((run / "metrics.jsonl").stat().st_ino)
+        return digit_fraction(prompts, completions)
+
+    Trainer(_config(run, max_steps=3, save_steps=1, save_total_limit=5), reward_funcs=[watch]).train()
+    assert len(inodes) >= 3 and len(set(inodes)) == 1  # appended to, never rewritten
+    assert "history" not in json.loads((run / "checkpoints" / "step-000003" / "trainer_state.json").read_text())
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 4, "loss": 0.')  # a kill in the middle of a write
+    _train(run, max_steps=4, resume="latest")
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+# -------------------------------------------------------------------------------------------- 9. fail fast
+def test_a_broken_reward_fails_before_the_first_evaluation(tmp_path, monkeypatch):
+    def broken(prompts, completions, **columns):
+        return [columns["solution"][0]] * len(completions)  # a column the task does not have
+
+    trainer = Trainer(_config(tmp_path / "run", eval_size=200), reward_funcs=[broken])
+    evaluated = []
+    monkeypatch.setattr(trainer.evaluator, "run", lambda *args, **kwargs: evaluated.append(args))
+    with pytest.raises(RewardFunctionError, match="'broken' raised KeyError"):
+        trainer.train()
+    assert not evaluated
+
+
+def test_an_unwritable_output_dir_fails_before_the_model_loads(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(OSError, match="output directory is not writable"):
+        Trainer(_config(blocker / "run"))
+
+
+# ----------------------------------------------------------------------------------------- 10. one-line errors
+@pytest.mark.parametrize(("name", "content", "flags", "message"), [
+    ("run.yaml", "max_steps: [1\n", ["--config"], r"run\.yaml:2:1: YAML syntax error"),
+    ("run.toml", "max_steps = 1\nlearning_rate = \n", ["--config"], r"run\.toml: TOML syntax error: .*line 2"),
+    ("task.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "2"}\n', ["--task"],
+     r"task\.jsonl:2: not UTF-8 text"),
+    ("rewards.py", "VALUE = 3\n", ["--reward-funcs", "{path}:missing"], r"rewards\.py:missing.*no attribute 'missing'"),
+    ("rewards.py", "VALUE = 3\n", ["--reward-funcs", "{path}:VALUE"], r"'VALUE' is a int, not callable"),
+])
+def test_bad_input_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, name, content, flags, message):
+    import re
+
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    flags = [f.format(path=path) for f in flags] + ([] if "{path}" in "".join(flags) else [path])
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "1", "--output-dir",
+                     tmp_path / "run", *flags)
+    assert code == 2 and re.search(message, _error_line(err)), err
+
+
+def test_a_checkpoint_of_another_model_names_the_first_mismatched_tensor(tmp_path, monkeypatch, capsys):
+    model_dir, run = tmp_path / "model", tmp_path / "run"
+    for spec in (TinyRandomSpec(), TinyRandomSpec(hidden_size=32)):
+        model, tokenizer = build_tiny_random(spec)
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        if spec.hidden_size == 64:  # train on the first, then replace it by a narrower one of the same path
+            _train(run, model=str(model_dir), max_steps=1, eval_size=0)
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--model", model_dir, "--max-steps", "2",
+                     "--learning-rate", "1e-3", "--output-dir", run, "--resume", "latest")
+    assert code == 2
+    assert "step-000001 does not fit the model: model.embed_tokens.weight has shape (259, 64) in the checkpoint " \
+           "and (259, 32) in the model" in _error_line(err)
+
+
+def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)
+    real_save = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        if hasattr(f, "name") and str(f.name).endswith("optimizer.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full)
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "2", "--learning-rate", "1e-3",
+                     "--output-dir", run, "--resume", "latest")
+    line = _error_line(err)
+    assert code == 2 and "no space left on device" in line and "step-000002/optimizer.pt" in line
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"] and _hidden(run / "checkpoints") == []
+
+
+# -------------------------------------------------------------------------------------------- 11. tokenizer
+def test_the_saved_tokenizer_is_the_configured_one(tmp_path):
+    """Generation pads on the left, which a fast tokenizer remembers in its backend; the checkpoint's tokenizer
+    files are those of the untouched tokenizer."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1)
+    _, tokenizer = build_tiny_random()
+    tokenizer.save_pretrained(tmp_path / "fresh")
+    saved = run / "checkpoints" / "step-000001" / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert json.loads((saved / name).read_text()) == json.loads((tmp_path / "fresh" / name).read_text()), name
+
+
+# ------------------------------------------------------------------------------------------------ structure
+def test_the_training_loop_reads_in_one_screen():
+    assert len(inspect.getsource(Trainer.train).splitlines()) <= 25
