@@ -89,6 +89,9 @@ def convert_gguf(
         path: the ``.gguf`` file.
         dtype: parameter dtype of the result; None = float32.
 
+    The conversion leaves the caller's torch RNG state unchanged (the models it builds are initialised inside
+    ``torch.random.fork_rng``), so a run that converts samples exactly as one that finds the cached checkpoint.
+
     Returns:
         ``(model, tokenizer)``, model in eval mode on CPU.
 
@@ -105,7 +108,8 @@ def convert_gguf(
         raise ImportError("reading a .gguf file needs the gguf package: pip install gguf") from err
     kwargs = {"gguf_file": path.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-    quantized = AutoModelForCausalLM.from_pretrained(str(path.parent), **kwargs)
+    with torch.random.fork_rng(devices=[]):  # building the model initialises weights from the global RNG
+        quantized = AutoModelForCausalLM.from_pretrained(str(path.parent), **kwargs)
     config = quantized.config
     for extra in ("quantization_config", "_model_name_or_path"):  # GGUF-only: quantizer, general.name
         if hasattr(config, extra):
@@ -113,7 +117,8 @@ def convert_gguf(
     if isinstance(getattr(config, "rms_norm_eps", None), float):
         config.rms_norm_eps = float(f"{config.rms_norm_eps:.7g}")
     config.name_or_path = ""
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # not on meta: buffers (rope)
+    with torch.random.fork_rng(devices=[]):  # (a first run, which converts, must sample as a cached one)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # not on meta: buffers (rope)
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.tie_weights()
     model.generation_config = quantized.generation_config
