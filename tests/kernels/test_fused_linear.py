@@ -285,3 +285,103 @@ def test_double_backward_raises_instead_of_being_wrong():
     (grad_h,) = torch.autograd.grad(out.logprobs.sum(), hidden, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(grad_h.sum(), weight)
+
+
+def test_autocast_leaves_float64_inputs_in_float64():
+    """Autocast casts only float32/float16/bfloat16 tensors (torch's is_eligible excludes float64), as F.linear does:
+    float64 hidden and weight under a bf16 autocast stay float64 and match the float64 reference exactly."""
+    hidden, weight, bias, ids = _problem(7, 5, 23, bias=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.linear(hidden, weight, bias).dtype == torch.float64  # what torch does
+        out = fused_linear_logprobs(hidden, weight, ids, bias=bias, chunk_size=6, logit_softcap=3.0)
+    assert out.logprobs.dtype == torch.float64
+    ref = naive_linear_logprobs(hidden, weight, ids, bias=bias, logit_softcap=3.0)
+    torch.testing.assert_close(out.logprobs, ref.logprobs, **tol(torch.float64))
+    torch.testing.assert_close(out.entropy, ref.entropy, **tol(torch.float64))
+    for got, want in zip(_grads(out, (hidden, weight, bias)), _grads(ref, (hidden, weight, bias)), strict=True):
+        torch.testing.assert_close(got, want, **tol(torch.float64))
+
+
+class _LiveLargeStorages(TorchDispatchMode):
+    """Tracks the storages of at least ``min_bytes`` that ops allocate (an output whose storage no input shares)
+    and the peak of their total size while alive (a storage lives while a Python tensor on it does)."""
+
+    def __init__(self, min_bytes):
+        super().__init__()
+        self.min_bytes = min_bytes
+        self.refs: dict[int, list] = {}  # data_ptr -> [live tensor count, nbytes]
+        self.live = 0
+        self.peak = 0
+
+    def _release(self, ptr):
+        entry = self.refs[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self.refs[ptr]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
+        out = func(*args, **(kwargs or {}))
+        flat = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        inputs = {a.untyped_storage().data_ptr() for a in flat}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+            if ptr in self.refs:
+                self.refs[ptr][0] += 1
+            elif ptr not in inputs and nbytes >= self.min_bytes:
+                self.refs[ptr] = [1, nbytes]
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+            else:
+                continue
+            weakref.finalize(t, self._release, ptr)
+        return out
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("entropy", [True, False])
+def test_backward_holds_at_most_two_chunk_buffers(softcap, entropy):
+    """The torch path's backward holds at most two [N, C] float32 buffers (the chunk and one scratch), with
+    soft-capping too (it once allocated a third for the tanh derivative). The probe sees that third buffer
+    (checked on a deliberate extra allocation)."""
+    n, h, v, chunk = 256, 4, 2048, 1024
+    hidden, weight, _, ids = _problem(n, h, v, dtype=torch.float32)
+    out = fused_linear_logprobs(hidden, weight, ids, chunk_size=chunk, logit_softcap=softcap,
+                                return_entropy=entropy, backend="torch")
+    loss = out.logprobs.sum() + (out.entropy.sum() if entropy else 0)
+    buffer = n * chunk * 4
+    with _LiveLargeStorages(buffer) as probe:
+        torch.autograd.grad(loss, (hidden, weight))
+    assert buffer <= probe.peak <= 2 * buffer
+    with _LiveLargeStorages(buffer) as probe:  # the probe can fail: three live buffers are seen as three
+        kept = [torch.empty(n * chunk) for _ in range(3)]
+    assert probe.peak == 3 * buffer and len(kept) == 3
+
+
+def test_gemm_precision_policy():
+    """float16/bfloat16 on CUDA use low-precision GEMMs with float32 output where torch provides them (torch >= 2.8);
+    where the device lacks them, the GEMMs run in float32 on upcast copies (exact float32 logits, as on CPU) -
+    never on logits rounded to the input dtype. float32/float64 run natively."""
+    from rlzoo.kernels.fused import gemm_policy
+
+    assert gemm_policy(torch.bfloat16, "cuda", fp32_output_gemms=True) == "fp32_output"
+    assert gemm_policy(torch.float16, "cuda", fp32_output_gemms=False) == "upcast"
+    assert gemm_policy(torch.bfloat16, "cpu", fp32_output_gemms=False) == "upcast"
+    assert gemm_policy(torch.float32, "cuda", fp32_output_gemms=False) == "native"
+    assert gemm_policy(torch.float64, "cpu", fp32_output_gemms=False) == "native"
+
+
+def test_torch_floor_has_fp32_output_gemms():
+    """pyproject's torch floor is at least 2.8, the first release with torch.mm/addmm(out_dtype=float32) for
+    fp16/bf16 inputs on CUDA (pytorch#150812), which the fused path's bf16 GEMMs use."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    floors = re.findall(r'"torch\s*>=\s*([\d.]+)', text)
+    assert len(floors) == 1, floors
+    assert tuple(int(x) for x in floors[0].split(".")[:2]) >= (2, 8), floors
