@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from kernel_cases import OPTIONS, SHAPES, linear_problem
 from oracles import verl_core_algos
 from tolerances import tol
 
@@ -24,25 +25,6 @@ from rlzoo.kernels import (
     sum_pi_squared_from_logits,
 )
 from rlzoo.kernels.reference import naive_linear_logprobs, naive_logprobs
-
-OPTIONS = [
-    {},
-    {"temperature": 0.6},
-    {"logit_scale": 0.25},
-    {"logit_softcap": 2.0},
-    {"bias": True, "logit_scale": 1.7, "logit_softcap": 5.0, "temperature": 1.3},
-]
-SHAPES = [(1, 1, 1, None), (1, 3, 2, 1), (7, 5, 13, 4), (33, 8, 130, 17), (5, 4, 9, 100)]
-
-
-def _problem(n, h, v, dtype=torch.float64, seed=0, bias=False):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, h, generator=g, dtype=torch.float64)
-    weight = torch.randn(v, h, generator=g, dtype=torch.float64) / math.sqrt(h) * 3
-    b = torch.randn(v, generator=g, dtype=torch.float64) if bias else None
-    ids = torch.randint(0, v, (n,), generator=g)
-    cast = [t if t is None else t.to(dtype).requires_grad_() for t in (hidden, weight, b)]
-    return (*cast, ids)
 
 
 def _verl_sum_pi_squared():
@@ -61,7 +43,7 @@ def test_fused_matches_reference_float64(shape, options, return_entropy):
     entropies and their gradients are unchanged by asking for S."""
     n, h, v, chunk = shape
     opts = dict(options)
-    hidden, weight, bias, ids = _problem(n, h, v, bias=opts.pop("bias", False))
+    hidden, weight, bias, ids = linear_problem(n, h, v, bias=opts.pop("bias", False))
     out = fused_linear_logprobs(hidden, weight, ids, chunk_size=chunk, bias=bias, return_entropy=return_entropy,
                                 return_sum_pi_squared=True, backend="torch", **opts)
     assert isinstance(out, TokenLogProbStats)
@@ -81,7 +63,7 @@ def test_fused_matches_verl():
     """Equal to verl 0.9.1's calculate_sum_pi_squared_from_logits of the temperature-scaled logits (as verl's
     actor computes it: logits / temperature first), float64."""
     verl_fn = _verl_sum_pi_squared()
-    hidden, weight, _, ids = _problem(23, 7, 61)
+    hidden, weight, _, ids = linear_problem(23, 7, 61)
     temperature = 0.7
     got = fused_linear_logprobs(hidden, weight, ids, temperature=temperature, chunk_size=16,
                                 return_sum_pi_squared=True).sum_pi_squared
@@ -92,7 +74,7 @@ def test_fused_matches_verl():
 def test_fused_is_not_differentiable_and_leaves_gradients_unchanged():
     """S is a detached statistic: requires_grad is False and the gradients of a loss on the log-probs and
     entropies are the same with and without it."""
-    hidden, weight, _, ids = _problem(9, 5, 31)
+    hidden, weight, _, ids = linear_problem(9, 5, 31)
     out = fused_linear_logprobs(hidden, weight, ids, chunk_size=8, return_sum_pi_squared=True)
     assert not out.sum_pi_squared.requires_grad and out.logprobs.requires_grad
     g1 = torch.autograd.grad(out.logprobs.sum() + 0.3 * out.entropy.sum(), (hidden, weight))
@@ -106,7 +88,7 @@ def test_fused_is_not_differentiable_and_leaves_gradients_unchanged():
 def test_fused_low_precision(dtype):
     """bf16/fp16/fp32 inputs: float32 S within float32 tolerance of the float64 reference of the same
     (rounded) inputs (the accumulation is float32)."""
-    hidden, weight, bias, ids = _problem(19, 16, 300, dtype=dtype, bias=True)
+    hidden, weight, bias, ids = linear_problem(19, 16, 300, dtype=dtype, bias=True)
     out = fused_linear_logprobs(hidden, weight, ids, bias=bias, chunk_size=64, logit_softcap=8.0,
                                 return_sum_pi_squared=True)
     assert out.sum_pi_squared.dtype == torch.float32
@@ -116,20 +98,20 @@ def test_fused_low_precision(dtype):
 
 
 def test_fused_batched_leading_dims_and_empty():
-    hidden, weight, _, ids = _problem(12, 5, 17)
+    hidden, weight, _, ids = linear_problem(12, 5, 17)
     out3 = fused_linear_logprobs(hidden.view(3, 4, 5), weight, ids.view(3, 4), chunk_size=6,
                                  return_sum_pi_squared=True)
     out2 = fused_linear_logprobs(hidden, weight, ids, chunk_size=6, return_sum_pi_squared=True)
     assert out3.sum_pi_squared.shape == (3, 4)
     torch.testing.assert_close(out3.sum_pi_squared.reshape(-1), out2.sum_pi_squared, **tol(torch.float64))
-    hidden, weight, _, ids = _problem(0, 3, 5)
+    hidden, weight, _, ids = linear_problem(0, 3, 5)
     assert fused_linear_logprobs(hidden, weight, ids, return_sum_pi_squared=True).sum_pi_squared.shape == (0,)
 
 
 def test_fused_bounds_and_identities():
     """1/V <= S <= 1; S >= p_y^2 (one term of the sum); S >= exp(-H) (Renyi-2 entropy <= Shannon entropy);
     uniform logits give S = 1/V exactly; a single-token vocabulary gives S = 1."""
-    hidden, weight, _, ids = _problem(40, 6, 37)
+    hidden, weight, _, ids = linear_problem(40, 6, 37)
     out = fused_linear_logprobs(hidden * 4, weight, ids, chunk_size=10, return_sum_pi_squared=True)
     s = out.sum_pi_squared
     assert torch.all(s >= 1 / 37 - 1e-12) and torch.all(s <= 1 + 1e-12)
