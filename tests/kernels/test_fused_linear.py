@@ -367,3 +367,38 @@ def test_torch_floor_has_fp32_output_gemms():
     floors = re.findall(r'"torch\s*>=\s*([\d.]+)', text)
     assert len(floors) == 1, floors
     assert tuple(int(x) for x in floors[0].split(".")[:2]) >= (2, 8), floors
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_gemms_have_float32_output():
+    """On CUDA with torch >= 2.8, bf16 inputs take the fp32-output GEMMs (not the upcast fallback), and the values
+    match the float64 reference of the rounded inputs within the bf16 row."""
+    from rlzoo.kernels.fused import _Gemms
+
+    hidden, weight, _, ids = linear_problem(64, 32, 1000, dtype=torch.bfloat16)
+    hidden, weight, ids = (t.detach().cuda() for t in (hidden, weight, ids))
+    gemms = _Gemms(hidden, weight)
+    assert gemms.fp32_output and not gemms.upcast
+    out = fused_linear_logprobs(hidden, weight, ids, chunk_size=256, backend="torch")
+    ref = naive_linear_logprobs(hidden.double(), weight.double(), ids)
+    torch.testing.assert_close(out.logprobs.double(), ref.logprobs, **tol(torch.bfloat16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_cuda_torch_backward_peak_memory(softcap):
+    """The torch path's backward on CUDA: peak extra memory at most two float32 [N, C] buffers plus the
+    gradients of hidden and weight (and small vectors), with soft-capping too."""
+    n, h, v, chunk = 4096, 64, 8192, 2048
+    hidden, weight, _, ids = linear_problem(n, h, v, dtype=torch.float32)
+    hidden, weight = (t.detach().cuda().requires_grad_() for t in (hidden, weight))
+    ids = ids.cuda()
+    out = fused_linear_logprobs(hidden, weight, ids, chunk_size=chunk, logit_softcap=softcap, backend="torch")
+    loss = out.logprobs.sum() + out.entropy.sum()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.autograd.grad(loss, (hidden, weight))
+    peak = torch.cuda.max_memory_allocated() - base
+    budget = 2 * n * chunk * 4 + 2 * (n * h + v * h) * 4 + 64 * n * 4
+    assert peak <= budget, (peak, budget)
