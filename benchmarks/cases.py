@@ -5,7 +5,8 @@ a :class:`Case` with an untimed ``prepare()`` (per round) and a timed ``run(stat
 
 * ``forward``  - the forward pass with autograd recording (as in training); outputs are dropped.
 * ``backward`` - ``prepare`` runs the forward, ``run`` only the backward of
-  ``sum(logprobs) + sum(entropy)``.
+  ``sum(logprobs) + sum(entropy)`` (timing starts after :meth:`Case.setup` waited for the device, so no
+  part of the forward is still in flight on CUDA).
 * ``full``     - forward + backward.
 
 Every log-prob implementation starts from the same leaves (``hidden [N, H]``, lm_head ``weight [V, H]``,
@@ -13,14 +14,20 @@ Every log-prob implementation starts from the same leaves (``hidden [N, H]``, lm
 the same job:
 
 * ``naive``        - ``logits = hidden @ weight.T``; ``log_softmax`` (float32) + gather (+ entropy);
-* ``trl``          - the same logits, then TRL's ``selective_log_softmax`` (+ ``entropy_from_logits``);
+* ``trl``          - the same logits, then TRL 1.16's one-pass ``selective_log_softmax_and_entropy``
+  (``selective_log_softmax`` without the entropy); on CUDA both are TRL's Triton kernel, on CPU its
+  fallback (``selective_log_softmax`` + ``entropy_from_logits``);
 * ``rlzoo_logits`` - the same logits, then ``rlzoo.kernels.logprobs_and_entropy_from_logits``;
 * ``fused_torch`` / ``fused_triton`` - ``rlzoo.kernels.fused_linear_logprobs`` with that backend;
-* ``liger_grpo`` / ``rlzoo_grpo`` - Liger's fused linear GRPO loss vs. rlzoo fused log-probs + ``grpo`` loss;
+* ``liger_grpo`` / ``rlzoo_grpo`` - Liger's fused linear GRPO loss vs. rlzoo fused log-probs + ``grpo`` loss
+  (same seeded advantages);
 * ``gemm_fwd`` / ``gemm_bwd`` - the bare lm_head GEMMs (``h W^T``; ``g W`` and ``g^T h``): the ceiling;
 * ``copy``         - a device-to-device copy of the ``[N, V]`` logits (bandwidth ceiling);
 * ``triton_fold``  - the Triton forward kernel over one ``[N, V]`` logits tensor (bandwidth vs ``copy``);
 * ``loss_eager`` / ``loss_compiled`` - a PolicyLoss preset on ``[B, T]`` log-probs, eager vs torch.compile.
+
+The naive case is skipped (with the reason) where its forward alone cannot fit the device
+(:func:`naive_peak_bytes`: ~90 GB at N = 32768, V = 151936, bf16); the bare GEMMs stay the reference there.
 
 Peak memory (``peak_extra_bytes``): CUDA - ``torch.cuda.max_memory_allocated()`` during ``run`` minus
 ``memory_allocated()`` before it. CPU - torch's CPU allocator is invisible to tracemalloc, so the case
@@ -95,6 +102,13 @@ class Case:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
+    def setup(self) -> Any:
+        """``prepare()`` then wait for the device: the timed ``run`` starts with none of the preparation (e.g. the
+        forward of a ``backward`` case) still running asynchronously on CUDA."""
+        state = self.prepare()
+        self.sync()
+        return state
+
     def timed(self, state: Any) -> None:
         self.run(state)
         self.sync()
@@ -121,15 +135,12 @@ def _logprob_fn(spec: Spec) -> Callable[..., tuple[torch.Tensor, torch.Tensor | 
         return lambda h, w, ids: naive_logprobs(h @ w.T, ids, return_entropy=ent)
     if impl == "trl":
         try:
-            from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+            from trl.trainer import utils as trl_utils
         except ImportError as err:
             raise Unavailable(f"trl is not installed ({err})") from None
-
-        def trl_fn(h, w, ids):
-            logits = h @ w.T
-            return selective_log_softmax(logits, ids), (entropy_from_logits(logits) if ent else None)
-
-        return trl_fn
+        if ent:  # TRL 1.16's one pass over the logits (its Triton kernel on CUDA)
+            return lambda h, w, ids: tuple(trl_utils.selective_log_softmax_and_entropy(h @ w.T, ids))
+        return lambda h, w, ids: (trl_utils.selective_log_softmax(h @ w.T, ids), None)
     if impl == "rlzoo_logits":
         from rlzoo.kernels import logprobs_and_entropy_from_logits, logprobs_from_logits
 
@@ -172,7 +183,31 @@ def _modes(device: str, forward: Callable[[], Any], loss: Callable[[Any], torch.
     raise ValueError(f"unknown mode {mode!r}")
 
 
+def naive_peak_bytes(spec: Spec) -> int:
+    """A lower bound of the naive case's peak memory: its forward holds the ``[N, V]`` logits in the input dtype,
+    their float32 copy (none for float32 input), the float32 log-softmax and, with the entropy, the probabilities
+    and their product with the log-probs - 18 bytes per logit for bf16 with entropy, ~90 GB at N = 32768,
+    V = 151936. (The backward needs more.)"""
+    size = spec.torch_dtype.itemsize
+    per_logit = size + (4 if size != 4 else 0) + 4 + (8 if spec.entropy else 0)
+    return spec.n * spec.v * per_logit
+
+
+def check_naive_fits(spec: Spec, device_bytes: int) -> None:
+    """Raise :class:`Unavailable` with the sizes when the naive case cannot fit ``device_bytes``."""
+    need = naive_peak_bytes(spec)
+    if need > device_bytes:
+        raise Unavailable(
+            f"the naive case needs more than {need / 1e9:.0f} GB at N={spec.n}, V={spec.v} ({spec.dtype}; "
+            f"[N, V] logits, float32 copy, log-softmax{', probabilities and p*log p' if spec.entropy else ''}) and "
+            f"the device has {device_bytes / 1e9:.0f} GB; the bare lm_head GEMMs (gemm_fwd, gemm_bwd) are the "
+            "reference at this shape"
+        )
+
+
 def _logprob_case(spec: Spec) -> Case:
+    if spec.impl == "naive" and spec.device == "cuda":
+        check_naive_fits(spec, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     fn = _logprob_fn(spec)
     hidden, weight, ids = _leaves(spec)
 
@@ -183,14 +218,22 @@ def _logprob_case(spec: Spec) -> Case:
     return _modes(spec.device, lambda: fn(hidden, weight, ids), _loss_of, clear, spec.mode)
 
 
+def grpo_inputs(spec: Spec) -> tuple[torch.Tensor, ...]:
+    """``(hidden, weight, ids, advantages, mask)`` of a GRPO case, all seeded (the same for Liger and rlzoo and
+    from run to run, whatever the global RNG state)."""
+    hidden, weight, ids = _leaves(spec)
+    b, t = spec.batch, spec.length
+    adv = torch.randn(b, generator=torch.Generator().manual_seed(1)).to(spec.device)
+    mask = torch.ones(b, t, dtype=torch.bool, device=spec.device)
+    return hidden, weight, ids, adv, mask
+
+
 def _grpo_case(spec: Spec) -> Case:
     """Liger's fused linear GRPO loss vs. rlzoo fused log-probs + the grpo preset (beta = 0, no entropy)."""
     if spec.device != "cuda":
         raise Unavailable("the Liger comparison runs on CUDA only")
-    hidden, weight, ids = _leaves(spec)
+    hidden, weight, ids, adv, mask = grpo_inputs(spec)
     b, t = spec.batch, spec.length
-    adv = torch.randn(b, device=spec.device)
-    mask = torch.ones(b, t, dtype=torch.bool, device=spec.device)
     if spec.impl == "liger_grpo":
         try:
             from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
@@ -332,9 +375,8 @@ def measure_here(spec: Spec) -> dict[str, Any]:
     """Run ``spec`` once in this process and return its peak extra memory (see the module docstring)."""
     case = build(spec)
     if spec.device == "cuda":
-        case.timed(case.prepare())  # warm-up: kernels, cuBLAS workspaces, compile
-        state = case.prepare()
-        case.sync()
+        case.timed(case.setup())  # warm-up: kernels, cuBLAS workspaces, compile
+        state = case.setup()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         start = time.perf_counter()
@@ -342,8 +384,8 @@ def measure_here(spec: Spec) -> dict[str, Any]:
         return {"peak_extra_bytes": torch.cuda.max_memory_allocated() - base, "seconds": time.perf_counter() - start,
                 "memory_method": "cuda max_memory_allocated - memory_allocated"}
     if spec.impl == "loss_compiled":
-        case.timed(case.prepare())  # compile first
-    state = case.prepare()
+        case.timed(case.setup())  # compile first
+    state = case.setup()
     gc.collect()
     before = _proc_status()
     if before is not None and _reset_hwm():

@@ -61,20 +61,26 @@ def _specs() -> list:
 
 
 def run_case(benchmark, spec: Spec) -> None:
-    """Time ``spec`` with pytest-benchmark and record the spec, the case's static info, the peak extra memory
+    """Build ``spec``'s case (skipped with the reason when it cannot run here) and :func:`time_case` it."""
+    try:
+        case = build(spec)
+    except Unavailable as err:
+        pytest.skip(str(err))
+    time_case(benchmark, spec, case)
+
+
+def time_case(benchmark, spec: Spec, case) -> None:
+    """Time ``case`` with pytest-benchmark and record the spec, the case's static info, the peak extra memory
     and per-round CPU and wall times in ``benchmark.extra_info``.
 
-    Pedantic mode with an untimed ``prepare`` before every round. CUDA and compiled cases get one untimed
+    Pedantic mode with an untimed ``case.setup()`` before every round (``prepare`` then a device
+    synchronisation, so that a round's timer never counts work the preparation left in flight). CUDA and compiled cases get one untimed
     warm-up run first. Rounds: ``RLZOO_BENCH_ROUNDS`` (default 3 on CPU, 10 on CUDA) for cases slower than
     0.5 s (judged from the memory run, else from one calibration run); faster cases get more (up to ~2 s
     of timed work, at most 200 rounds). pytest-benchmark's own
     statistics are wall-clock; ``cpu_time_rounds`` holds the process CPU time of each round (all threads),
     which is what the CPU ratios in docs/benchmarks.md use (the wall clock of a shared machine is noisy).
     """
-    try:
-        case = build(spec)
-    except Unavailable as err:
-        pytest.skip(str(err))
     if spec.impl.startswith("loss_"):
         benchmark.group = f"{spec.device} PolicyLoss B={spec.batch} T={spec.length}"
     else:
@@ -100,14 +106,14 @@ def run_case(benchmark, spec: Spec) -> None:
             benchmark.extra_info["memory_method"] = mem["memory_method"]
             estimate = mem["seconds"]
         if spec.device == "cuda" or spec.impl == "loss_compiled":
-            case.timed(case.prepare())  # warm-up: compile, autotune, cuBLAS workspaces
+            case.timed(case.setup())  # warm-up: compile, autotune, cuBLAS workspaces
         if estimate is None or estimate < 0.5:
-            timed(case.prepare())  # calibration round (not reported)
+            timed(case.setup())  # calibration round (not reported)
             estimate = wall_times[-1]
             cpu_times.clear()
             wall_times.clear()
         rounds = min_rounds if estimate > 0.5 else max(min_rounds, min(200, int(2.0 / max(estimate, 1e-6))))
-        benchmark.pedantic(timed, setup=lambda: ((case.prepare(),), {}), rounds=rounds, iterations=1)
+        benchmark.pedantic(timed, setup=lambda: ((case.setup(),), {}), rounds=rounds, iterations=1)
     except torch.OutOfMemoryError as err:
         pytest.skip(f"out of memory: {str(err)[:200]}")
     benchmark.extra_info["cpu_time_rounds"] = cpu_times

@@ -175,14 +175,65 @@ def _cmd_eval(argv: Sequence[str]) -> int:
 
 
 def _cmd_bench(argv: Sequence[str]) -> int:
+    """``rlzoo bench [--output FILE] [--docs FILE] [--no-render] [PYTEST ARGS...]``: run ``benchmarks/`` with
+    pytest-benchmark, save its JSON (default ``benchmarks/results/cuda.json`` on a GPU machine, else ``cpu.json``)
+    and render it with ``benchmarks/render.py`` (default ``docs/benchmarks.md`` + ``.png``; every results file
+    when FILE is under ``benchmarks/results/``, else FILE alone). The JSON goes to ``FILE.partial`` first and
+    replaces FILE only when pytest succeeded; a failed run keeps the partial results and renders nothing.
+    Needs a source checkout and the ``bench`` extra; returns pytest's exit status (2 for bad usage)."""
+    import importlib.util
+    import json
+
     root = Path(__file__).resolve().parent.parent
     bench = root / "benchmarks"
     if not bench.is_dir():
         print("rlzoo bench runs the benchmark suite of a source checkout (benchmarks/ not found next to rlzoo/)",
               file=sys.stderr)
         return 2
-    command = [sys.executable, "-m", "pytest", str(bench), "--benchmark-only", "-p", "no:cacheprovider", *argv]
-    return subprocess.call(command, cwd=root)
+    missing = [dist for module, dist in (("pytest", "pytest"), ("pytest_benchmark", "pytest-benchmark"),
+                                         ("matplotlib", "matplotlib")) if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"rlzoo bench needs {', '.join(missing)}: pip install -e '{root}[bench]' (the bench extra)",
+              file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="rlzoo bench", description="Run benchmarks/, save the JSON, render the docs; "
+                                     "other arguments go to pytest (e.g. -k fused)")
+    parser.add_argument("--output", type=Path, help="results JSON (default benchmarks/results/{cpu,cuda}.json)")
+    parser.add_argument("--docs", type=Path, default=root / "docs" / "benchmarks.md",
+                        help="rendered page (its plot goes next to it as .png)")
+    parser.add_argument("--no-render", action="store_true", help="save the JSON only")
+    args, pytest_args = parser.parse_known_args(list(argv))
+    if any(a.startswith("--benchmark-json") for a in pytest_args):
+        raise ValueError("rlzoo bench: use --output FILE instead of --benchmark-json")
+    results = bench / "results"
+    if args.output is None:
+        import torch
+
+        args.output = results / ("cuda.json" if torch.cuda.is_available() else "cpu.json")
+    output = args.output.resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    # -o addopts=: no doctest collection of benchmarks/ (it would import every script) and no test-time type checker
+    command = [sys.executable, "-m", "pytest", str(bench), "-o", "addopts=", "--benchmark-only", "-p", "no:cacheprovider",
+               f"--benchmark-json={partial}", *pytest_args]
+    status = subprocess.call(command, cwd=root)
+    if status != 0:
+        kept = f"; the cases that ran are in {partial}" if partial.exists() else ""
+        print(f"rlzoo bench: pytest exited with status {status}: {output} unchanged, nothing rendered{kept}",
+              file=sys.stderr)
+        return status
+    if not partial.exists() or not json.loads(partial.read_text()).get("benchmarks"):
+        partial.unlink(missing_ok=True)
+        print(f"rlzoo bench: no benchmark ran (all skipped or deselected): {output} unchanged", file=sys.stderr)
+        return 0
+    os.replace(partial, output)  # pytest-benchmark wrote the whole file; the rename makes it appear at once
+    print(f"rlzoo bench: saved {output}")
+    if args.no_render:
+        return 0
+    docs = args.docs.resolve()
+    files = [] if output.parent == results.resolve() else [str(output)]
+    return subprocess.call([sys.executable, str(bench / "render.py"), *files, "--out", str(docs),
+                            "--plot", str(docs.with_suffix(".png"))], cwd=root)
 
 
 USER_ERRORS = (ValueError, KeyError, ImportError, OSError, FloatingPointError)

@@ -1,6 +1,7 @@
 """The ``rlzoo`` command: list, explain, train/eval argument parsing, a tiny end-to-end train and eval."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,50 @@ def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.startswith("rlzoo: error: ") and "not-a-loss" in err and "dapo" in err
     assert "Traceback" not in err
+
+
+def test_bench_without_the_bench_extra_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytest_benchmark" else real(name, *a))
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert "pytest-benchmark" in err and "[bench]" in err
+
+
+def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capsys):
+    """One fast CPU case end to end: pytest-benchmark JSON at --output (moved into place from .partial), rendered
+    by benchmarks/render.py into --docs."""
+    monkeypatch.setenv("RLZOO_BENCH_MEMORY", "0")
+    monkeypatch.setenv("RLZOO_BENCH_THREADS", "1")
+    out, docs = tmp_path / "results.json", tmp_path / "benchmarks.md"
+    status = main(["bench", "--output", str(out), "--docs", str(docs), "-q", "-k", "loss_eager and grpo and cpu"])
+    assert status == 0, capsys.readouterr()
+    data = json.loads(out.read_text())
+    assert [b["extra_info"]["impl"] for b in data["benchmarks"]] == ["loss_eager"]
+    assert not (tmp_path / "results.json.partial").exists()
+    page = docs.read_text()
+    assert f"`{out}`" in page and "## Results: CPU" in page and "#### PolicyLoss: eager vs torch.compile" in page
+
+
+def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monkeypatch, capsys):
+    """pytest failing half-way (simulated: it wrote its JSON, then exited 1) leaves --output as it was, keeps the
+    partial JSON beside it and renders nothing."""
+    import subprocess
+
+    out = tmp_path / "results.json"
+    out.write_text("previous")
+    commands = []
+
+    def fake_pytest(command, **kwargs):
+        commands.append(command)
+        partial = next(a.split("=", 1)[1] for a in command if a.startswith("--benchmark-json="))
+        Path(partial).write_text('{"benchmarks": [{"name": "x"}]}')
+        return 1
+
+    monkeypatch.setattr(subprocess, "call", fake_pytest)
+    assert main(["bench", "--output", str(out), "-k", "fused"]) == 1
+    assert len(commands) == 1 and commands[0][-2:] == ["-k", "fused"]  # pytest ran; render did not
+    assert out.read_text() == "previous" and (tmp_path / "results.json.partial").exists()
+    assert "unchanged" in capsys.readouterr().err

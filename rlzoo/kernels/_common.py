@@ -29,6 +29,32 @@ class TokenLogProbs(NamedTuple):
     entropy: Tensor | None
 
 
+class TokenLogProbStats(NamedTuple):
+    """Per-token log-probabilities, entropies and sums of squared probabilities (``return_sum_pi_squared=True``).
+
+    Attributes:
+        logprobs: ``Float[*batch]``, ``log softmax(z)[token_id]`` in nats (<= 0).
+        entropy: ``Float[*batch]``, ``-sum_v p_v log p_v`` in nats, or None when it was not requested.
+        sum_pi_squared: ``Float[*batch]``, ``sum_v p_v^2`` in ``[1/V, 1]`` (verl's ``sum_pi_squared``; the
+            collision probability, ``exp`` of minus the Renyi-2 entropy); not differentiable.
+    """
+
+    logprobs: Tensor
+    entropy: Tensor | None
+    sum_pi_squared: Tensor
+
+
+def result_tuple(batch_shape: tuple[int, ...], logprob: Tensor, entropy: Tensor | None,
+                 sum_sq: Tensor | None) -> TokenLogProbs | TokenLogProbStats:
+    """Flat kernel outputs reshaped to ``batch_shape``: a :class:`TokenLogProbStats` when ``sum_sq`` was asked
+    for, else a :class:`TokenLogProbs`."""
+    lp = logprob.view(batch_shape)
+    ent = None if entropy is None else entropy.view(batch_shape)
+    if sum_sq is None:
+        return TokenLogProbs(lp, ent)
+    return TokenLogProbStats(lp, ent, sum_sq.view(batch_shape))
+
+
 class KernelInputError(ValueError):
     """A kernel argument is mis-shaped, mis-typed, out of range or produced a non-finite log-sum-exp.
 

@@ -2,8 +2,9 @@
 
 Two kernels, one program per token row, looping over the tile's columns in ``BLOCK`` steps:
 
-* ``fold`` - online log-sum-exp + target gather + entropy accumulator: folds a ``[R, C]`` logits tile
-  into the running ``(m, s, t, zy)`` state of :mod:`rlzoo.kernels._tiles` (same math, same state layout);
+* ``fold`` - online log-sum-exp + target gather + entropy and sum-of-squared-probabilities accumulators:
+  folds a ``[R, C]`` logits tile into the running ``(m, s, t, zy, q)`` state of :mod:`rlzoo.kernels._tiles`
+  (same math, same state layout);
 * ``grad`` - the matching backward: writes ``dL/draw`` for the tile (in place, or into another buffer of
   another dtype), given the final ``lse``/entropy and the upstream gradients.
 
@@ -11,13 +12,19 @@ Both apply the logit transform ``z = softcap * tanh(scale * raw / softcap) / tem
 Rows are addressed as ``group * stride_group + (row % rows_per_group) * stride_row`` so that a
 ``[B, T, V]`` logits view with a sliced T (``logits[:, :-1]``) is read without a copy.
 
+Triton launches on the *current* CUDA device; :func:`fold` and :func:`grad` make the tensors' device
+current first (a model split across GPUs has tensors on several devices).
+
 ``no_type_check`` keeps the jaxtyping import hook (tests) off the kernels. With ``TRITON_INTERPRET=1``
 in the environment *before triton is first imported*, ``triton.jit`` builds interpreter functions
 that run on CPU tensors (how the tests exercise these kernels without a GPU).
 """
 
+import contextlib
 import functools
 from typing import no_type_check
+
+import torch
 
 try:
     import triton
@@ -38,7 +45,7 @@ if triton is not None:
         x_ptr, rows_per_group, stride_group, stride_row, n_cols, col_offset,
         ids_ptr, state_ptr, n_rows,
         scale_over_cap, cap_over_t, factor,
-        HAS_SOFTCAP: tl.constexpr, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_SUMSQ: tl.constexpr, BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         base = x_ptr + (row // rows_per_group) * stride_group + (row % rows_per_group) * stride_row
@@ -47,6 +54,7 @@ if triton is not None:
         s = tl.load(state_ptr + n_rows + row)
         t = tl.load(state_ptr + 2 * n_rows + row)
         zy = tl.load(state_ptr + 3 * n_rows + row)
+        q = tl.load(state_ptr + 4 * n_rows + row)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             valid = cols < n_cols
@@ -66,12 +74,15 @@ if triton is not None:
                 # clamping at LOG_FLOOR (where exp underflows to 0) turns 0 * -inf into 0
                 tile_t = tl.sum(e * tl.maximum(d, LOG_FLOOR), axis=0)
                 t = alpha * (t + s * tl.maximum(shift, LOG_FLOOR)) + tile_t
+            if WITH_SUMSQ:
+                q = q * (alpha * alpha) + tl.sum(e * e, axis=0)
             s = s * alpha + tl.sum(e, axis=0)
             m = m_new
         tl.store(state_ptr + row, m)
         tl.store(state_ptr + n_rows + row, s)
         tl.store(state_ptr + 2 * n_rows + row, t)
         tl.store(state_ptr + 3 * n_rows + row, zy)
+        tl.store(state_ptr + 4 * n_rows + row, q)
 
 
     @triton.jit
@@ -142,31 +153,39 @@ def _transform_args(scale: float, softcap: float | None, temperature: float) -> 
     return scale / softcap, softcap / temperature, scale / temperature, True
 
 
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` the current CUDA device for a launch (Triton launches on the current device and its
+    current stream); nothing for other devices (the interpreter runs on CPU tensors)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def fold(x, rows_per_group, stride_group, stride_row, n_rows, n_cols, col_offset, ids, state, *,
-         scale, softcap, temperature, with_entropy):
-    """Launch the fold kernel on a tile addressed as described in the module docstring."""
+         scale, softcap, temperature, with_entropy, with_sum_sq=False):
+    """Launch the fold kernel on a tile addressed as described in the module docstring, on ``x``'s device."""
     if n_rows == 0 or n_cols == 0:
         return
     soc, cot, factor, has_softcap = _transform_args(scale, softcap, temperature)
-    _fold_kernel[(n_rows,)](
-        x, rows_per_group, stride_group, stride_row, n_cols, col_offset, ids, state, n_rows,
-        soc, cot, factor, HAS_SOFTCAP=has_softcap, WITH_ENTROPY=with_entropy, BLOCK=_block(n_cols),
-        num_warps=_warps(n_cols),
-    )
+    with device_guard(x.device):
+        _fold_kernel[(n_rows,)](
+            x, rows_per_group, stride_group, stride_row, n_cols, col_offset, ids, state, n_rows,
+            soc, cot, factor, HAS_SOFTCAP=has_softcap, WITH_ENTROPY=with_entropy, WITH_SUMSQ=with_sum_sq,
+            BLOCK=_block(n_cols), num_warps=_warps(n_cols),
+        )
 
 
 def grad(x, rows_per_group, stride_group, stride_row, out, out_stride_row, n_rows, n_cols, col_offset, ids,
          m, log_s, entropy, grad_logprob, grad_entropy, *, scale, softcap, temperature):
-    """Launch the grad kernel; ``out`` may alias ``x`` (same layout) or be another buffer."""
+    """Launch the grad kernel on ``x``'s device; ``out`` may alias ``x`` (same layout) or be another buffer."""
     if n_rows == 0 or n_cols == 0:
         return
     soc, cot, factor, has_softcap = _transform_args(scale, softcap, temperature)
     dummy = m
-    _grad_kernel[(n_rows,)](
-        x, rows_per_group, stride_group, stride_row, out, out_stride_row, n_cols, col_offset,
-        ids, m, log_s, entropy, grad_logprob if grad_logprob is not None else dummy,
-        grad_entropy if grad_entropy is not None else dummy,
-        soc, cot, factor,
-        HAS_SOFTCAP=has_softcap, HAS_GL=grad_logprob is not None, HAS_GE=grad_entropy is not None,
-        BLOCK=_block(n_cols), num_warps=_warps(n_cols),
-    )
+    with device_guard(x.device):
+        _grad_kernel[(n_rows,)](
+            x, rows_per_group, stride_group, stride_row, out, out_stride_row, n_cols, col_offset,
+            ids, m, log_s, entropy, grad_logprob if grad_logprob is not None else dummy,
+            grad_entropy if grad_entropy is not None else dummy,
+            soc, cot, factor,
+            HAS_SOFTCAP=has_softcap, HAS_GL=grad_logprob is not None, HAS_GE=grad_entropy is not None,
+            BLOCK=_block(n_cols), num_warps=_warps(n_cols),
+        )

@@ -13,10 +13,11 @@ temperature. The forward pass walks the vocabulary in chunks of ``C`` columns, f
 ``[N, C]`` logits chunk into an online log-sum-exp (plus the target logit and the entropy
 accumulator); backward recomputes each chunk, turns it into ``dL/dz`` from both outputs and does
 the two GEMMs ``dL/dh += dz W_c`` (float32 accumulator) and ``dL/dW_c = dz^T h``. At most one
-``[N, C]`` chunk is alive at any time (plus, on the torch path with the entropy, one scratch buffer
-of the same size; plus a bf16 copy of ``dz`` for bf16 GEMMs on CUDA): no ``[N, V]`` tensor is ever
-allocated. Cost: four ``N x H x V`` GEMMs (the plain path does three) and two
-streaming passes over the logits.
+``[N, C]`` chunk is alive at any time (plus, on the torch path with the entropy or a soft-cap, one
+scratch buffer of the same size; plus a bf16 copy of ``dz`` for bf16 GEMMs on CUDA): no ``[N, V]``
+tensor is ever allocated. Cost: four ``N x H x V`` GEMMs (the plain path does three) and two
+streaming passes over the logits. The forward can also return the per-token sum of squared
+probabilities ``sum_v p_v^2`` (``return_sum_pi_squared``), accumulated online in the same pass.
 
 On CUDA the per-chunk streaming passes are Triton kernels (:mod:`rlzoo.kernels._triton`); elsewhere
 the same math runs in torch.
@@ -28,6 +29,8 @@ entropy gradient ``dH/dz_v = -p_v (log p_v + H)`` is included (TRL once shipped 
 
 import dataclasses
 import functools
+import warnings
+from typing import Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -39,12 +42,14 @@ from rlzoo.kernels._common import (
     Backend,
     KernelInputError,
     TokenLogProbs,
+    TokenLogProbStats,
     check_chunk_size,
     check_finite_result,
     check_float,
     check_ids,
     check_positive,
     resolve_backend,
+    result_tuple,
 )
 
 __all__ = ["default_chunk_size", "fused_linear_logprobs"]
@@ -79,7 +84,8 @@ def default_chunk_size(n_rows: int, vocab: int, device: torch.device | str) -> i
 def _cuda_mm_modes(device_index: int, dtype: torch.dtype) -> tuple[bool, bool, bool]:
     """Probe once per device and dtype which float32-output GEMMs torch supports for ``dtype`` inputs:
     ``(mm(out_dtype=float32), the same into an out= buffer, addmm(out_dtype=float32) accumulating in place)``.
-    Each is checked for the right value, not only for not raising."""
+    Each is checked for the right value, not only for not raising. torch >= 2.8 (the floor in pyproject)
+    has all three on CUDA; the probe guards devices whose backend lacks them."""
     dev = torch.device("cuda", device_index)
     a = torch.full((32, 64), 0.5, dtype=dtype, device=dev)
     b = torch.full((64, 16), 0.25, dtype=dtype, device=dev)
@@ -101,41 +107,56 @@ def _cuda_mm_modes(device_index: int, dtype: torch.dtype) -> tuple[bool, bool, b
         addmm_ok = bool((acc == 9.0).all())
     except (RuntimeError, TypeError):
         pass
+    if not mm_ok:  # once per device and dtype (cached)
+        warnings.warn(f"rlzoo.kernels: torch.mm(out_dtype=torch.float32) is unavailable for {dtype} on {dev} "
+                      f"(torch {torch.__version__}); fused_linear_logprobs runs its GEMMs in float32 there (slower)",
+                      stacklevel=4)
     return mm_ok, mm_out_ok, addmm_ok
 
 
-class _Gemms:
-    """The three GEMMs of one chunk, in the precision policy for ``hidden``'s dtype and device.
+GemmPolicy = Literal["native", "fp32_output", "upcast"]
 
-    * float32 / float64: everything in that dtype.
-    * float16 / bfloat16 off CUDA: inputs upcast to float32 (a float32 copy of ``hidden`` once, of
-      ``W_c`` per chunk); exact float32 logits.
-    * float16 / bfloat16 on CUDA: low-precision GEMMs with float32 output (``out_dtype``, torch >= 2.8)
-      for the logits and the ``dL/dh`` accumulation; otherwise rounded to the input dtype first.
+
+def gemm_policy(dtype: torch.dtype, device_type: str, *, fp32_output_gemms: bool) -> GemmPolicy:
+    """How the fused path runs its GEMMs for inputs of ``dtype`` on ``device_type``.
+
+    * ``"native"`` - float32/float64: in that dtype.
+    * ``"fp32_output"`` - float16/bfloat16 on CUDA where torch has low-precision GEMMs with float32 output
+      (``torch.mm(out_dtype=torch.float32)``, torch >= 2.8): tensor-core GEMMs, float32 logits.
+    * ``"upcast"`` - float16/bfloat16 elsewhere: the GEMMs run in float32 on upcast copies (a float32
+      copy of ``hidden`` once, of ``W_c`` per chunk); exact float32 logits, never logits rounded to the
+      input dtype.
     """
+    if _tiles.compute_dtype(dtype) == dtype:
+        return "native"
+    return "fp32_output" if device_type == "cuda" and fp32_output_gemms else "upcast"
+
+
+class _Gemms:
+    """The three GEMMs of one chunk, in the :func:`gemm_policy` for ``hidden``'s dtype and device."""
 
     def __init__(self, hidden: Tensor, weight: Tensor):
         self.cdt = _tiles.compute_dtype(hidden.dtype)
-        lowp = hidden.dtype != self.cdt
-        self.cuda_lowp = lowp and hidden.device.type == "cuda"
-        self.upcast = lowp and not self.cuda_lowp
+        modes = (False, False, False)
+        if hidden.device.type == "cuda" and hidden.dtype != self.cdt:
+            modes = _cuda_mm_modes(hidden.device.index or 0, hidden.dtype)
+        self.mm_ok, self.mm_out_ok, self.addmm_ok = modes
+        policy = gemm_policy(hidden.dtype, hidden.device.type, fp32_output_gemms=self.mm_ok)
+        self.fp32_output = policy == "fp32_output"
+        self.upcast = policy == "upcast"
         self.h = hidden.float() if self.upcast else hidden
-        self.grad_dtype = weight.dtype if self.cuda_lowp else self.cdt  # dtype of dz fed to the grad GEMMs
-        if self.cuda_lowp:
-            self.mm_ok, self.mm_out_ok, self.addmm_ok = _cuda_mm_modes(hidden.device.index or 0, hidden.dtype)
+        self.grad_dtype = weight.dtype if self.fp32_output else self.cdt  # dtype of dz fed to the grad GEMMs
 
     def w(self, w_c: Tensor) -> Tensor:
         return w_c.float() if self.upcast else w_c
 
     def logits_into(self, out: Tensor, w_c: Tensor, b_c: Tensor | None) -> None:
         """``out[N, C] (compute dtype) = h W_c^T + b_c``."""
-        if self.cuda_lowp:
+        if self.fp32_output:
             if self.mm_out_ok:
                 torch.mm(self.h, w_c.t(), out_dtype=torch.float32, out=out)
-            elif self.mm_ok:
-                out.copy_(torch.mm(self.h, w_c.t(), out_dtype=torch.float32))
             else:
-                out.copy_(torch.mm(self.h, w_c.t()))
+                out.copy_(torch.mm(self.h, w_c.t(), out_dtype=torch.float32))
         else:
             torch.mm(self.h, self.w(w_c).t(), out=out)
         if b_c is not None:
@@ -143,13 +164,11 @@ class _Gemms:
 
     def acc_grad_hidden(self, acc: Tensor, g: Tensor, w_c: Tensor) -> None:
         """``acc[N, H] (float32/float64) += g W_c``."""
-        if self.cuda_lowp:
+        if self.fp32_output:
             if self.addmm_ok:
                 torch.addmm(acc, g, w_c, out_dtype=torch.float32, out=acc)
-            elif self.mm_ok:
-                acc.add_(torch.mm(g, w_c, out_dtype=torch.float32))
             else:
-                acc.add_(torch.mm(g, w_c))
+                acc.add_(torch.mm(g, w_c, out_dtype=torch.float32))
         else:
             acc.addmm_(g, self.w(w_c))
 
@@ -170,11 +189,13 @@ class _Config:
     backend: str
     interpret: bool
     with_entropy: bool
+    with_sum_sq: bool
     check: bool
 
 
 class _FusedFunction(torch.autograd.Function):
-    """``(hidden[N, H], weight[V, H], bias[V] | None, ids[N]) -> (logprob[N], entropy[N])``."""
+    """``(hidden[N, H], weight[V, H], bias[V] | None, ids[N]) -> (logprob[N], entropy[N], sum_pi_squared[N])``;
+    the last is never differentiable (and the entropy not when it was not asked for)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, cfg):
@@ -195,25 +216,26 @@ class _FusedFunction(torch.autograd.Function):
             gemms.logits_into(z, weight[v0:v1], None if bias is None else bias[v0:v1])
             if cfg.backend == "triton":
                 _triton.fold(z, max(1, n), 0, v1 - v0, n, v1 - v0, v0, ids, state, scale=cfg.scale,
-                             softcap=cfg.softcap, temperature=cfg.temperature, with_entropy=cfg.with_entropy)
+                             softcap=cfg.softcap, temperature=cfg.temperature, with_entropy=cfg.with_entropy,
+                             with_sum_sq=cfg.with_sum_sq)
             else:
                 _tiles.transform_(z, cfg.scale, cfg.softcap, cfg.temperature)
                 _tiles.fold_tile_(z, v0, ids, state, with_entropy=cfg.with_entropy, maybe_inf=False,
-                                  scratch=scratch)
+                                  scratch=scratch, with_sum_sq=cfg.with_sum_sq)
         del buf, scratch
-        logprob, entropy, m, log_s = _tiles.finish(state)
+        logprob, entropy, sum_sq, m, log_s = _tiles.finish(state)
         if cfg.check:
             check_finite_result(m + log_s, ids, vocab, "hidden @ weight.T")
         ctx.save_for_backward(hidden, weight, bias, ids, m, log_s, entropy)
         ctx.cfg = cfg
         ctx.device_type = hidden.device.type
-        if not cfg.with_entropy:
-            ctx.mark_non_differentiable(entropy)
-        return logprob, entropy
+        # one call: each call replaces the set of non-differentiable outputs
+        ctx.mark_non_differentiable(*((sum_sq,) if cfg.with_entropy else (sum_sq, entropy)))
+        return logprob, entropy, sum_sq
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises, never wrong
-    def backward(ctx, grad_logprob, grad_entropy):
+    def backward(ctx, grad_logprob, grad_entropy, _grad_sum_sq):
         with torch.autocast(ctx.device_type, enabled=False):
             return _FusedFunction._backward(ctx, grad_logprob, grad_entropy)
 
@@ -234,10 +256,14 @@ class _FusedFunction(torch.autograd.Function):
         grad_b = torch.empty_like(bias) if need_b else None
         chunk = min(cfg.chunk, vocab)
         buf = torch.empty(n * chunk, dtype=cdt, device=hidden.device)
-        scratch = torch.empty_like(buf) if cfg.backend == "torch" and ge is not None else None
+        # the torch path needs one scratch buffer for p (with the entropy gradient or a soft-cap); never more
+        need_scratch = cfg.backend == "torch" and (ge is not None or cfg.softcap is not None)
+        scratch = torch.empty_like(buf) if need_scratch else None
         gbuf = torch.empty(n * chunk, dtype=gemms.grad_dtype, device=hidden.device) if gemms.grad_dtype != cdt else None
         if cfg.backend == "triton":
             from rlzoo.kernels import _triton
+        factor = cfg.scale / cfg.temperature
+        softcap_ratio = None if cfg.softcap is None else cfg.temperature / cfg.softcap
         for v0 in range(0, vocab, chunk):
             v1 = min(vocab, v0 + chunk)
             cols = v1 - v0
@@ -249,14 +275,8 @@ class _FusedFunction(torch.autograd.Function):
                              scale=cfg.scale, softcap=cfg.softcap, temperature=cfg.temperature)
             else:
                 _tiles.transform_(z, cfg.scale, cfg.softcap, cfg.temperature)
-                deriv = None
-                if cfg.softcap is not None:
-                    deriv = _tiles.softcap_derivative(z, cfg.scale, cfg.softcap, cfg.temperature)
-                _tiles.grad_z_(z, v0, ids, m, log_s, entropy, gl, ge, maybe_inf=False, scratch=scratch)
-                if deriv is not None:
-                    z.mul_(deriv)
-                elif cfg.scale / cfg.temperature != 1.0:
-                    z.mul_(cfg.scale / cfg.temperature)
+                _tiles.grad_z_(z, v0, ids, m, log_s, entropy, gl, ge, maybe_inf=False, scratch=scratch,
+                               factor=factor, softcap_ratio=softcap_ratio)
                 if g is not z:
                     g.copy_(z)
             if grad_h is not None:
@@ -278,19 +298,34 @@ def fused_linear_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     return_entropy: bool = True,
+    return_sum_pi_squared: bool = False,
     bias: Float[Tensor, " V"] | None = None,
     logit_scale: float | None = None,
     logit_softcap: float | None = None,
     backend: Backend = "auto",
     check: bool = True,
-) -> TokenLogProbs:
-    """Log-probs (and entropies) of ``token_ids`` under ``softmax(lm_head(hidden) / temperature)``, chunked.
+) -> TokenLogProbs | TokenLogProbStats:
+    r"""Log-probs (and entropies) of ``token_ids`` under ``softmax(lm_head(hidden) / temperature)``, chunked.
 
     Equal to ``log_softmax(z)[token_ids]`` and ``-sum p log p`` of the full logits ``z`` (see the
     module docstring for the transform), but never holds more than one ``[N, chunk_size]`` chunk of
     logits: memory is ``O(N * chunk_size + N * H)`` instead of ``O(N * V)``. A custom autograd
     function recomputes the chunks in backward and returns gradients for ``hidden``, ``weight`` and
     ``bias`` from both outputs. Tied embeddings need nothing special: pass the shared weight.
+
+    With ``return_sum_pi_squared=True`` the same pass also returns, per token, the sum of squared
+    probabilities of the distribution the log-probs are taken from (after scale, soft-cap and
+    temperature, :math:`p = \operatorname{softmax}(z)`):
+
+    .. math::
+
+        S = \sum_v p_v^2 = \exp\big(\operatorname{logsumexp}(2z) - 2\operatorname{logsumexp}(z)\big)
+        \in [1/V, 1]
+
+    - verl 0.9.1's ``sum_pi_squared`` (``verl.utils.torch_functional.calculate_sum_pi_squared_from_logits``
+    of the temperature-scaled logits), the input of its ``optimal_token_baseline`` advantage estimator
+    (path-variance proxy ``w_t = 1 - 2 pi_t + S_t``). It is a detached statistic: not differentiable
+    (``requires_grad`` is False; verl computes it without grad at old-log-prob time).
 
     Args:
         hidden: ``Float[*batch, H]``, the final hidden states (after the model's last norm), e.g.
@@ -300,6 +335,8 @@ def fused_linear_logprobs(
         temperature: > 0, divides the (scaled, soft-capped) logits, as the sampler did.
         chunk_size: vocabulary columns per chunk; None = :func:`default_chunk_size`.
         return_entropy: also return the entropy (a differentiable output); False skips its work.
+        return_sum_pi_squared: also return ``S`` (not differentiable); the result is then a
+            :class:`~rlzoo.kernels.TokenLogProbStats`. One extra multiply-add per logit.
         bias: ``Float[V]`` lm_head bias, or None.
         logit_scale: > 0; multiplies the logits (Cohere ``logit_scale``, Granite ``1/logits_scaling``).
         logit_softcap: > 0; ``z = c * tanh(z / c)`` (Gemma 2/3 ``final_logit_softcapping``).
@@ -310,7 +347,9 @@ def fused_linear_logprobs(
     Returns:
         :class:`~rlzoo.kernels.TokenLogProbs` ``(logprobs, entropy)``: ``Float[*batch]`` in nats,
         float32 for float16/bfloat16/float32 input (float64 for float64); ``entropy`` is None when
-        ``return_entropy`` is False. Gradients of ``hidden``/``weight``/``bias`` have their dtypes.
+        ``return_entropy`` is False. With ``return_sum_pi_squared``: :class:`~rlzoo.kernels.TokenLogProbStats`
+        ``(logprobs, entropy, sum_pi_squared)``, the last ``Float[*batch]`` in ``[1/V, 1]`` (same dtype).
+        Gradients of ``hidden``/``weight``/``bias`` have their dtypes.
 
     Raises:
         KernelInputError: (a ``ValueError``) naming the argument: non-float or mismatched
@@ -318,6 +357,9 @@ def fused_linear_logprobs(
             a bias that is not ``[V]``, token_ids of the wrong shape/dtype or outside ``[0, V)``,
             a non-positive temperature / logit_scale / logit_softcap / chunk_size, an unknown backend,
             or NaN/inf in the result's log-sum-exp (NaN/inf in hidden or weight) when ``check`` is True.
+
+    Under autocast, float32/float16/bfloat16 inputs are cast to the autocast dtype as ``F.linear`` would;
+    float64 inputs are left alone (torch's autocast does not cast float64 either).
 
     Source: chunked vocabulary projection with recomputation (Liger-Kernel, arXiv:2410.10989; TRL 1.16
     ``trl.kernels.chunked_logprob``): same values as ``selective_log_softmax(lm_head(hidden), ids)``.
@@ -331,14 +373,17 @@ def fused_linear_logprobs(
         >>> ref = (h @ w.T).log_softmax(-1).gather(-1, ids[:, None]).squeeze(-1)
         >>> torch.allclose(lp, ref, atol=1e-5)
         True
+        >>> out = fused_linear_logprobs(h, w, ids, chunk_size=4, return_sum_pi_squared=True)
+        >>> torch.allclose(out.sum_pi_squared, (h @ w.T).softmax(-1).square().sum(-1), atol=1e-6)
+        True
     """
     check_float("hidden", hidden)
     check_float("weight", weight)
     if torch.is_autocast_enabled(hidden.device.type):
-        # as F.linear under autocast: the projection runs in the autocast dtype (gradients flow through the casts)
+        # as F.linear under autocast: the projection runs in the autocast dtype (gradients flow through the
+        # casts); like torch's autocast, float64 tensors are not cast
         dt = torch.get_autocast_dtype(hidden.device.type)
-        hidden, weight = hidden.to(dt), weight.to(dt)
-        bias = None if bias is None else bias.to(dt)
+        hidden, weight, bias = (t if t is None or t.dtype == torch.float64 else t.to(dt) for t in (hidden, weight, bias))
     if weight.ndim != 2 or weight.shape[0] < 1 or weight.shape[1] < 1:
         raise KernelInputError(f"weight must have shape [V, H] with V, H >= 1, got {tuple(weight.shape)}")
     if hidden.ndim < 1 or hidden.shape[-1] != weight.shape[1]:
@@ -375,8 +420,10 @@ def fused_linear_logprobs(
         backend=name,
         interpret=interpret,
         with_entropy=bool(return_entropy),
+        with_sum_sq=bool(return_sum_pi_squared),
         check=bool(check),
     )
     with torch.autocast(hidden.device.type, enabled=False):
-        logprob, entropy = _FusedFunction.apply(flat, weight, bias, ids, cfg)
-    return TokenLogProbs(logprob.view(batch_shape), entropy.view(batch_shape) if return_entropy else None)
+        logprob, entropy, sum_sq = _FusedFunction.apply(flat, weight, bias, ids, cfg)
+    return result_tuple(batch_shape, logprob, entropy if return_entropy else None,
+                        sum_sq if return_sum_pi_squared else None)

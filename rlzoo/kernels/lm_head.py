@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rlzoo.kernels._common import TokenLogProbs
+from rlzoo.kernels._common import TokenLogProbs, TokenLogProbStats
 from rlzoo.kernels.fused import fused_linear_logprobs
 from rlzoo.kernels.logits import logprobs_and_entropy_from_logits, logprobs_from_logits
 
@@ -196,11 +196,12 @@ def causal_lm_logprobs(
     *,
     temperature: float = 1.0,
     return_entropy: bool = True,
+    return_sum_pi_squared: bool = False,
     fused: bool = True,
     chunk_size: int | None = None,
     spec: LMHeadSpec | None = None,
     **model_kwargs: Any,
-) -> TokenLogProbs:
+) -> TokenLogProbs | TokenLogProbStats:
     """Log-probs (and entropies) of the last ``logits_to_keep`` tokens of ``input_ids`` under a causal LM.
 
     Position ``t`` of the result scores token ``input_ids[:, L - K + t]`` (``K = logits_to_keep``) given
@@ -220,13 +221,17 @@ def causal_lm_logprobs(
         logits_to_keep: ``K``, 1 <= K < L, the number of trailing tokens to score.
         temperature: > 0, divides the logits (as the sampler did).
         return_entropy: also return the entropy of each position's distribution.
+        return_sum_pi_squared: also return each position's ``sum_v p_v^2`` (verl's ``sum_pi_squared``, of
+            the temperature-scaled distribution; not differentiable): the result is a
+            :class:`~rlzoo.kernels.TokenLogProbStats`.
         fused: use the fused path (see above) or the plain logits path.
         chunk_size: vocabulary columns per chunk on the fused path (None = automatic).
         spec: the output head (default ``lm_head_spec(model)``, read on every call; pass it to reuse it).
         **model_kwargs: extra keyword arguments for the model/body forward (e.g. ``position_ids``).
 
     Returns:
-        :class:`~rlzoo.kernels.TokenLogProbs` of ``Float[B, K]`` tensors (nats; float32 for bf16 models).
+        :class:`~rlzoo.kernels.TokenLogProbs` of ``Float[B, K]`` tensors (nats; float32 for bf16 models), or
+        :class:`~rlzoo.kernels.TokenLogProbStats` with ``return_sum_pi_squared``.
 
     Raises:
         ValueError: ``logits_to_keep`` outside ``[1, L)``.
@@ -256,12 +261,16 @@ def causal_lm_logprobs(
     if not fused:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=k + 1,
                        **model_kwargs).logits[:, :-1]
-        if return_entropy:
-            return logprobs_and_entropy_from_logits(logits, targets, temperature)
+        if return_entropy or return_sum_pi_squared:
+            out = logprobs_and_entropy_from_logits(logits, targets, temperature,
+                                                   return_sum_pi_squared=return_sum_pi_squared)
+            if return_entropy:
+                return out
+            return TokenLogProbStats(out.logprobs, None, out.sum_pi_squared)
         return TokenLogProbs(logprobs_from_logits(logits, targets, temperature), None)
     spec = lm_head_spec(model) if spec is None else spec
     body = model.get_decoder()
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs).last_hidden_state
     hidden = hidden[:, -k - 1 : -1]
     return fused_linear_logprobs(hidden, token_ids=targets, temperature=temperature, chunk_size=chunk_size,
-                                 return_entropy=return_entropy, **spec)
+                                 return_entropy=return_entropy, return_sum_pi_squared=return_sum_pi_squared, **spec)

@@ -9,7 +9,8 @@ Notation: ``N`` token positions (any leading ``*batch`` dims), ``V`` vocabulary.
 
 Both are computed in one streaming pass per row (online log-sum-exp), in float32 for
 float16/bfloat16 inputs (float64 for float64), so the only ``[N, V]`` tensor ever allocated is the
-gradient of the logits in backward. On CUDA the pass is a Triton kernel; elsewhere it is torch over
+gradient of the logits in backward. The same pass can also return the sum of squared probabilities
+``sum_v p_v^2`` (verl's ``sum_pi_squared``; a statistic without gradient). On CUDA the pass is a Triton kernel; elsewhere it is torch over
 row chunks of ``chunk_size`` rows.
 
 Source: the log-softmax/gather identity as in TRL 1.16 ``trl.trainer.utils.selective_log_softmax`` and
@@ -27,17 +28,24 @@ from rlzoo.kernels._common import (
     Backend,
     KernelInputError,
     TokenLogProbs,
+    TokenLogProbStats,
     check_chunk_size,
     check_finite_result,
     check_float,
     check_ids,
     check_positive,
     resolve_backend,
+    result_tuple,
     row_layout,
     rows,
 )
 
-__all__ = ["entropy_from_logits", "logprobs_and_entropy_from_logits", "logprobs_from_logits"]
+__all__ = [
+    "entropy_from_logits",
+    "logprobs_and_entropy_from_logits",
+    "logprobs_from_logits",
+    "sum_pi_squared_from_logits",
+]
 
 # Torch path: elements of one float32 row chunk (rows = max(1, budget // V)); measured in docs/benchmarks.md.
 CPU_CHUNK_ELEMENTS = 1 << 21
@@ -49,10 +57,11 @@ def default_row_chunk(vocab: int) -> int:
 
 
 class _LogitsFunction(torch.autograd.Function):
-    """``(logits, ids) -> (logprob, entropy)``; backward writes ``dL/dlogits`` one row chunk at a time."""
+    """``(logits, ids) -> (logprob, entropy, sum_pi_squared)``; backward writes ``dL/dlogits`` one row chunk
+    at a time. ``sum_pi_squared`` is never differentiable (nor the entropy when it was not asked for)."""
 
     @staticmethod
-    def forward(ctx, logits, ids, temperature, with_entropy, row_chunk, backend, interpret, check):
+    def forward(ctx, logits, ids, temperature, with_entropy, with_sum_sq, row_chunk, backend, interpret, check):
         ctx.set_materialize_grads(False)
         vocab = logits.shape[-1]
         cdt = _tiles.compute_dtype(logits.dtype)
@@ -62,7 +71,7 @@ class _LogitsFunction(torch.autograd.Function):
             from rlzoo.kernels import _triton
 
             _triton.fold(base, rpg, sg, sr, n, vocab, 0, ids, state, scale=1.0, softcap=None,
-                         temperature=temperature, with_entropy=with_entropy)
+                         temperature=temperature, with_entropy=with_entropy, with_sum_sq=with_sum_sq)
         else:
             zbuf = torch.empty(min(n, row_chunk) * vocab, dtype=cdt, device=logits.device)
             scratch = torch.empty_like(zbuf) if with_entropy else None
@@ -73,23 +82,23 @@ class _LogitsFunction(torch.autograd.Function):
                     z.copy_(view)
                     _tiles.transform_(z, 1.0, None, temperature)
                     _tiles.fold_tile_(z, 0, ids[i0 : i0 + k], state[:, i0 : i0 + k], with_entropy=with_entropy,
-                                      maybe_inf=True, scratch=scratch)
-        logprob, entropy, m, log_s = _tiles.finish(state)
+                                      maybe_inf=True, scratch=scratch, with_sum_sq=with_sum_sq)
+        logprob, entropy, sum_sq, m, log_s = _tiles.finish(state)
         if check:
             check_finite_result(m + log_s, ids, vocab, "logits")
         ctx.save_for_backward(logits, ids, m, log_s, entropy)
         ctx.cfg = (temperature, row_chunk, backend, interpret)
-        if not with_entropy:
-            ctx.mark_non_differentiable(entropy)
-        return logprob, entropy
+        # one call: each call replaces the set of non-differentiable outputs
+        ctx.mark_non_differentiable(*((sum_sq,) if with_entropy else (sum_sq, entropy)))
+        return logprob, entropy, sum_sq
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises, never wrong
-    def backward(ctx, grad_logprob, grad_entropy):
+    def backward(ctx, grad_logprob, grad_entropy, _grad_sum_sq):
         logits, ids, m, log_s, entropy = ctx.saved_tensors
         temperature, row_chunk, backend, _ = ctx.cfg
         if grad_logprob is None and grad_entropy is None:
-            return (None,) * 8
+            return (None,) * 9
         cdt = m.dtype
         gl = None if grad_logprob is None else grad_logprob.reshape(-1).to(cdt).contiguous()
         ge = None if grad_entropy is None else grad_entropy.reshape(-1).to(cdt).contiguous()
@@ -113,15 +122,14 @@ class _LogitsFunction(torch.autograd.Function):
                     z.copy_(view)
                     _tiles.transform_(z, 1.0, None, temperature)
                     _tiles.grad_z_(z, 0, ids[sl], m[sl], log_s[sl], entropy[sl], None if gl is None else gl[sl],
-                                   None if ge is None else ge[sl], maybe_inf=True, scratch=scratch)
-                    if temperature != 1.0:
-                        z.mul_(1.0 / temperature)
+                                   None if ge is None else ge[sl], maybe_inf=True, scratch=scratch,
+                                   factor=1.0 / temperature)
                     out[sl].copy_(z)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
-def _run(logits: Tensor, token_ids: Tensor | None, temperature: float, with_entropy: bool,
-         chunk_size: int | None, backend: str, check: bool) -> tuple[Tensor, Tensor]:
+def _run(logits: Tensor, token_ids: Tensor | None, temperature: float, with_entropy: bool, with_sum_sq: bool,
+         chunk_size: int | None, backend: str, check: bool) -> TokenLogProbs | TokenLogProbStats:
     check_float("logits", logits)
     if logits.ndim < 1 or logits.shape[-1] < 1:
         raise KernelInputError(f"logits must have shape [*batch, V] with V >= 1, got {tuple(logits.shape)}")
@@ -134,9 +142,9 @@ def _run(logits: Tensor, token_ids: Tensor | None, temperature: float, with_entr
         ids = check_ids(token_ids, batch_shape, logits.device, "logits")
     name, interpret = resolve_backend(backend, logits.device, logits.dtype)
     row_chunk = chunk_size if chunk_size is not None else default_row_chunk(logits.shape[-1])
-    logprob, entropy = _LogitsFunction.apply(logits, ids, float(temperature), with_entropy, row_chunk, name,
-                                             interpret, check)
-    return logprob.view(batch_shape), entropy.view(batch_shape)
+    logprob, entropy, sum_sq = _LogitsFunction.apply(logits, ids, float(temperature), with_entropy, with_sum_sq,
+                                                     row_chunk, name, interpret, check)
+    return result_tuple(batch_shape, logprob, entropy if with_entropy else None, sum_sq if with_sum_sq else None)
 
 
 def logprobs_from_logits(
@@ -180,7 +188,7 @@ def logprobs_from_logits(
         >>> torch.allclose(lp, logits.log_softmax(-1)[:, 0])
         True
     """
-    return _run(logits, token_ids, temperature, False, chunk_size, backend, check)[0]
+    return _run(logits, token_ids, temperature, False, False, chunk_size, backend, check).logprobs
 
 
 def entropy_from_logits(
@@ -213,7 +221,7 @@ def entropy_from_logits(
         >>> round(float(entropy_from_logits(torch.zeros(4))), 6) == round(math.log(4), 6)
         True
     """
-    return _run(logits, None, temperature, True, chunk_size, backend, check)[1]
+    return _run(logits, None, temperature, True, False, chunk_size, backend, check).entropy
 
 
 def logprobs_and_entropy_from_logits(
@@ -224,19 +232,24 @@ def logprobs_and_entropy_from_logits(
     chunk_size: int | None = None,
     backend: Backend = "auto",
     check: bool = True,
-) -> TokenLogProbs:
+    return_sum_pi_squared: bool = False,
+) -> TokenLogProbs | TokenLogProbStats:
     """Both :func:`logprobs_from_logits` and :func:`entropy_from_logits` in a single pass over the logits.
 
     Args:
         logits, token_ids, temperature, chunk_size, backend, check: as in :func:`logprobs_from_logits`.
+        return_sum_pi_squared: also return :func:`sum_pi_squared_from_logits` from the same pass (not
+            differentiable); the result is then a :class:`TokenLogProbStats`.
 
     Returns:
-        :class:`TokenLogProbs` ``(logprobs, entropy)``, each ``Float[*batch]`` (nats), both differentiable.
+        :class:`TokenLogProbs` ``(logprobs, entropy)``, each ``Float[*batch]`` (nats), both differentiable;
+        with ``return_sum_pi_squared``, :class:`TokenLogProbStats` ``(logprobs, entropy, sum_pi_squared)``.
 
     Raises:
         KernelInputError: as in :func:`logprobs_from_logits`.
 
-    Source: TRL 1.16 ``selective_log_softmax_and_entropy`` (same values).
+    Source: TRL 1.16 ``selective_log_softmax_and_entropy`` (same values); verl 0.9.1
+    ``calculate_sum_pi_squared_from_logits`` for the sum of squared probabilities.
 
     Example:
         >>> import torch
@@ -245,5 +258,46 @@ def logprobs_and_entropy_from_logits(
         >>> torch.allclose(lp, -ent)  # uniform: log p = -log V = -H
         True
     """
-    lp, ent = _run(logits, token_ids, temperature, True, chunk_size, backend, check)
-    return TokenLogProbs(lp, ent)
+    return _run(logits, token_ids, temperature, True, return_sum_pi_squared, chunk_size, backend, check)
+
+
+def sum_pi_squared_from_logits(
+    logits: Float[Tensor, "*batch V"],
+    temperature: float = 1.0,
+    *,
+    chunk_size: int | None = None,
+    backend: Backend = "auto",
+    check: bool = True,
+) -> Float[Tensor, "*batch"]:
+    r"""Sum of squared probabilities ``sum_v p_v^2`` of ``p = softmax(logits / temperature)`` per row, streaming.
+
+    .. math::
+
+        S = \sum_v p_v^2 = \exp\big(\operatorname{logsumexp}(2z) - 2\operatorname{logsumexp}(z)\big),
+        \qquad z = \text{logits} / T
+
+    The collision probability of the sampling distribution (``exp`` of minus its Renyi-2 entropy); verl's
+    ``optimal_token_baseline`` uses it in its path-variance proxy ``w_t = 1 - 2 pi_t + S_t``.
+
+    Args:
+        logits: ``Float[*batch, V]``; may hold -inf (contributes 0).
+        temperature: > 0; the logits are divided by it first (as verl's actor does before its Σπ²).
+        chunk_size, backend, check: as in :func:`logprobs_from_logits`.
+
+    Returns:
+        ``Float[*batch]`` in ``[1/V, 1]`` (``1/V`` for uniform logits, 1 for a one-hot row); float32
+        (float64 for float64 input). Not differentiable (a detached statistic: ``requires_grad`` is False).
+
+    Raises:
+        KernelInputError: as in :func:`logprobs_from_logits` (no token_ids here).
+
+    Source: verl 0.9.1 ``verl.utils.torch_functional.calculate_sum_pi_squared_from_logits`` (same values,
+    without its ``[N, V]`` temporaries), used by ``compute_optimal_token_baseline_advantage``.
+
+    Example:
+        >>> import torch
+        >>> from rlzoo.kernels import sum_pi_squared_from_logits
+        >>> sum_pi_squared_from_logits(torch.zeros(2, 4))  # uniform over 4: 4 * (1/4)^2
+        tensor([0.2500, 0.2500])
+    """
+    return _run(logits, None, temperature, False, True, chunk_size, backend, check).sum_pi_squared

@@ -8,7 +8,7 @@ backward, the same again: use :func:`~rlzoo.kernels.fused_linear_logprobs` in tr
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from rlzoo.kernels._common import TokenLogProbs
+from rlzoo.kernels._common import TokenLogProbs, TokenLogProbStats, result_tuple
 from rlzoo.kernels._tiles import compute_dtype
 from rlzoo.kernels.lm_head import LMHeadSpec
 
@@ -21,7 +21,8 @@ def naive_logprobs(
     temperature: float = 1.0,
     *,
     return_entropy: bool = False,
-) -> TokenLogProbs:
+    return_sum_pi_squared: bool = False,
+) -> TokenLogProbs | TokenLogProbStats:
     """``log_softmax(logits / temperature)`` gathered at ``token_ids`` (and ``-sum p log p``), materialized.
 
     Args:
@@ -29,9 +30,11 @@ def naive_logprobs(
         token_ids: ``Int[*batch]`` in ``[0, V)``.
         temperature: > 0 (not checked: this is the reference).
         return_entropy: also return the entropy.
+        return_sum_pi_squared: also return ``sum_v p_v^2`` (computed as ``(p * p).sum(-1)``, no grad).
 
     Returns:
-        :class:`~rlzoo.kernels.TokenLogProbs` of ``Float[*batch]`` tensors (nats), entropy None unless asked.
+        :class:`~rlzoo.kernels.TokenLogProbs` of ``Float[*batch]`` tensors (nats), entropy None unless asked;
+        :class:`~rlzoo.kernels.TokenLogProbStats` with ``return_sum_pi_squared``.
 
     Raises:
         RuntimeError: from ``torch.gather`` for out-of-range ids (no checks here).
@@ -50,7 +53,8 @@ def naive_logprobs(
     logp = z.log_softmax(dim=-1)
     lp = logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1) if return_entropy else None
-    return TokenLogProbs(lp, ent)
+    sum_sq = logp.detach().exp().square().sum(-1) if return_sum_pi_squared else None
+    return result_tuple(tuple(lp.shape), lp, ent, sum_sq)
 
 
 def naive_linear_logprobs(
@@ -60,18 +64,20 @@ def naive_linear_logprobs(
     *,
     temperature: float = 1.0,
     return_entropy: bool = True,
+    return_sum_pi_squared: bool = False,
     bias: Float[Tensor, " V"] | None = None,
     logit_scale: float | None = None,
     logit_softcap: float | None = None,
-) -> TokenLogProbs:
+) -> TokenLogProbs | TokenLogProbStats:
     """Full logits ``lm_head(hidden)`` then :func:`naive_logprobs`: the reference for ``fused_linear_logprobs``.
 
     Args:
-        hidden, weight, token_ids, temperature, return_entropy, bias, logit_scale, logit_softcap: as in
-            :func:`~rlzoo.kernels.fused_linear_logprobs`.
+        hidden, weight, token_ids, temperature, return_entropy, return_sum_pi_squared, bias, logit_scale,
+            logit_softcap: as in :func:`~rlzoo.kernels.fused_linear_logprobs`.
 
     Returns:
-        :class:`~rlzoo.kernels.TokenLogProbs` ``(logprobs, entropy)``, ``Float[*batch]`` each (nats).
+        :class:`~rlzoo.kernels.TokenLogProbs` ``(logprobs, entropy)``, ``Float[*batch]`` each (nats);
+        :class:`~rlzoo.kernels.TokenLogProbStats` with ``return_sum_pi_squared``.
 
     Raises:
         RuntimeError: from torch for mismatched shapes (no checks here).
@@ -84,4 +90,5 @@ def naive_linear_logprobs(
         True
     """
     logits = LMHeadSpec(weight=weight, bias=bias, logit_scale=logit_scale, logit_softcap=logit_softcap).logits(hidden)
-    return naive_logprobs(logits, token_ids, temperature, return_entropy=return_entropy)
+    return naive_logprobs(logits, token_ids, temperature, return_entropy=return_entropy,
+                          return_sum_pi_squared=return_sum_pi_squared)
