@@ -35,6 +35,7 @@ counts differ. docs/integrations.md has the table.
 """
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -62,6 +63,9 @@ _FORWARD_KEYS = (
 _TRAINER_FIELDS = ("router_aux_loss_coef", "vllm_importance_sampling_cap")
 # Metrics TRL already logs once per generation batch (rlzoo would log them again per micro-batch).
 _GENERATION_METRICS = "sampling/"
+# How a metric is reduced over processes (row of _log_loss_metrics' reductions); others: token-weighted mean,
+# or max / min for names ending in /max, /min.
+_METRIC_REDUCTION = {"policy_loss": 3, "aux_loss": 4}
 
 
 def resolve_loss(
@@ -168,8 +172,12 @@ class GRPOTrainer(trl.GRPOTrainer):
     """
 
     def __init__(self, *args: Any, loss: "PolicyLoss | TRLGRPOLoss | str | None" = None, **kwargs: Any) -> None:
-        config = kwargs["args"] if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        has_rollout_func = kwargs.get("rollout_func") is not None
+        try:  # TRL's own arguments, wherever they were passed
+            given = inspect.signature(trl.GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+        except TypeError:
+            given = {}  # let TRL raise its own error below
+        config = given.get("args")
+        has_rollout_func = given.get("rollout_func") is not None
         # With a config, refuse an impossible loss before TRL loads the model; TRL builds a default one otherwise.
         early = None if config is None else resolve_loss(loss, config, has_rollout_func=has_rollout_func)
         if not trl.__version__.startswith(TRL_VERSION + "."):
@@ -278,7 +286,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         )
         needed = self.loss_fn.required_fields()
         batch = batch_from_trl_inputs(
-            _without_nan_sampling(inputs),
+            _without_nan_sampling(inputs, logps),
             logps,
             entropies if "entropies" in needed else None,
         )
@@ -311,22 +319,17 @@ class GRPOTrainer(trl.GRPOTrainer):
             names = sorted(metrics)
             local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names] + [counted.float()])
             rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 1]
-            values, weight = rows[:, :-1], rows[:, -1]
-            reduced = []
-            for i, name in enumerate(names):
-                column = values[:, i]
-                if name.endswith("/max"):
-                    reduced.append(column.max())
-                elif name.endswith("/min"):
-                    reduced.append(column.min())
-                elif name == "policy_loss":  # a micro-batch's share of the step's loss: the logged mean is the step's
-                    reduced.append(column.sum() * accumulation)
-                elif name == "aux_loss":
-                    reduced.append(column.mean())
-                else:
-                    reduced.append((column * weight).sum() / weight.sum().clamp(min=1))
-        for name, value in zip(names, torch.stack(reduced).tolist(), strict=True):
-            self._metrics[mode][name].append(value)
+            values, weight = rows[:, :-1], rows[:, -1:]
+            reductions = torch.stack([
+                (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
+                values.amax(0),
+                values.amin(0),
+                values.sum(0) * accumulation,  # policy_loss: a micro-batch's share of the step's loss
+                values.mean(0),  # aux_loss, as TRL
+            ]).tolist()  # the one device sync
+        for i, name in enumerate(names):
+            kind = _METRIC_REDUCTION.get(name) or (1 if name.endswith("/max") else 2 if name.endswith("/min") else 0)
+            self._metrics[mode][name].append(reductions[kind][i])
         if (
             isinstance(self.loss_fn, TRLGRPOLoss)
             and self.loss_fn.entropy_coef != 0.0
@@ -336,16 +339,16 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
 
 
-def _without_nan_sampling(inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor) -> Mapping[str, Any]:
     """``inputs`` with NaN sampler log-probs (tokens vLLM could not score) replaced by the old log-probs.
 
-    TRL maps those tokens to an IS ratio of 1 (no correction); with ``old_logprobs`` there the rlzoo ratio
-    ``exp(old - sampler)`` is 1 too. Without old log-probs (on-policy) 0 is used, as TRL's padding value.
+    TRL gives those tokens an IS ratio of 1 (no correction); with the old log-probs there (the current ones,
+    detached, when TRL computed none: on-policy) rlzoo's ratio ``exp(old - sampler)`` is 1 too. (TRL's off-policy
+    sequence mask also counts no drift at those tokens; here they count ``old - current``.)
     """
     sampling = inputs.get("sampling_per_token_logps")
     if sampling is None:
         return inputs
-    nan = torch.isnan(sampling)
     old = inputs.get("old_per_token_logps")
-    fill = old if old is not None else torch.zeros_like(sampling)
-    return {**inputs, "sampling_per_token_logps": torch.where(nan, fill, sampling)}
+    fill = old if old is not None else logps.detach()
+    return {**inputs, "sampling_per_token_logps": torch.where(torch.isnan(sampling), fill, sampling)}

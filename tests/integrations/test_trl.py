@@ -22,9 +22,9 @@ import rlzoo
 trl = pytest.importorskip("trl", reason="TRL (test oracle) is not installed: pip install trl==1.16.0")
 datasets = pytest.importorskip("datasets")
 
-from rlzoo.compat.trl import TRLGRPOLoss  # noqa: E402
-from rlzoo.integrations.trl import GRPOTrainer  # noqa: E402
-from rlzoo.trainer.models import build_tiny_random  # noqa: E402
+from rlzoo.compat.trl import TRLGRPOLoss
+from rlzoo.integrations.trl import GRPOTrainer
+from rlzoo.trainer.models import build_tiny_random
 
 PROMPTS = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
 
@@ -56,12 +56,12 @@ def tiny(tmp_path_factory):
 
 
 def config(tmp_path, **overrides) -> "trl.GRPOConfig":
-    fields = dict(
-        output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
-        seed=0, bf16=False, per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
-        max_steps=3, logging_steps=1, optim="sgd", learning_rate=1.0, num_iterations=2,
-        generation_kwargs={"sequence_bias": {(2,): 2.5}},  # eos (id 2) more likely: completion lengths vary
-    )
+    fields = {
+        "output_dir": str(tmp_path / "out"), "use_cpu": True, "report_to": "none", "disable_tqdm": True, "save_strategy": "no",
+        "seed": 0, "bf16": False, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8,
+        "max_steps": 3, "logging_steps": 1, "optim": "sgd", "learning_rate": 1.0, "num_iterations": 2,
+        "generation_kwargs": {"sequence_bias": {(2,): 2.5}},  # eos (id 2) more likely: completion lengths vary
+    }
     fields.update(overrides)
     return trl.GRPOConfig(**fields)
 
@@ -256,3 +256,40 @@ def test_misaligned_generation_batch_warns(tiny, tmp_path):
     args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=3)
     with pytest.warns(UserWarning, match="not a multiple of gradient_accumulation_steps"):
         GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_corrected(tiny, tmp_path):
+    """With sampler log-probs (vLLM's, or a rollout_func's) the rlzoo IS correction uses them; a NaN sampler
+    log-prob (a token vLLM could not score) gets ratio 1 (no correction), as TRL: the loss equals the loss with
+    the old log-prob written there."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
+                          rollout_func=lambda prompts, trainer: None)  # never called here
+    trainer.model.eval()  # evaluation: the counts come from the batch itself
+    g = torch.Generator().manual_seed(0)
+    b, p, t = 4, 3, 5
+    mask = (torch.arange(t) < torch.tensor([5, 3, 4, 1])[:, None]).long()
+    with torch.no_grad():
+        completion_ids = torch.randint(3, 200, (b, t), generator=g)
+        prompt_ids = torch.randint(3, 200, (b, p), generator=g)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([torch.ones(b, p, dtype=torch.long), mask], 1), t)
+    old = (logps + 0.1 * torch.randn(b, t, generator=g)).clamp(max=0)
+    sampling = (old + 0.5 * torch.randn(b, t, generator=g)).clamp(max=0)
+    inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones(b, p, dtype=torch.long),
+              "completion_ids": completion_ids, "completion_mask": mask, "advantages": torch.randn(b, generator=g),
+              "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    nan = sampling.clone()
+    nan[0, 2] = float("nan")
+    filled = sampling.clone()
+    filled[0, 2] = old[0, 2]
+    with torch.no_grad():
+        got = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": nan})
+        want = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": filled})
+        without = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": old})
+    assert math.isfinite(float(got))
+    assert float(got) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
+    assert abs(float(got) - float(without)) > 1e-4  # the correction acts on the other tokens

@@ -79,30 +79,30 @@ def case(name: str, data: st.DataObject):
     el, eh = data.draw(st.floats(0.05, 0.4), label="el"), data.draw(st.floats(0.05, 0.4), label="eh")
     if name == "vanilla":
         c = data.draw(st.floats(1.5, 10.0), label="clip_ratio_c")
-        return rlzoo.get_loss("ppo", epsilon_low=el, epsilon_high=eh, dual_clip=c), dict(
-            clip_ratio_low=el, clip_ratio_high=eh, clip_ratio_c=c), True
+        return rlzoo.get_loss("ppo", epsilon_low=el, epsilon_high=eh, dual_clip=c), {
+            "clip_ratio_low": el, "clip_ratio_high": eh, "clip_ratio_c": c}, True
     if name == "gspo":  # verl's gspo is the GSPO-token ratio
-        return rlzoo.get_loss("gspo_token", epsilon_low=el, epsilon_high=eh), dict(
-            clip_ratio_low=el, clip_ratio_high=eh), True
+        return rlzoo.get_loss("gspo_token", epsilon_low=el, epsilon_high=eh), {
+            "clip_ratio_low": el, "clip_ratio_high": eh}, True
     if name == "gpg":
         return rlzoo.get_loss("gpg"), {}, True
     if name == "cispo":
         eh = data.draw(st.floats(0.0, 4.0), label="cispo eh")
-        return rlzoo.get_loss("cispo", epsilon_low=el, epsilon_high=eh), dict(
-            clip_ratio_low=el, clip_ratio_high=eh), True
+        return rlzoo.get_loss("cispo", epsilon_low=el, epsilon_high=eh), {
+            "clip_ratio_low": el, "clip_ratio_high": eh}, True
     if name == "sapo":  # verl always aggregates sapo with seq-mean-token-mean
         tp, tn = data.draw(st.floats(0.2, 3.0), label="tau_pos"), data.draw(st.floats(0.2, 3.0), label="tau_neg")
-        return rlzoo.get_loss("sapo", tau_pos=tp, tau_neg=tn), dict(tau_pos=tp, tau_neg=tn), False
+        return rlzoo.get_loss("sapo", tau_pos=tp, tau_neg=tn), {"tau_pos": tp, "tau_neg": tn}, False
     if name == "geo_mean":  # verl ignores loss_agg_mode (a row mean): gmpo keeps seq-mean-token-mean
-        return rlzoo.get_loss("gmpo", epsilon_low=el, epsilon_high=el), dict(
-            clip_ratio=el, clip_ratio_low=el, clip_ratio_high=el), False
+        return rlzoo.get_loss("gmpo", epsilon_low=el, epsilon_high=el), {
+            "clip_ratio": el, "clip_ratio_low": el, "clip_ratio_high": el}, False
     if name in ("dppo_tv", "dppo_kl"):
         c = data.draw(st.floats(0.5, 30.0), label="clip_ratio_c")
-        return rlzoo.get_loss(name, epsilon_low=el, epsilon_high=eh, clip_ratio_c=c), dict(
-            clip_ratio_low=el, clip_ratio_high=eh, clip_ratio_c=c), True
+        return rlzoo.get_loss(name, epsilon_low=el, epsilon_high=eh, clip_ratio_c=c), {
+            "clip_ratio_low": el, "clip_ratio_high": eh, "clip_ratio_c": c}, True
     if name == "dro":
         beta = data.draw(st.floats(0.001, 2.0), label="dro_beta")
-        return rlzoo.get_loss("dro", dro_beta=beta), dict(dro_beta=beta), True
+        return rlzoo.get_loss("dro", dro_beta=beta), {"dro_beta": beta}, True
     raise AssertionError(name)
 
 
