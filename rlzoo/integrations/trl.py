@@ -41,8 +41,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import trl
 from torch import Tensor
+
+try:
+    import trl
+except ImportError as err:  # pragma: no cover - TRL is a test dependency
+    raise ImportError("rlzoo.integrations.trl needs TRL 1.16: pip install trl==1.16.0") from err
 
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss, batch_from_trl_inputs, loss_from_grpo_config

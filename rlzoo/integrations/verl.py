@@ -195,18 +195,21 @@ def register(
             that does that job.
         ImportError: verl is not installed.
 
-    Example:
-        >>> from rlzoo.integrations.verl import register
-        >>> fn = register("rlzoo_gmpo", "gmpo", follow_loss_agg_mode=False)  # doctest: +SKIP
+    Example (in the module named by ``actor_rollout_ref.model.external_lib``; see examples/verl_losses.py)::
+
+        from rlzoo.integrations.verl import register
+
+        register("rlzoo_gmpo", "gmpo", follow_loss_agg_mode=False)  # loss_mode=rlzoo_gmpo
     """
     if isinstance(loss, str):
         loss = get_loss(loss)
     if not isinstance(loss, PolicyLoss):
         raise TypeError(f"register(name, loss): loss must be an rlzoo PolicyLoss or a preset name, got {type(loss).__name__}")
-    for field in sorted(loss.required_fields()):
-        reason = _VERL_INSTEAD.get(field, "verl passes only old_log_prob, log_prob, advantages and response_mask")
-        raise ValueError(f"loss {loss.name or ''!s} needs PolicyBatch.{field}, which verl does not pass to a policy "
-                         f"loss: {reason}")
+    missing = sorted(loss.required_fields())
+    if missing:
+        reason = _VERL_INSTEAD.get(missing[0], "verl passes only old_log_prob, log_prob, advantages, response_mask")
+        raise ValueError(f"loss {loss.name or ''!s} needs PolicyBatch.{missing[0]}, which verl does not pass to a "
+                         f"policy loss: {reason}")
     from verl.trainer.ppo import core_algos
 
     fn = VerlPolicyLoss(loss=loss, follow_loss_agg_mode=follow_loss_agg_mode)
