@@ -27,11 +27,12 @@ are exact when ``steps_per_generation`` is a multiple of ``gradient_accumulation
 them equal); otherwise an optimizer step spans two generation batches and ``N`` is estimated as TRL does
 (the generation batch's count times ``gradient_accumulation_steps / steps_per_generation``), with a warning.
 
-Matches TRL 1.16 ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for the default loss
-(:func:`rlzoo.compat.trl.loss_from_grpo_config` of ``args``) and every ``loss_type`` but ``bnpo`` (TRL divides
-each micro-batch by its own token count, then by the accumulation steps), and for the entropy bonus
-(``entropy_coef``: TRL takes a token mean per micro-batch, here the optimizer step's) whenever micro-batch token
-counts differ. docs/integrations.md has the table.
+With the default loss (:func:`rlzoo.compat.trl.loss_from_grpo_config` of ``args``) training matches TRL 1.16
+``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for every ``loss_type`` except two cases where
+TRL's loss is not the optimizer step's and this one is: ``bnpo`` (TRL divides each micro-batch by its own token
+count, then by the accumulation steps) and the entropy bonus (``entropy_coef``: TRL takes a token mean per
+micro-batch), which differ when the micro-batches of a step have different token counts. docs/integrations.md
+has the table.
 """
 
 import dataclasses
@@ -88,6 +89,10 @@ def resolve_loss(
     Returns:
         The loss.
 
+    Warns:
+        UserWarning: an explicit loss without a KL penalty while ``GRPOConfig.beta != 0`` (TRL computes reference
+            log-probs for nothing).
+
     Raises:
         TypeError: ``loss`` is of another type.
         UnknownNameError: an unknown preset name (lists the presets).
@@ -121,6 +126,14 @@ def resolve_loss(
             f"so TRL loads no reference model: set GRPOConfig(beta={beta}) (any non-zero value makes TRL compute "
             f"ref_per_token_logps; the loss's own beta weights the KL), or drop the penalty: "
             f"rlzoo.get_loss({name!r}, beta=0.0)"
+        )
+    if loss is not None and "ref_logprobs" not in needed and args.beta != 0:
+        warnings.warn(
+            f"GRPOConfig.beta={args.beta} makes TRL load a reference model and compute its log-probs every generation, "
+            f"but loss {name!r} has no KL penalty, so they are unused: set GRPOConfig(beta=0.0) to save that time "
+            "and memory",
+            UserWarning,
+            stacklevel=3,
         )
     if "rollout_logprobs" in needed and not (args.use_vllm or has_rollout_func):
         raise ValueError(

@@ -227,6 +227,14 @@ def test_kl_penalty_without_reference_model_names_beta(tiny, tmp_path):
                     processing_class=tokenizer, loss="grpo")
 
 
+def test_unused_reference_model_warns(tiny, tmp_path):
+    """beta != 0 loads a reference model; a loss without a KL term would never read its log-probs."""
+    path, tokenizer = tiny
+    with pytest.warns(UserWarning, match=r"GRPOConfig\(beta=0.0\)"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, beta=0.04), processing_class=tokenizer,
+                    train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss="gmpo")
+
+
 def test_is_correction_without_vllm_names_use_vllm(tiny, tmp_path):
     path, tokenizer = tiny
     loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
