@@ -13,6 +13,7 @@ LAYERS = [
     ("rlzoo.advantages",),
     ("rlzoo.compat",),
     ("rlzoo.kernels",),
+    ("rlzoo.integrations",),
     ("rlzoo.trainer",),
     ("rlzoo.cli", "rlzoo.__main__"),
 ]

@@ -1,0 +1,371 @@
+r"""Any rlzoo loss inside TRL 1.16's ``GRPOTrainer``: :class:`GRPOTrainer`.
+
+``rlzoo.integrations.trl.GRPOTrainer`` is ``trl.GRPOTrainer`` with one more argument, ``loss``; generation,
+rewards, advantages, reference model, vLLM, logging and checkpoints stay TRL's. Only the loss of each
+micro-batch changes: the trainer builds a :class:`~rlzoo.PolicyBatch` from TRL's inputs dict and calls the rlzoo
+loss with a :class:`~rlzoo.Normalizer` holding the counts of the whole optimizer step::
+
+    from rlzoo.integrations.trl import GRPOTrainer
+
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=..., loss="gmpo")
+
+Field map (TRL's ``_generate_and_score_completions`` output -> ``PolicyBatch``, via
+:func:`rlzoo.compat.trl.batch_from_trl_inputs`): the current ``per_token_logps`` -> ``logprobs``;
+``advantages``; ``completion_mask * tool_mask`` -> ``completion_mask``; ``old_per_token_logps`` ->
+``old_logprobs`` (absent: on-policy); ``ref_per_token_logps`` -> ``ref_logprobs`` (TRL computes it when
+``GRPOConfig.beta != 0``); ``sampling_per_token_logps`` -> ``rollout_logprobs`` (vLLM; NaN tokens, which vLLM
+could not score, take ``old_logprobs`` there, i.e. no correction, as TRL); the entropies TRL's fused LM head
+returns -> ``entropies`` (when the loss needs them).
+
+Normalisation. For an optimizer step, ``N`` is the number of counted tokens and ``S`` the number of sequences of
+its ``gradient_accumulation_steps`` micro-batches on all ``P`` processes (``S`` counts every row for the default
+TRL loss, as TRL does, and the rows with a counted token for any other rlzoo loss, as rlzoo and verl do). Each
+micro-batch's loss is ``P * loss_fn(micro_batch, Normalizer(num_tokens=N, num_sequences=S))``: the micro-batch
+losses of one process sum, and DDP's gradient average over processes gives, exactly the loss of the whole
+optimizer-step batch. The counts come from TRL's buffered generation batch (one all-reduce per generation). They
+are exact when ``steps_per_generation`` is a multiple of ``gradient_accumulation_steps`` (TRL's default makes
+them equal); otherwise an optimizer step spans two generation batches and ``N`` is estimated as TRL does
+(the generation batch's count times ``gradient_accumulation_steps / steps_per_generation``), with a warning.
+
+With the default loss (:func:`rlzoo.compat.trl.loss_from_grpo_config` of ``args``) training matches TRL 1.16
+``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for every ``loss_type`` except two cases where
+TRL's loss is not the optimizer step's and this one is: ``bnpo`` (TRL divides each micro-batch by its own token
+count, then by the accumulation steps) and the entropy bonus (``entropy_coef``: TRL takes a token mean per
+micro-batch), which differ when the micro-batches of a step have different token counts. docs/integrations.md
+has the table.
+"""
+
+import dataclasses
+import inspect
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    import trl
+except ImportError as err:  # pragma: no cover - TRL is a test dependency
+    raise ImportError("rlzoo.integrations.trl needs TRL 1.16: pip install trl==1.16.0") from err
+
+from rlzoo.batch import LossOutput, Normalizer
+from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss, batch_from_trl_inputs, loss_from_grpo_config
+from rlzoo.losses import PolicyLoss, get_loss
+
+__all__ = ["GRPOTrainer", "resolve_loss"]
+
+TRL_VERSION = "1.16"
+"""The TRL release whose ``GRPOTrainer`` internals (inputs dict, buffer, fused LM head) this module reads."""
+
+# Model inputs TRL 1.16's _compute_loss forwards from the inputs dict (multimodal and token-type fields).
+_FORWARD_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+# GRPOConfig loss fields the trainer, not the loss, honours: the MoE auxiliary loss (added as TRL adds it) and
+# the deprecated IS cap (GRPOConfig.__post_init__ already copied it to vllm_importance_sampling_clip_max).
+_TRAINER_FIELDS = ("router_aux_loss_coef", "vllm_importance_sampling_cap")
+# Metrics TRL already logs once per generation batch (rlzoo would log them again per micro-batch).
+_GENERATION_METRICS = "sampling/"
+# How a metric is reduced over processes (row of _log_loss_metrics' reductions); others: token-weighted mean,
+# or max / min for names ending in /max, /min.
+_METRIC_REDUCTION = {"policy_loss": 3, "aux_loss": 4}
+
+
+def resolve_loss(
+    loss: "PolicyLoss | TRLGRPOLoss | str | None", args: Any, *, has_rollout_func: bool = False
+) -> PolicyLoss | TRLGRPOLoss:
+    """The loss :class:`GRPOTrainer` calls, checked against what TRL will compute under ``args``.
+
+    Args:
+        loss: an rlzoo :class:`~rlzoo.losses.PolicyLoss`, a preset name (``rlzoo.list_losses()``), a
+            :class:`~rlzoo.compat.trl.TRLGRPOLoss`, or None: :func:`rlzoo.compat.trl.loss_from_grpo_config`
+            of ``args`` (TRL's own loss). A loss without ``max_completion_length`` gets
+            ``args.max_completion_length`` (used by the "seq-mean-token-sum-norm" aggregation only).
+        args: the ``trl.GRPOConfig``.
+        has_rollout_func: True when the trainer has a ``rollout_func`` (it may return sampler log-probs).
+
+    Returns:
+        The loss.
+
+    Warns:
+        UserWarning: an explicit loss without a KL penalty while ``GRPOConfig.beta != 0`` (TRL computes reference
+            log-probs for nothing).
+
+    Raises:
+        TypeError: ``loss`` is of another type.
+        UnknownNameError: an unknown preset name (lists the presets).
+        ValueError: the loss needs what TRL will not compute, naming the ``GRPOConfig`` field to set:
+            ``ref_logprobs`` (a KL penalty) with ``beta=0``; ``rollout_logprobs`` (an IS correction) without
+            ``use_vllm`` or a ``rollout_func``. Also any error of :func:`~rlzoo.compat.trl.loss_from_grpo_config`
+            (e.g. ``use_adaptive_entropy=True``).
+    """
+    if loss is None:
+        fields = {name: getattr(args, name) for name in GRPO_LOSS_DEFAULTS if name not in _TRAINER_FIELDS}
+        resolved: PolicyLoss | TRLGRPOLoss = loss_from_grpo_config(fields)
+    elif isinstance(loss, str):
+        resolved = get_loss(loss)
+    elif isinstance(loss, (PolicyLoss, TRLGRPOLoss)):
+        resolved = loss
+    else:
+        raise TypeError(
+            "GRPOTrainer(loss=...) takes an rlzoo PolicyLoss, a preset name (rlzoo.list_losses()), a "
+            f"rlzoo.compat.trl.TRLGRPOLoss or None, got {type(loss).__name__}"
+        )
+    if isinstance(resolved, PolicyLoss) and resolved.max_completion_length is None:
+        resolved = resolved.with_options(max_completion_length=args.max_completion_length)
+
+    policy = resolved.loss if isinstance(resolved, TRLGRPOLoss) else resolved
+    name = policy.name or "the loss"
+    needed = resolved.required_fields()
+    if "ref_logprobs" in needed and args.beta == 0:
+        beta = policy.options().get("beta")
+        raise ValueError(
+            f"loss {name!r} has a KL penalty (beta={beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
+            f"so TRL loads no reference model: set GRPOConfig(beta={beta}) (any non-zero value makes TRL compute "
+            f"ref_per_token_logps; the loss's own beta weights the KL), or drop the penalty: "
+            f"rlzoo.get_loss({name!r}, beta=0.0)"
+        )
+    if loss is not None and "ref_logprobs" not in needed and args.beta != 0:
+        warnings.warn(
+            f"GRPOConfig.beta={args.beta} makes TRL load a reference model and compute its log-probs every generation, "
+            f"but loss {name!r} has no KL penalty, so they are unused: set GRPOConfig(beta=0.0) to save that time "
+            "and memory",
+            UserWarning,
+            stacklevel=3,
+        )
+    if "rollout_logprobs" in needed and not (args.use_vllm or has_rollout_func):
+        raise ValueError(
+            f"loss {name!r} has a sampler/trainer IS correction and needs the sampler's log-probs, which TRL has only "
+            "from vLLM: set GRPOConfig(use_vllm=True) (or pass a rollout_func that returns logprobs), or drop the "
+            "correction (is_correction=None)"
+        )
+    return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepCounts:
+    """Counts of an optimizer step (or a slice of one) over all processes."""
+
+    tokens: float
+    rows: float
+    sequences: float  # rows with at least one counted token
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    r"""``trl.GRPOTrainer`` (TRL 1.16) whose loss is any rlzoo loss.
+
+    Every argument of ``trl.GRPOTrainer`` is passed through unchanged, plus:
+
+    Args:
+        loss: keyword-only. An rlzoo :class:`~rlzoo.losses.PolicyLoss` (``rlzoo.get_loss("gmpo",
+            epsilon_low=0.3)``, or composed from parts), a preset name (``"gmpo"``), a
+            :class:`~rlzoo.compat.trl.TRLGRPOLoss`, or None (default): TRL's own loss for ``args``,
+            ``rlzoo.compat.trl.loss_from_grpo_config(args)``. With an explicit loss the loss fields of
+            ``GRPOConfig`` (``loss_type``, ``epsilon``, ``importance_sampling_level``, ...) are not used, except
+            ``beta`` (whether TRL computes reference log-probs) and ``use_vllm`` /
+            ``vllm_importance_sampling_correction`` (whether it has sampler and old log-probs).
+
+    Attributes:
+        loss_fn: the resolved loss (:func:`resolve_loss`).
+
+    Per micro-batch the loss is ``P * loss_fn(batch, Normalizer(N, S))`` with the optimizer step's counts (see the
+    module docstring), plus TRL's MoE auxiliary loss when TRL enables it. Metrics go to TRL's logger under the
+    loss's names (TRL's: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``kl``,
+    ``entropy``, ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``policy_loss``; plus rlzoo's ``ratio/*`` and the
+    parts' own): a token-weighted mean over processes (``*/max``: the max, ``*/min``: the min);
+    ``sampling/*`` is left to TRL, which logs it per generation batch.
+
+    Raises:
+        TypeError, UnknownNameError, ValueError: from :func:`resolve_loss`, at construction: e.g. a KL penalty
+            with ``GRPOConfig.beta=0`` (names ``beta``), an IS correction without vLLM (names ``use_vllm``).
+
+    Example (a tiny model, see docs/integrations.md for a full script)::
+
+        trainer = GRPOTrainer(model="path/to/model", reward_funcs=reward, args=GRPOConfig(...),
+                              train_dataset=dataset, loss=rlzoo.get_loss("gmpo"))
+        trainer.train()
+    """
+
+    def __init__(self, *args: Any, loss: "PolicyLoss | TRLGRPOLoss | str | None" = None, **kwargs: Any) -> None:
+        try:  # TRL's own arguments, wherever they were passed
+            given = inspect.signature(trl.GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+        except TypeError:
+            given = {}  # let TRL raise its own error below
+        config = given.get("args")
+        has_rollout_func = given.get("rollout_func") is not None
+        # With a config, refuse an impossible loss before TRL loads the model; TRL builds a default one otherwise.
+        early = None if config is None else resolve_loss(loss, config, has_rollout_func=has_rollout_func)
+        if not trl.__version__.startswith(TRL_VERSION + "."):
+            warnings.warn(
+                f"rlzoo.integrations.trl was written against TRL {TRL_VERSION} internals; TRL {trl.__version__} is "
+                "installed: check the loss against plain trl.GRPOTrainer (tests/integrations/test_trl.py)",
+                UserWarning,
+                stacklevel=2,
+            )
+        super().__init__(*args, **kwargs)
+        self.loss_fn: PolicyLoss | TRLGRPOLoss = (
+            early if early is not None else resolve_loss(loss, self.args, has_rollout_func=has_rollout_func)
+        )
+        # TRL's loss divides grpo/sapo/dr_grpo/luspo by every row; rlzoo's own losses count rows with a token.
+        self._count_every_row = isinstance(self.loss_fn, TRLGRPOLoss)
+        self._counted_buffer: list | None = None
+        self._slice_counts: list[_StepCounts] = []
+        if self.args.steps_per_generation % self.args.gradient_accumulation_steps != 0:
+            warnings.warn(
+                f"GRPOConfig.steps_per_generation={self.args.steps_per_generation} is not a multiple of "
+                f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: an optimizer step spans two "
+                "generation batches, so its token count is estimated (as TRL does) and the rlzoo loss is not exactly "
+                "the optimizer step's",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------------------------------------ counts
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        """TRL's ``_prepare_inputs``; after a new generation, count every slice of its buffer once."""
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self._buffered_inputs is not self._counted_buffer:
+            self._slice_counts = self._count_slices(self._buffered_inputs)
+            self._counted_buffer = self._buffered_inputs
+        return inputs
+
+    def _count_slices(self, slices: list[Mapping[str, Any]]) -> list[_StepCounts]:
+        """Tokens, rows and non-empty rows of each micro-batch slice, summed over processes (one all-reduce)."""
+        local = torch.stack([self._local_counts(s) for s in slices])  # [steps_per_generation, 3]
+        totals = self.accelerator.reduce(local, reduction="sum").tolist()
+        return [_StepCounts(tokens=t, rows=r, sequences=s) for t, r, s in totals]
+
+    @staticmethod
+    def _local_counts(inputs: Mapping[str, Any]) -> Tensor:
+        mask = inputs["completion_mask"]
+        if inputs.get("tool_mask") is not None:
+            mask = mask * inputs["tool_mask"]
+        mask = mask.bool()
+        rows = torch.full((), mask.shape[0], dtype=torch.long, device=mask.device)
+        return torch.stack([mask.sum(), rows, mask.any(-1).sum()])
+
+    def _step_counts(self, inputs: Mapping[str, Any]) -> _StepCounts:
+        """Counts of the optimizer step the current micro-batch belongs to (train), or of the batch (eval)."""
+        if not self.model.training:  # evaluation: one batch, no accumulation
+            t, r, s = self.accelerator.reduce(self._local_counts(inputs), reduction="sum").tolist()
+            return _StepCounts(tokens=t, rows=r, sequences=s)
+        counts, ga = self._slice_counts, self.current_gradient_accumulation_steps
+        n = len(counts)
+        if n % ga == 0:  # the window's micro-batches are consecutive slices of this generation batch
+            start = self._step % n - self._step % ga
+            window = counts[start : start + ga]
+            return _StepCounts(*(sum(getattr(c, f) for c in window) for f in ("tokens", "rows", "sequences")))
+        scale = ga / n  # the step spans two generation batches: TRL's estimate
+        return _StepCounts(*(scale * sum(getattr(c, f) for c in counts) for f in ("tokens", "rows", "sequences")))
+
+    def _normalizer(self, inputs: Mapping[str, Any]) -> Normalizer:
+        counts = self._step_counts(inputs)
+        return Normalizer(
+            num_tokens=counts.tokens, num_sequences=counts.rows if self._count_every_row else counts.sequences
+        )
+
+    # -------------------------------------------------------------------------------------------------- loss
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Tensor:
+        """The rlzoo loss of one micro-batch, scaled for TRL's gradient accumulation and data parallelism.
+
+        Args:
+            model: the (wrapped) policy.
+            inputs: the micro-batch TRL's ``_prepare_inputs`` returns.
+            return_outputs: must be False (as in TRL).
+            num_items_in_batch: ignored: the counts come from the buffered generation batch.
+
+        Returns:
+            0-d loss tensor: ``num_processes * loss_fn(batch, normalizer).loss`` (+ TRL's MoE auxiliary loss).
+
+        Raises:
+            ValueError: ``return_outputs=True``.
+            BatchError: TRL's inputs hold NaN/inf (or a positive log-prob) at a counted position.
+        """
+        if return_outputs:
+            raise ValueError("GRPOTrainer.compute_loss does not support return_outputs=True (as TRL's)")
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        needed = self.loss_fn.required_fields()
+        batch = batch_from_trl_inputs(
+            _without_nan_sampling(inputs, logps),
+            logps,
+            entropies if "entropies" in needed else None,
+        )
+        out = self.loss_fn(batch, self._normalizer(inputs))
+        loss = out.loss * self.accelerator.num_processes
+        training = self.model.training
+        accumulation = self.current_gradient_accumulation_steps if training else 1
+        if self.aux_loss_enabled:  # as TRL: scaled for accumulation only (DDP averages it over processes)
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+        self._log_loss_metrics(out, batch.completion_mask, entropies, aux_loss, accumulation)
+        return loss
+
+    def _log_loss_metrics(
+        self,
+        out: LossOutput,
+        mask: Tensor,
+        entropies: Tensor,
+        aux_loss: Tensor | None,
+        accumulation: int,
+    ) -> None:
+        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync)."""
+        mode = "train" if self.model.training else "eval"
+        metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
+        with torch.no_grad():
+            counted = mask.sum()
+            # TRL logs the entropy of every counted token whatever the loss (its fused LM head returns it).
+            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / counted.clamp(min=1)
+            if aux_loss is not None:
+                metrics["aux_loss"] = aux_loss.detach()
+            names = sorted(metrics)
+            local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names] + [counted.float()])
+            rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 1]
+            values, weight = rows[:, :-1], rows[:, -1:]
+            reductions = torch.stack([
+                (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
+                values.amax(0),
+                values.amin(0),
+                values.sum(0) * accumulation,  # policy_loss: a micro-batch's share of the step's loss
+                values.mean(0),  # aux_loss, as TRL
+            ]).tolist()  # the one device sync
+        for i, name in enumerate(names):
+            kind = _METRIC_REDUCTION.get(name) or (1 if name.endswith("/max") else 2 if name.endswith("/min") else 0)
+            self._metrics[mode][name].append(reductions[kind][i])
+        if (
+            isinstance(self.loss_fn, TRLGRPOLoss)
+            and self.loss_fn.entropy_coef != 0.0
+            and mode == "train"
+            and self.accelerator.sync_gradients
+        ):
+            self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
+
+
+def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor) -> Mapping[str, Any]:
+    """``inputs`` with NaN sampler log-probs (tokens vLLM could not score) replaced by the old log-probs.
+
+    TRL gives those tokens an IS ratio of 1 (no correction); with the old log-probs there (the current ones,
+    detached, when TRL computed none: on-policy) rlzoo's ratio ``exp(old - sampler)`` is 1 too. (TRL's off-policy
+    sequence mask also counts no drift at those tokens; here they count ``old - current``.)
+    """
+    sampling = inputs.get("sampling_per_token_logps")
+    if sampling is None:
+        return inputs
+    old = inputs.get("old_per_token_logps")
+    fill = old if old is not None else logps.detach()
+    return {**inputs, "sampling_per_token_logps": torch.where(torch.isnan(sampling), fill, sampling)}

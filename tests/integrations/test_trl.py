@@ -1,0 +1,303 @@
+"""``rlzoo.integrations.trl.GRPOTrainer`` against plain ``trl.GRPOTrainer`` (TRL 1.16, the oracle), end to end.
+
+Both trainers train the same tiny random Llama (fp32, CPU) for 3 optimizer steps on the same prompts, rewards
+and seed; the per-step losses TRL logs and the final weights must agree within tolerances.REFERENCE_ATOL.
+The runs exercise what the normalisation is about: completions of different lengths (an eos bias in the
+sampler), two iterations per generation batch (old log-probs differ from the current ones, so the clip,
+CISPO cap and SAPO gates act), and gradient accumulation 1 and 2.
+
+The optimizer is plain SGD: Adam divides by sqrt(v), so a rounding-level gradient difference (rlzoo sums in
+another order than TRL) on a gradient component near zero becomes a difference of the size of the learning
+rate; with SGD a weight difference is the learning rate times the gradient difference.
+"""
+
+import math
+
+import pytest
+import torch
+from tolerances import REFERENCE_ATOL
+
+import rlzoo
+
+trl = pytest.importorskip("trl", reason="TRL (test oracle) is not installed: pip install trl==1.16.0")
+datasets = pytest.importorskip("datasets")
+
+from rlzoo.compat.trl import TRLGRPOLoss
+from rlzoo.integrations.trl import GRPOTrainer
+from rlzoo.trainer.models import build_tiny_random
+
+PROMPTS = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
+
+
+def vowels(completions, **kwargs):
+    """A reward with spread: vowels in the completion plus a length term."""
+    return [float(sum(c.count(v) for v in "aeiou")) + 0.1 * len(c) for c in completions]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to share, and on a loaded 2-core machine two
+    threads make HF generation 5-50x slower (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(model directory, tokenizer): the tiny random Llama saved once for the module (TRL loads a path, and a
+    reference model from it when beta > 0)."""
+    model, tokenizer = build_tiny_random()
+    path = tmp_path_factory.mktemp("tiny-random")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path), tokenizer
+
+
+def config(tmp_path, **overrides) -> "trl.GRPOConfig":
+    fields = {
+        "output_dir": str(tmp_path / "out"), "use_cpu": True, "report_to": "none", "disable_tqdm": True, "save_strategy": "no",
+        "seed": 0, "bf16": False, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8,
+        "max_steps": 3, "logging_steps": 1, "optim": "sgd", "learning_rate": 1.0, "num_iterations": 2,
+        "generation_kwargs": {"sequence_bias": {(2,): 2.5}},  # eos (id 2) more likely: completion lengths vary
+    }
+    fields.update(overrides)
+    return trl.GRPOConfig(**fields)
+
+
+def train(cls, tiny, args, **kwargs):
+    """(per-step logs, final parameters) of a 3-step run."""
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
+    trainer = cls(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer,
+                  **kwargs)
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    return logs, torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), trainer
+
+
+LOSS_TYPES = {
+    "dapo": {"loss_type": "dapo"},
+    "grpo_beta": {"loss_type": "grpo", "beta": 0.04},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "cispo": {"loss_type": "cispo", "epsilon_high": 1.1},
+    "sapo": {"loss_type": "sapo"},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+}
+
+
+@pytest.mark.parametrize("gradient_accumulation_steps", [1, 2])
+@pytest.mark.parametrize("case", sorted(LOSS_TYPES))
+def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_accumulation_steps):
+    """With the default loss (loss_from_grpo_config(args)), 3 steps give TRL's per-step losses and final weights."""
+    args = config(tmp_path, gradient_accumulation_steps=gradient_accumulation_steps, **LOSS_TYPES[case])
+    want_logs, want_weights, _ = train(trl.GRPOTrainer, tiny, args)
+    got_logs, got_weights, trainer = train(GRPOTrainer, tiny, args)
+
+    assert isinstance(trainer.loss_fn, TRLGRPOLoss)
+    assert len(got_logs) == len(want_logs) == 3
+    for got, want in zip(got_logs, want_logs, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], abs=REFERENCE_ATOL, rel=0)
+        assert got["entropy"] == pytest.approx(want["entropy"], abs=REFERENCE_ATOL, rel=0)
+        # TRL's names, token-weighted as TRL's; at sequence level TRL averages the clip flags over sequences
+        # and rlzoo over tokens (docs/integrations.md), so only the token-level clip metrics compare
+        names = ["kl"] if args.importance_sampling_level == "sequence" else ["kl", "clip_ratio/region_mean"]
+        for name in names:
+            if name in want:
+                assert got[name] == pytest.approx(want[name], abs=REFERENCE_ATOL, rel=0), name
+    torch.testing.assert_close(got_weights, want_weights, atol=REFERENCE_ATOL, rtol=0)
+    # the comparison has power: the weights moved, lengths differ, and the clip / ratio is active off-policy
+    assert (got_weights - build_flat_initial(tiny)).abs().max() > 1e-3
+    assert any(row["completions/min_length"] < row["completions/max_length"] for row in want_logs if
+               "completions/min_length" in row)
+    assert max(row["ratio/max"] for row in got_logs) > 1.0 + 1e-3
+
+
+def build_flat_initial(tiny) -> torch.Tensor:
+    model, _ = build_tiny_random()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("gradient_accumulation_steps", [1, 2])
+def test_bnpo_normalises_by_the_optimizer_step_not_each_micro_batch(tiny, tmp_path, gradient_accumulation_steps):
+    """TRL's bnpo divides each micro-batch by its own tokens (then by the accumulation steps); rlzoo divides by
+    the optimizer step's tokens (docs/integrations.md). Equal without accumulation, different with it."""
+    args = config(tmp_path, gradient_accumulation_steps=gradient_accumulation_steps, loss_type="bnpo")
+    want_logs, want_weights, _ = train(trl.GRPOTrainer, tiny, args)
+    got_logs, got_weights, _ = train(GRPOTrainer, tiny, args)
+    differences = [abs(g["loss"] - w["loss"]) for g, w in zip(got_logs, want_logs, strict=True)]
+    if gradient_accumulation_steps == 1:
+        assert max(differences) <= REFERENCE_ATOL
+        torch.testing.assert_close(got_weights, want_weights, atol=REFERENCE_ATOL, rtol=0)
+    else:
+        assert max(differences) > 1e-4
+
+
+class Recorder:
+    """Wraps a loss and records every call: (batch, normalizer, loss value)."""
+
+    def __init__(self, loss_fn):
+        self.loss_fn, self.calls = loss_fn, []
+
+    def required_fields(self):
+        return self.loss_fn.required_fields()
+
+    def __call__(self, batch, normalizer):
+        out = self.loss_fn(batch, normalizer)
+        self.calls.append((batch, normalizer, out.loss.detach()))
+        return out
+
+
+def _concat(batches: list[rlzoo.PolicyBatch]) -> rlzoo.PolicyBatch:
+    """One batch from micro-batches of different widths (right padding, masked)."""
+    t = max(b.shape[1] for b in batches)
+
+    def pad(x, value=0.0):
+        return torch.nn.functional.pad(x, (0, t - x.shape[1]), value=value)
+
+    old = [b.old_logprobs if b.old_logprobs is not None else b.logprobs for b in batches]
+    return rlzoo.PolicyBatch(
+        logprobs=torch.cat([pad(b.logprobs.detach()) for b in batches]),
+        old_logprobs=torch.cat([pad(o.detach()) for o in old]),
+        advantages=torch.cat([b.advantages for b in batches]),
+        completion_mask=torch.cat([pad(b.completion_mask, False) for b in batches]),
+    )
+
+
+@pytest.mark.parametrize("steps_per_generation", [2, 4])
+def test_gmpo_trains_and_micro_batches_sum_to_the_optimizer_step(tiny, tmp_path, steps_per_generation):
+    """loss="gmpo" (not in TRL) trains; each micro-batch gets the counts of its optimizer step (also when a
+    generation batch spans two optimizer steps), so the micro-batch losses of a step sum to the loss of the
+    step's whole batch."""
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=steps_per_generation,
+                  num_iterations=1)
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, loss="gmpo")
+    assert trainer.loss_fn.name == "gmpo" and trainer.loss_fn.max_completion_length == 8
+    recorder = Recorder(trainer.loss_fn)
+    trainer.loss_fn = recorder
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logs) == 3 and all(math.isfinite(row["loss"]) for row in logs)
+    assert all("clip_ratio/region_mean" in row and "entropy" in row for row in logs)
+    assert len(recorder.calls) == 3 * 2
+    for step in range(3):
+        calls = recorder.calls[2 * step : 2 * step + 2]
+        full = _concat([batch for batch, _, _ in calls])
+        mask = full.completion_mask
+        for _, normalizer, _ in calls:
+            assert normalizer.num_tokens == mask.sum().item()
+            assert normalizer.num_sequences == mask.any(-1).sum().item()
+        total = sum(loss for _, _, loss in calls)
+        want = recorder.loss_fn(full).loss
+        assert float(total) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
+        assert float(total) == pytest.approx(logs[step]["loss"], abs=REFERENCE_ATOL, rel=0)
+    model, _ = build_tiny_random()
+    moved = max((p.detach() - q).abs().max().item() for p, q in zip(trainer.model.parameters(), model.parameters(),
+                                                                    strict=True))
+    assert moved > 1e-3
+
+
+def test_evaluation_loss_equals_trl(tiny, tmp_path):
+    """prediction_step goes through the rlzoo loss too: evaluate() gives TRL's eval_loss (dapo)."""
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    args = config(tmp_path, per_device_eval_batch_size=4, max_steps=1)
+    results = []
+    for cls in (trl.GRPOTrainer, GRPOTrainer):
+        torch.manual_seed(0)
+        trainer = cls(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, eval_dataset=dataset,
+                      processing_class=tokenizer)
+        torch.manual_seed(0)
+        results.append(trainer.evaluate())
+    assert math.isfinite(results[1]["eval_loss"])
+    assert results[1]["eval_loss"] == pytest.approx(results[0]["eval_loss"], abs=REFERENCE_ATOL, rel=0)
+    assert results[1]["eval_entropy"] == pytest.approx(results[0]["eval_entropy"], abs=REFERENCE_ATOL, rel=0)
+
+
+# ------------------------------------------------------------------------------------------- construction
+def test_kl_penalty_without_reference_model_names_beta(tiny, tmp_path):
+    """rlzoo's grpo preset has beta 0.04; TRL's default beta 0 loads no reference model: say to set beta."""
+    path, tokenizer = tiny
+    with pytest.raises(ValueError, match=r"GRPOConfig\(beta=0.04\)"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), train_dataset=None,
+                    processing_class=tokenizer, loss="grpo")
+
+
+def test_unused_reference_model_warns(tiny, tmp_path):
+    """beta != 0 loads a reference model; a loss without a KL term would never read its log-probs."""
+    path, tokenizer = tiny
+    with pytest.warns(UserWarning, match=r"GRPOConfig\(beta=0.0\)"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, beta=0.04), processing_class=tokenizer,
+                    train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss="gmpo")
+
+
+def test_is_correction_without_vllm_names_use_vllm(tiny, tmp_path):
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
+    with pytest.raises(ValueError, match=r"GRPOConfig\(use_vllm=True\)"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss=loss)
+
+
+def test_bad_loss_argument(tiny, tmp_path):
+    path, tokenizer = tiny
+    with pytest.raises(TypeError, match="PolicyLoss"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss=3)
+    with pytest.raises(KeyError, match="gmpo"):  # UnknownNameError lists the presets
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                    loss="no-such-loss")
+
+
+def test_unsupported_trl_option_names_the_field(tiny, tmp_path):
+    path, tokenizer = tiny
+    with pytest.raises(ValueError, match="use_adaptive_entropy"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, use_adaptive_entropy=True),
+                    processing_class=tokenizer)
+
+
+def test_misaligned_generation_batch_warns(tiny, tmp_path):
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=3)
+    with pytest.warns(UserWarning, match="not a multiple of gradient_accumulation_steps"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_corrected(tiny, tmp_path):
+    """With sampler log-probs (vLLM's, or a rollout_func's) the rlzoo IS correction uses them; a NaN sampler
+    log-prob (a token vLLM could not score) gets ratio 1 (no correction), as TRL: the loss equals the loss with
+    the old log-prob written there."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
+                          rollout_func=lambda prompts, trainer: None)  # never called here
+    trainer.model.eval()  # evaluation: the counts come from the batch itself
+    g = torch.Generator().manual_seed(0)
+    b, p, t = 4, 3, 5
+    mask = (torch.arange(t) < torch.tensor([5, 3, 4, 1])[:, None]).long()
+    with torch.no_grad():
+        completion_ids = torch.randint(3, 200, (b, t), generator=g)
+        prompt_ids = torch.randint(3, 200, (b, p), generator=g)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([torch.ones(b, p, dtype=torch.long), mask], 1), t)
+    old = (logps + 0.1 * torch.randn(b, t, generator=g)).clamp(max=0)
+    sampling = (old + 0.5 * torch.randn(b, t, generator=g)).clamp(max=0)
+    inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones(b, p, dtype=torch.long),
+              "completion_ids": completion_ids, "completion_mask": mask, "advantages": torch.randn(b, generator=g),
+              "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    nan = sampling.clone()
+    nan[0, 2] = float("nan")
+    filled = sampling.clone()
+    filled[0, 2] = old[0, 2]
+    with torch.no_grad():
+        got = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": nan})
+        want = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": filled})
+        without = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": old})
+    assert math.isfinite(float(got))
+    assert float(got) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
+    assert abs(float(got) - float(without)) > 1e-4  # the correction acts on the other tokens
