@@ -156,7 +156,7 @@ def _cmd_train(argv: Sequence[str]) -> int:
     config = parse_train_args(argv)
     history = train(config)
     evals = [r for r in history if r.get("eval/accuracy") is not None]
-    if evals:
+    if evals and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
         first, last = evals[0], evals[-1]
         print(f"held-out greedy accuracy: step {first['step']} {100 * first['eval/accuracy']:.1f}% -> "
               f"step {last['step']} {100 * last['eval/accuracy']:.1f}%")
@@ -266,7 +266,8 @@ def console_main() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlzoo`` command (raises on bad input; the console script is :func:`console_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("RLZOO_LOG_LEVEL", "INFO"),
+    level = os.environ.get("RLZOO_LOG_LEVEL", "INFO" if os.environ.get("RANK", "0") == "0" else "WARNING")
+    logging.basicConfig(level=level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,27 +1,40 @@
 """The checkpointer: atomic checkpoints of a run, found by step number, pruned, loaded back exactly.
 
-A checkpoint ``checkpoints/step-NNNNNN/`` holds ``model/`` (a Hugging Face checkpoint: safetensors, config,
-tokenizer), one ``NAME.pt`` per stateful component (``optimizer``, ``rollouts``, ``rng``) and
-``trainer_state.json`` (the step and the run's settings). It is written into a temporary sibling and renamed
-into place (:func:`rlzoo.trainer.io.atomic_dir`), so a kill never leaves half a checkpoint.
+A checkpoint ``checkpoints/step-NNNNNN/`` holds:
+
+- ``dcp/``: the model and optimizer state, written by every rank with ``torch.distributed.checkpoint`` (DCP:
+  each rank its shards, resharded on load, so a checkpoint of 2 ranks resumes on 1 and the reverse);
+- ``model/``: the consolidated Hugging Face model (safetensors, config, tokenizer) that
+  ``AutoModelForCausalLM.from_pretrained`` and ``rlzoo eval --model`` load;
+- ``NAME.pt``: state shared by the ranks (the learning-rate schedule), and ``NAME-rankR.pt``: each rank's
+  own (its generation cycle and unfinished batch, its RNGs);
+- ``trainer_state.json``: the step, the world size and the run's settings.
+
+It is written into a temporary sibling (every rank writes into the one rank 0 made) and renamed into place
+by rank 0 once all have written (:func:`rlzoo.trainer.io.atomic_dir`), so a kill never leaves half a
+checkpoint.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
 import random
 import re
 import shutil
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlzoo.trainer.config import CheckpointConfig
+from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, save_pretrained_atomic
+from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "rng_state", "set_rng_state"]
+__all__ = ["Checkpoint", "Checkpointer", "rng_state", "set_rng_state", "step_of"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -50,13 +63,15 @@ class Checkpoint:
     Attributes:
         path: its directory.
         step: optimizer steps it had taken.
-        settings: the run's config (``TrainConfig.to_dict()``) when it was written; {} for checkpoints written
-            before rlzoo recorded it.
-        states: each component's state, by file name (``optimizer``, ``rollouts``, ``rng``).
+        world_size: the number of ranks that wrote it.
+        settings: the run's config (``TrainConfig.to_dict()``) when it was written.
+        states: the shared states and this rank's own (``NAME-rankR.pt``; rank 0's when the world size
+            changed), by name.
     """
 
     path: Path
     step: int
+    world_size: int
     settings: Mapping[str, Any]
     states: Mapping[str, Any]
 
@@ -113,80 +128,147 @@ class Checkpointer:
         """Whether a checkpoint is due after ``step`` (every ``save_steps``, and at the end)."""
         return final or bool(self.config.save_steps and step % self.config.save_steps == 0)
 
-    def save(self, step: int, *, model: torch.nn.Module, tokenizer: Any, states: Mapping[str, Any],
-             settings: Mapping[str, Any]) -> Path:
-        """Write the checkpoint of ``step`` atomically, then keep only the newest ``save_total_limit``.
+    def save(self, step: int, *, policy: ParallelModel, optimizer: torch.optim.Optimizer, tokenizer: Any,
+             shared: Mapping[str, Any], per_rank: Mapping[str, Any], settings: Mapping[str, Any],
+             dist: Distributed) -> Path:
+        """Write the checkpoint of ``step`` atomically (every rank calls it), then keep the newest
+        ``save_total_limit``.
+
+        Args:
+            policy: the model (its DCP state and its consolidated Hugging Face export).
+            optimizer: the optimizer over ``policy``'s parameters.
+            tokenizer: saved with the consolidated model.
+            shared: states equal on every rank (written by rank 0 as ``NAME.pt``).
+            per_rank: this rank's states (``NAME-rankR.pt``).
+            settings: the run's config, recorded for resume checks.
+            dist: the process group context.
 
         Raises:
             OSError: the write failed (disk full: ``no space left on device`` naming the file); the previous
                 checkpoints are untouched.
         """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
         path = self.path(step)
-        with atomic_dir(path) as tmp:
-            save_pretrained_atomic(model, tokenizer, tmp / "model")
-            for name, state in states.items():
-                with disk_full_is_os_error(path / f"{name}.pt"), open(tmp / f"{name}.pt", "wb") as fh:
-                    torch.save(state, fh)
-            trainer_state = json.dumps({"step": step, "settings": dict(settings)}, indent=2, sort_keys=True)
-            with disk_full_is_os_error(path / "trainer_state.json"):
-                (tmp / "trainer_state.json").write_text(trainer_state + "\n")
-        for old in self.all()[: -self.config.save_total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+        with _staging(path, dist) as tmp:
+            state = {"model": get_model_state_dict(policy.module),
+                     "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
+            with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
+                dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.enabled)
+            full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
+            if dist.is_main:
+                save_pretrained_atomic(policy.model, tokenizer, tmp / "model", state_dict=full)
+            files = {f"{name}-rank{dist.rank}.pt": value for name, value in per_rank.items()}
+            if dist.is_main:
+                files.update({f"{name}.pt": value for name, value in shared.items()})
+            for name, value in files.items():
+                with disk_full_is_os_error(path / name), open(tmp / name, "wb") as fh:
+                    torch.save(value, fh)
+            if dist.is_main:
+                trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings)}
+                with disk_full_is_os_error(path / "trainer_state.json"):
+                    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
+        if dist.is_main:
+            for old in self.all()[: -self.config.save_total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
         return path
 
     @staticmethod
     def settings(path: str | Path) -> dict[str, Any]:
-        """The run settings a checkpoint was written with ({} for checkpoints from before rlzoo recorded them).
+        """The run settings a checkpoint was written with (its ``world_size`` added).
 
         Raises:
             FileNotFoundError: not an rlzoo checkpoint.
         """
-        state_file = Path(path) / "trainer_state.json"
-        if not state_file.is_file():
-            raise FileNotFoundError(f"{path} is not an rlzoo checkpoint (no trainer_state.json)")
-        return dict(json.loads(state_file.read_text()).get("settings", {}))
+        state = _trainer_state(Path(path))
+        return {**state.get("settings", {}), "world_size": state.get("world_size", 1)}
 
-    def load(self, path: str | Path, *, model: torch.nn.Module, device: torch.device) -> Checkpoint:
-        """Load a checkpoint's weights into ``model`` and read its states (onto ``device``).
+    def load(self, path: str | Path, *, policy: ParallelModel, optimizer: torch.optim.Optimizer,
+             dist: Distributed) -> Checkpoint:
+        """Load a checkpoint's model and optimizer state into ``policy`` and ``optimizer`` (resharded to this
+        world size) and read its other states onto ``policy``'s device.
 
         Raises:
             FileNotFoundError: not an rlzoo checkpoint.
             ValueError: the checkpoint does not fit the model: names the checkpoint and the first missing,
                 unexpected or differently shaped tensor.
         """
-        from safetensors.torch import load_file
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         path = Path(path)
-        state_file = path / "trainer_state.json"
-        if not state_file.is_file():
-            raise FileNotFoundError(f"{path} is not an rlzoo checkpoint (no trainer_state.json)")
-        weights: dict[str, torch.Tensor] = {}
-        for shard in sorted((path / "model").glob("*.safetensors")):
-            weights.update(load_file(str(shard), device=str(device)))
-        _check_fits(path, weights, model)
-        model.load_state_dict(weights, strict=False)
-        trainer_state = json.loads(state_file.read_text())
-        states = {p.stem: torch.load(p, map_location=device, weights_only=True) for p in sorted(path.glob("*.pt"))}
-        return Checkpoint(path=path, step=int(trainer_state["step"]), settings=trainer_state.get("settings", {}),
-                          states=states)
+        trainer_state = _trainer_state(path)
+        model_state = get_model_state_dict(policy.module)
+        _check_fits(path, model_state)
+        state = {"model": model_state, "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
+        with _one_process_quietly(dist):
+            dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.enabled)
+        set_model_state_dict(policy.module, state["model"])
+        set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
+        world_size = int(trainer_state.get("world_size", 1))
+        rank = dist.rank if world_size == dist.world_size else 0
+        device = next(policy.model.parameters()).device
+        states = {}
+        for file in sorted(path.glob("*.pt")):
+            name, _, owner = file.stem.partition("-rank")
+            if not owner or int(owner) == rank:
+                states[name] = torch.load(file, map_location=device, weights_only=True)
+        return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
+                          settings=trainer_state.get("settings", {}), states=states)
 
 
-def _check_fits(path: Path, weights: Mapping[str, torch.Tensor], model: torch.nn.Module) -> None:
-    """Raise naming the first tensor where the checkpoint and the model differ (tied copies may be absent)."""
-    own = model.state_dict()
-    storage: dict[int, list[str]] = {}  # tied parameters share storage; a checkpoint holds one of them
-    for name, tensor in own.items():
-        storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(name)
-    tied = {name for names in storage.values() if len(names) > 1 and any(n in weights for n in names) for name in names}
-    for name, tensor in weights.items():
-        if name not in own:
-            raise ValueError(f"checkpoint {path} does not fit the model: it has a tensor {name!r} the model lacks "
+@contextlib.contextmanager
+def _staging(path: Path, dist: Distributed) -> Iterator[Path]:
+    """The temporary directory every rank writes a checkpoint into; rank 0 renames it to ``path`` once all
+    have written."""
+    if dist.is_main:
+        with atomic_dir(path) as tmp:
+            dist.broadcast_object(str(tmp))
+            yield tmp
+            dist.barrier()  # every rank has written its part
+    else:
+        yield Path(dist.broadcast_object(None))
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _one_process_quietly(dist: Distributed) -> Iterator[None]:
+    """DCP warns at every single-process save and load that it assumes one process; that is the intent here."""
+    with warnings.catch_warnings():
+        if not dist.enabled:
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
+def _trainer_state(path: Path) -> dict[str, Any]:
+    state_file = path / "trainer_state.json"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{path} is not an rlzoo checkpoint (no trainer_state.json)")
+    return json.loads(state_file.read_text())
+
+
+def _check_fits(path: Path, model_state: Mapping[str, Any]) -> None:
+    """Raise naming the first tensor where the checkpoint and the model differ."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = {k.removeprefix("model."): v for k, v in FileSystemReader(str(path / "dcp")).read_metadata()
+             .state_dict_metadata.items() if k.startswith("model.")}
+    for name, value in model_state.items():
+        if name not in saved:
+            raise ValueError(f"checkpoint {path} does not fit the model: it lacks {name.removeprefix('model.')!r} "
                              "(a checkpoint of another model?)")
-        if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(f"checkpoint {path} does not fit the model: {name} has shape {tuple(tensor.shape)} in "
-                             f"the checkpoint and {tuple(own[name].shape)} in the model (a checkpoint of another "
-                             "model?)")
-    missing = [name for name in own if name not in weights and name not in tied]
-    if missing:
-        raise ValueError(f"checkpoint {path} does not fit the model: it lacks {missing[0]!r} "
-                         f"({len(missing)} tensors missing; a checkpoint of another model?)")
+        want, have = tuple(saved[name].size), tuple(value.shape)
+        if want != have:
+            raise ValueError(f"checkpoint {path} does not fit the model: {name.removeprefix('model.')} has shape "
+                             f"{want} in the checkpoint and {have} in the model (a checkpoint of another model?)")
+    extra = sorted(set(saved) - set(model_state))
+    if extra:
+        raise ValueError(f"checkpoint {path} does not fit the model: it has a tensor {extra[0].removeprefix('model.')!r} "
+                         "the model lacks (a checkpoint of another model?)")

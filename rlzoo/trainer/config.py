@@ -32,6 +32,7 @@ __all__ = [
     "EvalConfig",
     "ModelConfig",
     "OptimizerConfig",
+    "ParallelConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
@@ -105,6 +106,22 @@ class ModelConfig(Section):
     """Recompute activations in backward to save memory."""
     num_threads: int | None = None
     """CPU threads for torch (None: torch's default)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelConfig(Section):
+    """Data parallelism under torchrun (``torchrun --nproc_per_node N -m rlzoo train ...``); ignored in one process."""
+
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: parameters, gradients and optimizer
+    state sharded across ranks (FSDP2 fully_shard), for models that do not fit one device."""
+    fsdp_cpu_offload: bool = False
+    """fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2 CPUOffloadPolicy)."""
+    distributed_timeout: int = 600
+    """Seconds a collective may wait for the other ranks before the job fails (a dead or stuck rank)."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("distributed_timeout", self.distributed_timeout >= 1, ">= 1"), *super().checks()]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,7 +202,8 @@ class RolloutConfig(Section):
     vllm_gpu_memory_utilization: float = 0.3
     """vLLM colocated engine's GPU memory share."""
     per_device_train_batch_size: int = 32
-    """Completions per micro-step (TRL's per_device_train_batch_size)."""
+    """Completions per micro-step on each rank (TRL's per_device_train_batch_size; the global batch is this x ranks
+    x gradient_accumulation_steps)."""
     gradient_accumulation_steps: int = 1
     """Micro-steps per optimizer step."""
     steps_per_generation: int | None = None
@@ -346,7 +364,7 @@ class RunConfig(Section):
 # the algorithm and model first, as before the split.
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig(RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, ScorerConfig, RolloutConfig,
-                  RewardConfig, TaskConfig, ModelConfig, AlgorithmConfig):
+                  RewardConfig, TaskConfig, ParallelConfig, ModelConfig, AlgorithmConfig):
     """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
 
     def checks(self) -> list[tuple[str, bool, str]]:

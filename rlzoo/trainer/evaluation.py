@@ -1,5 +1,6 @@
 """The evaluator: greedy accuracy on the task's held-out set, with a 95 % Wilson interval."""
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -8,7 +9,9 @@ from typing import Any
 import torch
 
 from rlzoo.trainer.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig, TrainConfig
+from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import HFGenerator
+from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.tasks import TaskStream, build_task
 
@@ -56,9 +59,13 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
-                    batch_size: int, limit: int | None = None) -> EvalResult:
-    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer."""
-    items = list(task.eval_items)[:limit]
+                    batch_size: int, limit: int | None = None, dist: Distributed = ONE_PROCESS) -> EvalResult:
+    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer.
+
+    Under torchrun each rank decodes its strided share of the problems and the scores are summed over the
+    ranks (every rank returns the same accuracy; the samples are rank 0's).
+    """
+    items = dist.shard(list(task.eval_items)[:limit])
     scores: list[float] = []
     samples: list[tuple[str, str, float]] = []
     for start in range(0, len(items), batch_size):
@@ -70,9 +77,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             scores.append(score)
             if len(samples) < 3:
                 samples.append((task.question(item), text, score))
-    n = len(scores)
-    low, high = wilson_interval(sum(scores), n)
-    return EvalResult(accuracy=sum(scores) / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
+    totals = dist.reduce_floats({"score": sum(scores), "n": float(len(scores))})
+    total, n = totals["score"], int(totals["n"])
+    low, high = wilson_interval(total, n)
+    return EvalResult(accuracy=total / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples))
 
 
@@ -87,35 +95,40 @@ class Evaluator:
         tokenizer: the model's tokenizer.
         generator: greedy decoding (an :class:`~rlzoo.trainer.generation.HFGenerator` without prefix sharing).
         precision: autocast of the forward passes.
+        dist: the process group context (each rank evaluates a share of the held-out set).
     """
 
     def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
-                 precision: Precision) -> None:
+                 precision: Precision, dist: Distributed = ONE_PROCESS) -> None:
         self.config = config
         self.task = task
         self.tokenizer = tokenizer
         self.generator = generator
         self.precision = precision
+        self.dist = dist
 
     @property
     def enabled(self) -> bool:
         """Whether there is a held-out set to evaluate."""
         return len(self.task.eval_items) > 0
 
-    def run(self, model: torch.nn.Module, limit: int | None = None) -> EvalResult:
-        """Greedy accuracy of ``model`` on the held-out set (``limit`` problems at most)."""
-        with self.precision.autocast():
-            return greedy_accuracy(model, self.tokenizer, self.task, self.generator,
-                                   batch_size=self.config.eval_batch_size, limit=limit)
+    def run(self, model: torch.nn.Module | ParallelModel, limit: int | None = None) -> EvalResult:
+        """Greedy accuracy of ``model`` (a Hugging Face model, or a :class:`ParallelModel` whose parameters are
+        gathered for the evaluation) on the held-out set (``limit`` problems at most)."""
+        gathered = model.gathered() if isinstance(model, ParallelModel) else contextlib.nullcontext(model)
+        with gathered as whole, self.precision.autocast():
+            return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
+                                   batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist)
 
-    def maybe_run(self, model: torch.nn.Module, step: int, *, final: bool) -> dict[str, float]:
+    def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *, final: bool) -> dict[str, float]:
         """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),
         else ``{}``; logs the result."""
         due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
         if not (self.enabled and due):
             return {}
         result = self.run(model)
-        log.info("step %d held-out greedy accuracy %s", step, result)
+        if self.dist.is_main:
+            log.info("step %d held-out greedy accuracy %s", step, result)
         return result.metrics()
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from rlzoo.trainer.rollout import position_ids_for
 
-__all__ = ["Generated", "Generator", "HFGenerator", "VLLMGenerator", "completion_mask_from_eos"]
+__all__ = ["Generated", "Generator", "GroupSeededSampling", "HFGenerator", "VLLMGenerator", "completion_mask_from_eos"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -49,8 +49,9 @@ class Generator(Protocol):
     """What the trainer needs from a generation backend."""
 
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
-                 greedy: bool = False) -> Generated:
-        """Sample ``num_generations`` completions per prompt (greedy: one argmax completion each)."""
+                 greedy: bool = False, seeds: list[int] | None = None) -> Generated:
+        """Sample ``num_generations`` completions per prompt (greedy: one argmax completion each), each prompt's
+        from its own seed when ``seeds`` is given."""
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -84,6 +85,50 @@ def _eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("the model's generation_config and the tokenizer define no EOS token")
     return ids
+
+
+class GroupSeededSampling:
+    """Sampling with one random stream per prompt group: a Hugging Face ``logits_processor`` that makes greedy
+    decoding sample.
+
+    At each step the logits are warped as ``generate`` warps them for sampling (temperature, then top-k, then
+    top-p, with transformers' own warpers), and Gumbel noise ``-log(-log(U))``, ``U`` uniform from the group's
+    own ``torch.Generator``, is added: the argmax of logits plus Gumbel noise is a sample from the softmax of the
+    logits (the Gumbel-max trick; Gumbel 1954, as used by Kool et al. 2019, arXiv:1903.06059). Each group draws
+    ``[G, V]`` uniforms per step from its own stream, so a group's completions depend only on its seed, not on
+    which other prompts share the batch, the rank or the batch size.
+
+    Args:
+        seeds: one seed per prompt group, in batch order.
+        group_size: completions per prompt (``G`` consecutive rows per seed).
+        temperature: > 0; top_k: 0 = off; top_p: in (0, 1].
+    """
+
+    def __init__(self, seeds: list[int], group_size: int, *, temperature: float, top_k: int, top_p: float) -> None:
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.seeds = list(seeds)
+        self.group_size = group_size
+        warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
+        warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
+        warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+        self.warpers = LogitsProcessorList(warpers)
+        self._generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: Int[Tensor, "N L"], scores: Float[Tensor, "N V"]) -> Float[Tensor, "N V"]:
+        """Warped ``scores`` plus this step's Gumbel noise (rows = groups x ``group_size``, in seed order)."""
+        if self._generators is None:
+            self._generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        scores = self.warpers(input_ids, scores.float())
+        shape = (self.group_size, scores.shape[-1])
+        uniform = torch.cat([torch.rand(shape, generator=g, device=scores.device) for g in self._generators])
+        tiny = torch.finfo(uniform.dtype).tiny
+        return scores - torch.log(-torch.log(uniform.clamp(min=tiny, max=1.0 - 1e-7)))
 
 
 class HFGenerator:
@@ -122,9 +167,10 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
-                 greedy: bool = False) -> Generated:
-        """See :class:`Generator`."""
-        from transformers import GenerationConfig
+                 greedy: bool = False, seeds: list[int] | None = None) -> Generated:
+        """See :class:`Generator`; with ``seeds`` (one per prompt), each prompt's completions are sampled from its
+        own random stream (:class:`GroupSeededSampling`) instead of the global RNG."""
+        from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = self.encode_prompts(prompts, device)
@@ -132,15 +178,24 @@ class HFGenerator:
         group_index = torch.arange(len(prompts), device=device).repeat_interleave(g)
         eos = _eos_ids(model, self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        seeded = seeds is not None and not greedy
+        sample = not greedy and not seeded  # seeded sampling is greedy decoding of Gumbel-perturbed logits
         config = GenerationConfig(
             max_new_tokens=self.max_completion_length,
-            do_sample=not greedy,
-            temperature=None if greedy else self.temperature,
-            top_p=None if greedy else self.top_p,
-            top_k=None if greedy or self.top_k == 0 else self.top_k,
+            do_sample=sample,
+            temperature=self.temperature if sample else None,
+            top_p=self.top_p if sample else None,
+            top_k=None if not sample or self.top_k == 0 else self.top_k,
             eos_token_id=eos,
             pad_token_id=pad,
         )
+        if seeded:
+            if len(seeds) != len(prompts):
+                raise ValueError(f"seeds: {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
+            processor = GroupSeededSampling(seeds, g, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+            kwargs_processor = {"logits_processor": LogitsProcessorList([processor])}
+        else:
+            kwargs_processor = {}
         ids = prompt_ids[group_index]
         mask = prompt_mask[group_index]
         kwargs = {}
@@ -154,7 +209,8 @@ class HFGenerator:
             cache = prefix.past_key_values
             cache.batch_select_indices(group_index)
             kwargs["past_key_values"] = cache
-        out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config, **kwargs)
+        out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config, **kwargs,
+                             **kwargs_processor)
         completion_ids = out[:, prompt_ids.shape[1]:]
         if completion_ids.shape[1] == 0:  # max_new_tokens reached immediately (cannot happen for >= 1)
             raise RuntimeError("generate returned no new tokens")
@@ -215,19 +271,20 @@ class VLLMGenerator:
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
 
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
-                 greedy: bool = False) -> Generated:
-        """See :class:`Generator`; also returns ``rollout_logprobs``."""
+                 greedy: bool = False, seeds: list[int] | None = None) -> Generated:
+        """See :class:`Generator`; also returns ``rollout_logprobs``. ``seeds`` become vLLM's per-request seeds."""
         import vllm
 
         g = 1 if greedy else num_generations
-        params = vllm.SamplingParams(
+        params = [vllm.SamplingParams(
             n=g,
             temperature=0.0 if greedy else self.temperature,
             top_p=1.0 if greedy else self.top_p,
             top_k=-1 if greedy or self.top_k == 0 else self.top_k,
             max_tokens=self.max_completion_length,
             logprobs=0,
-        )
+            seed=None if seeds is None or greedy else seeds[i],
+        ) for i in range(len(prompts))]
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = self.encoder.encode_prompts(prompts, device)
         requests = [{"prompt_token_ids": ids[mask].tolist()} for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]

@@ -132,7 +132,8 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[str]) -> Path:
+def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[str],
+                           state_dict: dict[str, Any] | None = None) -> Path:
     """Save a Hugging Face model (safetensors), its tokenizer, config and generation config as one directory,
     atomically (:func:`atomic_dir`): a crash leaves the previous directory or nothing, never half a checkpoint.
     An existing ``path`` is replaced. Load it back with ``rlzoo.trainer.models.load_model(path)``.
@@ -140,6 +141,11 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
     The tokenizer is saved as configured, whatever the process did with it before: a fast tokenizer's
     backend keeps the padding and truncation of its last call (e.g. left padding for generation), which
     ``save_pretrained`` would write into ``tokenizer.json``; a copy without them is saved.
+
+    Args:
+        model, tokenizer: a Hugging Face model and its tokenizer.
+        path: the directory.
+        state_dict: the weights to save instead of the model's own (a consolidated FSDP2 state dict).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -157,7 +163,7 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
         tokenizer.backend_tokenizer.no_padding()
         tokenizer.backend_tokenizer.no_truncation()
     with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(tmp)
     return path
 

@@ -1,10 +1,14 @@
 """The trainer: builds the run's components from their config sections and runs the training loop.
 
 One optimizer step: the rollout source hands over the step's micro-batches (generating when the cycle says
-so); one :class:`rlzoo.Normalizer` holds the counts of the whole step, so the accumulated gradient equals the
-full-batch gradient for every aggregation; each micro-batch is scored, its loss computed and backpropagated;
-the optimizer steps; evaluation, metrics and checkpoints follow when due. The loop never looks at the loss's
-name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
+so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
+accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
+scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
+when due. The loop never looks at the loss's name: the loss says which inputs it needs
+(``loss.required_fields()``), the estimator which it uses.
+
+Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
+(config, metrics, plot, lock), and every rank takes part in checkpoints (DCP).
 """
 
 import contextlib
@@ -28,17 +32,20 @@ from rlzoo.trainer.config import (
     EvalConfig,
     ModelConfig,
     OptimizerConfig,
+    ParallelConfig,
     RewardConfig,
     RolloutConfig,
     ScorerConfig,
     TaskConfig,
     TrainConfig,
 )
+from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, Evaluator, evaluate
 from rlzoo.trainer.generation import HFGenerator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
 from rlzoo.trainer.optim import OptimizerStep
+from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
 from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource, build_generator
@@ -103,9 +110,10 @@ class Trainer:
     ``resolved_loss``) and the advantage estimator is ``config.advantage`` or, if None, ``grpo``.
 
     Attributes:
-        model, tokenizer, ref_model: the policy, its tokenizer, and the frozen reference (None unless the loss
-            needs reference log-probs).
-        rollouts, scorer, optimizer, evaluator, checkpointer, logger, run_dir: the run's components.
+        model, tokenizer: the policy (the Hugging Face model) and its tokenizer.
+        policy, reference: the policy and the frozen reference (None unless the loss needs reference log-probs)
+            as the ranks hold them (:class:`~rlzoo.trainer.parallel.ParallelModel`: plain, DDP or FSDP2).
+        rollouts, scorer, optimizer, evaluator, checkpointer, logger, run_dir, dist: the run's components.
         step: optimizer steps taken.
 
     Raises:
@@ -126,7 +134,9 @@ class Trainer:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.precision = Precision.resolve(config.section(ModelConfig))
+        parallel = config.section(ParallelConfig)
+        self.dist = dist = init_distributed(timeout_s=parallel.distributed_timeout, device=config.device)
+        self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         required = self.loss_fn.required_fields()
@@ -135,9 +145,10 @@ class Trainer:
                 "this loss needs rollout_logprobs (sampler log-probs, e.g. is_correction), which only the vllm "
                 "backend provides; use --backend vllm or drop the option"
             )
-        self.run_dir = RunDirectory(config.output_dir or self._default_output_dir(), overwrite=config.overwrite,
-                                    resume=config.resume)
-        self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
+        self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
+                                    overwrite=config.overwrite, resume=config.resume)
+        if dist.is_main:
+            self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         torch.manual_seed(config.seed)
         random.seed(config.seed)
@@ -146,27 +157,36 @@ class Trainer:
         self.model.eval()  # dropout off: the ratio must be exactly 1 on the first iteration
         if config.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
-        self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if "ref_logprobs" in required else None
+        if dist.enabled and self.loss_fn.batch_coupled and dist.is_main:
+            log.warning("loss %s selects tokens from statistics of the batch it is given (clip_cov / kl_cov / "
+                        "top_entropy_quantile): under torchrun each rank computes them on its own share",
+                        self.loss_fn.name or "custom")
+        reference = copy.deepcopy(self.model).requires_grad_(False) if "ref_logprobs" in required else None
+        self.policy = ParallelModel(self.model, dist=dist, config=parallel, precision=self.precision)
+        self.reference = reference and ParallelModel(reference, dist=dist, config=parallel, precision=self.precision,
+                                                     trainable=False)
         task = build_task(config.section(TaskConfig))
         rewards = RewardSet(list(config.reward_funcs) + list(reward_funcs), weights=config.reward_weights, task=task)
         rollout_config = config.section(RolloutConfig)
         self.scorer = Scorer(config.section(ScorerConfig), precision=self.precision, temperature=config.temperature,
                              micro_batch_size=config.per_device_train_batch_size,
-                             gradient_checkpointing=config.gradient_checkpointing,
-                             with_entropy="entropies" in required)
+                             gradient_checkpointing=config.gradient_checkpointing, with_entropy="entropies" in required,
+                             share_prefix=(config.share_prompt_prefix and not config.gradient_checkpointing
+                                           and not self.policy.sharded))
         generator = build_generator(rollout_config, self.model, self.tokenizer, share_prefix=self.scorer.share_prefix,
                                     seed=config.seed, precision=self.precision)
         self.rollouts = RolloutSource(
             rollout_config, config.section(RewardConfig), task=task, rewards=rewards, advantage_fn=advantage_fn,
-            scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.model,
-            reference=self.ref_model, precision=self.precision, seed=config.seed)
+            scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
+            reference=self.reference, precision=self.precision, seed=config.seed, dist=dist)
         eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
                                      max_prompt_length=config.max_prompt_length, share_prefix=False)
         self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
-                                   generator=eval_generator, precision=self.precision)
-        self.optimizer = OptimizerStep(config.section(OptimizerConfig), self.model, max_steps=config.max_steps)
+                                   generator=eval_generator, precision=self.precision, dist=dist)
+        self.optimizer = OptimizerStep(config.section(OptimizerConfig), self.policy.module, max_steps=config.max_steps)
         self.checkpointer = Checkpointer(config.section(CheckpointConfig), self.run_dir.checkpoints)
-        self.logger = MetricsLogger(self.run_dir.path, max_steps=config.max_steps, progress=config.progress)
+        self.logger = MetricsLogger(self.run_dir.path, max_steps=config.max_steps, progress=config.progress,
+                                    writes=dist.is_main)
         self.step = 0
         self._saved_step = -1
 
@@ -185,22 +205,22 @@ class Trainer:
         Raises :class:`RunInterrupted` after SIGINT / SIGTERM (its last completed step checkpointed), and
         ``FloatingPointError`` on a non-finite loss or gradient norm (that step not taken)."""
         with self._session() as interrupt:
-            while self.step < self.config.max_steps and not interrupt.requested:
+            while self.step < self.config.max_steps and not self.dist.any(interrupt.requested):
                 started = time.perf_counter()
                 batch = self.rollouts.next_optimizer_step()
-                normalizer = Normalizer.from_masks(*batch.loss_masks)  # counts of the whole optimizer step
+                normalizer = self.dist.normalizer(Normalizer.from_masks(*batch.loss_masks))  # the global step's
                 losses, generated = LossMetrics(normalizer), time.perf_counter()
                 for micro_batch, loss_mask in zip(batch.micro_batches, batch.loss_masks, strict=True):
-                    out = self.loss_fn(self.scorer.policy_batch(self.model, micro_batch, loss_mask),
+                    out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask),
                                        normalizer=normalizer)
-                    out.loss.backward()
+                    self.policy.backward(out.loss)
                     losses.add(out, loss_mask)
-                row = self.optimizer.step(self.model, loss=losses.loss, step=self.step + 1)
-                self.rollouts.sync_weights(self.model)
+                row = self.optimizer.step(self.policy.module, loss=losses.reduce(self.dist), step=self.step + 1)
+                self.rollouts.sync_weights()
                 self.step += 1
                 row = self._step_metrics(batch, losses, row, started, generated)
                 final = self.step == self.config.max_steps
-                self.logger.write(row | self.evaluator.maybe_run(self.model, self.step, final=final))
+                self.logger.write(row | self.evaluator.maybe_run(self.policy, self.step, final=final))
                 if self.checkpointer.due(self.step, final=final):
                     self.save_checkpoint(plot=not final)
         return self.logger.history
@@ -208,47 +228,54 @@ class Trainer:
     def _step_metrics(self, batch: OptimizerStepBatch, losses: LossMetrics, row: dict[str, float], started: float,
                       generated: float) -> dict[str, Any]:
         now = time.perf_counter()
+        tokens = self.dist.reduce_floats({"tokens": batch.num_tokens})["tokens"]
         return {"step": self.step, "loss": losses.loss, **self.rollouts.batch_metrics(batch), **row,
                 "step_time": now - started, "train_time": now - generated,
-                "tokens_per_second": batch.num_tokens / max(1e-9, now - started),
-                **batch.metrics, **losses.metrics}
+                "tokens_per_second": tokens / max(1e-9, now - started), **batch.metrics, **losses.metrics}
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[GracefulInterrupt]:
         """The run around the loop: lock the directory, start or resume, evaluate at step 0; at the end plot,
         and after a signal checkpoint the last completed step and raise :class:`RunInterrupted`."""
-        with self.run_dir.lock(), GracefulInterrupt() as interrupt:
+        lock = self.run_dir.lock() if self.dist.is_main else contextlib.nullcontext()
+        with lock, GracefulInterrupt() as interrupt:
             try:
                 self._start()
                 yield interrupt
-                if interrupt.requested:
+                stop = self.dist.any(interrupt.requested)
+                if stop:
                     path = self.save_checkpoint(plot=False) if self._saved_step != self.step else None
-                    raise RunInterrupted(interrupt.requested, self.step,
-                                         str(path or self.checkpointer.path(self.step)))
+                    raise RunInterrupted(stop, self.step, str(path or self.checkpointer.path(self.step)))
                 self.logger.plot()
             finally:
                 self.logger.close()
 
     def _start(self) -> None:
-        """Clean up, resume when asked, record the settings, check the rewards, evaluate at step 0."""
-        self.run_dir.prepare()
+        """Clean up, resume when asked, record the settings, check the rewards, evaluate at step 0 (what
+        touches the run directory: rank 0 only)."""
+        main = self.dist.is_main
+        if main:
+            self.run_dir.prepare()
         checkpoint, changes, source_run = None, {}, None
         if self.config.resume:
-            checkpoint = self.checkpointer.find(self.config.resume)
+            found = str(self.checkpointer.find(self.config.resume)) if main else None
+            checkpoint = Path(self.dist.broadcast_object(found))
             changes = self.load_checkpoint(checkpoint)
             source_run = checkpoint.resolve().parent.parent
-            if source_run == self.run_dir.path.resolve():
+            if main and source_run == self.run_dir.path.resolve():
                 self.run_dir.abandon_after(self.step)
-        previous = read_metrics(source_run / "metrics.jsonl")[0] if source_run else []
-        self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step])
-        self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
-                                  resumed_from=str(checkpoint) if checkpoint else None, changes=changes,
-                                  source=source_run / "config.json" if source_run else None)
-        log.info("run dir %s | loss %s | advantage %s | device %s", self.run_dir.path, self.loss_fn.name or "custom",
-                 self.advantage_name, self.precision)
+        if main:
+            previous = read_metrics(source_run / "metrics.jsonl")[0] if source_run else []
+            self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step])
+            self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
+                                      resumed_from=str(checkpoint) if checkpoint else None, changes=changes,
+                                      source=source_run / "config.json" if source_run else None)
+            log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
+                     self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
+        self.dist.barrier()
         self.rollouts.check_rewards()
         if self.step == 0:
-            initial = self.evaluator.maybe_run(self.model, 0, final=False)
+            initial = self.evaluator.maybe_run(self.policy, 0, final=False)
             if initial:
                 self.logger.write({"step": 0, **initial})
 
@@ -261,6 +288,8 @@ class Trainer:
                 "resolved_dtype": str(precision.param_dtype).removeprefix("torch."),
                 "resolved_autocast_dtype": (str(precision.autocast_dtype).removeprefix("torch.")
                                             if precision.autocast_dtype else None),
+                "resolved_world_size": self.dist.world_size,
+                "resolved_parallelism": ("fsdp" if self.policy.sharded else "ddp") if self.dist.enabled else None,
                 "output_dir": str(self.run_dir.path)}
 
     # --------------------------------------------------------------------------------------------- checkpoints
@@ -271,9 +300,9 @@ class Trainer:
             OSError: the write failed (disk full names the file); earlier checkpoints are untouched.
         """
         path = self.checkpointer.save(
-            self.step, model=self.model, tokenizer=self.tokenizer, settings=self.config.to_dict(),
-            states={"optimizer": self.optimizer.state_dict(), "rollouts": self.rollouts.state_dict(),
-                    "rng": rng_state()})
+            self.step, policy=self.policy, optimizer=self.optimizer.optimizer, tokenizer=self.tokenizer,
+            settings=self.config.to_dict(), shared={"scheduler": self.optimizer.scheduler_state()},
+            per_rank={"rollouts": self.rollouts.state_dict(), "rng": rng_state()}, dist=self.dist)
         self._saved_step = self.step
         if plot:
             self.logger.plot()  # a run that stops later still has its plot up to here
@@ -288,14 +317,22 @@ class Trainer:
             ValueError: a checkpoint of another model (names the first mismatched tensor), or a changed setting
                 that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`).
         """
-        changes = compare_settings(self.checkpointer.settings(path), self.config)  # refusals touch nothing
-        checkpoint = self.checkpointer.load(path, model=self.model, device=self.precision.device)
-        self.optimizer.load_state_dict(checkpoint.states["optimizer"], completed_steps=checkpoint.step,
-                                       reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
+        changes = compare_settings(self.checkpointer.settings(path), self.config,  # refusals touch nothing
+                                   world_size=self.dist.world_size)
+        checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
+                                            dist=self.dist)
+        self.optimizer.restore(checkpoint.states["scheduler"], completed_steps=checkpoint.step,
+                               reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
+        if checkpoint.world_size != self.dist.world_size and checkpoint.states["rollouts"]["buffer"]:
+            raise ValueError(
+                f"checkpoint {path} was written by {checkpoint.world_size} ranks in the middle of a generation "
+                f"cycle (an unfinished batch split across its ranks); it resumes only on {checkpoint.world_size} "
+                "ranks. Resume on other world sizes from a checkpoint at a generation boundary")
         self.rollouts.load_state_dict(checkpoint.states["rollouts"])
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
-        log.info("resumed from %s at step %d", path, self.step)
+        if self.dist.is_main:
+            log.info("resumed from %s at step %d", path, self.step)
         return changes
 
 

@@ -14,6 +14,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from rlzoo.batch import LossOutput, Normalizer
+from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import append_line, atomic_write_bytes, atomic_write_text
 
 __all__ = ["LossMetrics", "MetricsLogger", "plot_metrics", "read_metrics", "write_metrics"]
@@ -36,6 +37,16 @@ class LossMetrics:
         self.num_tokens = max(1.0, float(normalizer.num_tokens))
         self.loss = 0.0
         self.metrics: dict[str, float] = {}
+
+    def reduce(self, dist: Distributed) -> float:
+        """Sum the loss and merge the metrics over the ranks (in place; each rank's loss is already divided by
+        the global counts, so the sum is the global loss); returns the loss."""
+        if dist.enabled:
+            self.loss = dist.reduce_floats({"loss": self.loss})["loss"]
+            for op, keep in (("min", lambda k: k.endswith("/min")), ("max", lambda k: k.endswith("/max")),
+                             ("sum", lambda k: not k.endswith(("/min", "/max")))):
+                self.metrics.update(dist.reduce_floats({k: v for k, v in self.metrics.items() if keep(k)}, op))
+        return self.loss
 
     def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
         """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its counted tokens)."""
@@ -99,12 +110,16 @@ class MetricsLogger:
         output_dir: the run directory.
         max_steps: the run's length (for the log line and the bar).
         progress: show a live progress bar (tqdm).
+        writes: this process writes the file, log and bar (rank 0 under torchrun; the others only keep the
+            history in memory).
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str], *, max_steps: int, progress: bool) -> None:
+    def __init__(self, output_dir: str | os.PathLike[str], *, max_steps: int, progress: bool,
+                 writes: bool = True) -> None:
         self.output_dir = Path(output_dir)
         self.max_steps = max_steps
         self.progress = progress
+        self.writes = writes
         self.history: list[dict[str, Any]] = []
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
@@ -142,9 +157,10 @@ class MetricsLogger:
             OSError: the write failed (disk full names the file).
         """
         row = {k: _clean(v) for k, v in row.items()}
-        append_line(self.path, json.dumps(row, sort_keys=True))
+        if self.writes:
+            append_line(self.path, json.dumps(row, sort_keys=True))
         self.history.append(row)
-        if "loss" not in row:  # the step-0 evaluation
+        if "loss" not in row or not self.writes:  # the step-0 evaluation; other ranks
             return
         log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
                  row["reward"], row["completions/mean_length"], row["step_time"])
@@ -158,8 +174,9 @@ class MetricsLogger:
             self._bar.update(1)
 
     def plot(self) -> Path:
-        """Write ``reward.png`` (reward and held-out accuracy vs step)."""
-        return plot_metrics(self.history, self.output_dir / "reward.png")
+        """Write ``reward.png`` (reward and held-out accuracy vs step; rank 0 only)."""
+        path = self.output_dir / "reward.png"
+        return plot_metrics(self.history, path) if self.writes else path
 
     def close(self) -> None:
         """Close the progress bar (the file is closed after every write)."""

@@ -18,7 +18,8 @@ class OptimizerStep:
 
     Args:
         config: the optimizer section.
-        model: the policy (only parameters with ``requires_grad`` are optimized).
+        model: the policy as the ranks hold it (``ParallelModel.module``: under FSDP2 its parameters are the
+            shards); only parameters with ``requires_grad`` are optimized.
         max_steps: the run's length in optimizer steps (the schedule's horizon).
 
     Attributes:
@@ -60,7 +61,8 @@ class OptimizerStep:
                 unchanged) and the gradients are dropped.
         """
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP2: a DTensor
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
@@ -75,23 +77,23 @@ class OptimizerStep:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": grad_norm, "learning_rate": lr}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer and scheduler state (for checkpoints)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+    def scheduler_state(self) -> dict[str, Any]:
+        """The schedule's state (for checkpoints; the optimizer's own state is saved with the model, sharded)."""
+        return self.scheduler.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any], *, completed_steps: int, reschedule: bool = False) -> None:
-        """Restore a checkpoint's optimizer (AdamW moments) and schedule.
+    def restore(self, scheduler_state: Mapping[str, Any], *, completed_steps: int, reschedule: bool = False) -> None:
+        """After a checkpoint's optimizer state (AdamW moments) was loaded: restore its schedule, or apply this
+        config's settings.
 
         Args:
-            state: from :meth:`state_dict`.
+            scheduler_state: from :meth:`scheduler_state`.
             completed_steps: optimizer steps the checkpoint had taken.
             reschedule: the settings changed since the checkpoint: this config's learning rate, betas and
                 weight decay are put in the restored optimizer, and the schedule is rebuilt from this config
                 (schedule, warmup, horizon) at ``completed_steps``; else the saved schedule is restored as is.
         """
-        self.optimizer.load_state_dict(state["optimizer"])
         if not reschedule:
-            self.scheduler.load_state_dict(state["scheduler"])
+            self.scheduler.load_state_dict(scheduler_state)
             return
         for group in self.optimizer.param_groups:
             group.update(lr=self.config.learning_rate, initial_lr=self.config.learning_rate,

@@ -26,8 +26,9 @@ class Precision:
     autocast_dtype: torch.dtype | None
 
     @classmethod
-    def resolve(cls, config: ModelConfig) -> "Precision":
-        """``auto`` device = CUDA if available; ``auto`` dtype = bf16-mixed on CUDA, float32 elsewhere.
+    def resolve(cls, config: ModelConfig, *, local_rank: int = 0) -> "Precision":
+        """``auto`` device = CUDA if available; ``auto`` dtype = bf16-mixed on CUDA, float32 elsewhere. Under
+        torchrun, ``cuda`` without an index is this rank's GPU (``cuda:LOCAL_RANK``).
 
         Raises:
             ValueError: a CUDA device asked for where CUDA is not available (names --device).
@@ -38,6 +39,8 @@ class Precision:
             device = torch.device(config.device)
             if device.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(f"device {config.device!r} requested but CUDA is not available; use --device cpu or auto")
+        if device.type == "cuda" and device.index is None and local_rank:
+            device = torch.device("cuda", local_rank)
         name = config.dtype
         if name == "auto":
             name = "bf16-mixed" if device.type == "cuda" else "float32"

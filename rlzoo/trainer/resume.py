@@ -27,7 +27,7 @@ REFUSED_SETTINGS: Mapping[str, str] = {
     "train_seed": _STREAM,
     "exclude_eval_questions": _STREAM,
     "num_generations": _CYCLE,
-    "per_device_train_batch_size": _CYCLE,
+    "per_device_train_batch_size": _CYCLE + "; the global batch (per_device_train_batch_size x ranks) must stay",
     "gradient_accumulation_steps": _CYCLE,
     "steps_per_generation": _CYCLE,
     "num_iterations": _CYCLE,
@@ -41,10 +41,16 @@ OPTIMIZER_SETTINGS = frozenset({"learning_rate", "lr_scheduler", "warmup_steps",
 """Settings applied to the restored optimizer and scheduler (the schedule is rebuilt at the resumed step)."""
 
 _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # how this segment starts
+# ``world_size`` (the number of ranks, not a flag) is compared too: a change is applied (DCP reshards the model
+# and optimizer) as long as the global batch stays.
 
 
-def compare_settings(saved: Mapping[str, Any], config: TrainConfig) -> dict[str, tuple[Any, Any]]:
-    """The settings ``config`` changes relative to a checkpoint's (``saved``: its ``TrainConfig.to_dict()``).
+def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_size: int = 1) -> dict[str, tuple[Any, Any]]:
+    """The settings ``config`` changes relative to a checkpoint's (``saved``: its ``TrainConfig.to_dict()``, with
+    the ``world_size`` that wrote it).
+
+    Resuming on another number of ranks is a change of ``world_size``; it is honoured when the global batch
+    stays (``per_device_train_batch_size`` x ranks), which is then what is compared.
 
     Logs one line per applied change. Returns ``{field: (saved value, new value)}`` of the applied changes; an
     empty ``saved`` (a checkpoint from before rlzoo recorded settings) compares as unchanged.
@@ -54,7 +60,17 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig) -> dict[str,
     """
     if not saved:
         return {}
-    now = config.to_dict()
+    saved = dict(saved)
+    saved_world = int(saved.pop("world_size", 1))
+    now = {**config.to_dict(), "world_size": world_size}
+    if saved_world != world_size and "per_device_train_batch_size" in saved:  # compare the global batch
+        old, new = saved["per_device_train_batch_size"], config.per_device_train_batch_size
+        if old * saved_world == new * world_size:
+            saved["per_device_train_batch_size"] = new
+        else:
+            saved["per_device_train_batch_size"] = f"{old} per rank x {saved_world} ranks"
+            now["per_device_train_batch_size"] = f"{new} per rank x {world_size} ranks"
+    saved["world_size"] = saved_world
     changes: dict[str, tuple[Any, Any]] = {}
     for name, new in now.items():
         if name in _NOT_SETTINGS or name not in saved:

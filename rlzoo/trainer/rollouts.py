@@ -4,6 +4,13 @@ sampling and overlong shaping, advantages, and the old / reference log-probs com
 The cycle is TRL's GRPOTrainer's: a generation batch of ``prompts_per_generation * num_generations``
 completions is sampled every ``steps_per_generation * num_iterations`` micro-steps and consumed as
 ``steps_per_generation`` micro-batches (whole groups, shuffled), ``num_iterations`` times.
+
+Under torchrun every rank draws the same global list of prompts (``prompts_per_generation`` per rank) from the
+task stream and generates its own consecutive share of the groups, so whole groups stay on one rank. Each
+group is sampled from its own random stream, seeded by the run seed, the generation round and the group's
+global index (:class:`~rlzoo.trainer.generation.GroupSeededSampling`): a run's completions do not depend on the
+number of ranks. Advantages are computed on the rewards gathered from every rank (exact for batch-level
+scaling too) and each rank keeps its own rows.
 """
 
 import dataclasses
@@ -16,12 +23,15 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
+from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
+from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rewards import RewardSet
 from rlzoo.trainer.rollout import Rollout
 from rlzoo.trainer.scorer import Scorer
 from rlzoo.trainer.tasks import TaskItem, TaskStream
+from rlzoo.trainer.tasks.base import derive_seed
 
 __all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
 
@@ -114,16 +124,18 @@ class RolloutSource:
         scorer: computes old / reference log-probs at generation time.
         generator: the sampling backend (:func:`build_generator`).
         tokenizer: the model's tokenizer.
-        policy: the trained model (sampled from; scored for old log-probs when they are needed).
+        policy: the trained model (sampled from with its parameters gathered; scored for old log-probs when
+            they are needed).
         reference: the reference model, when the loss needs reference log-probs, else None.
         precision: autocast of the generation forward passes.
-        seed: seed of the micro-batch shuffling.
+        seed: the run seed (micro-batch shuffling, and with the round and group index each group's sampling).
+        dist: the process group context (this rank's share of each generation batch).
     """
 
     def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
-                 policy: torch.nn.Module, reference: torch.nn.Module | None, precision: Precision,
-                 seed: int) -> None:
+                 policy: ParallelModel, reference: ParallelModel | None, precision: Precision, seed: int,
+                 dist: Distributed = ONE_PROCESS) -> None:
         self.config = config
         self.reward_config = reward_config
         self.task = task
@@ -135,7 +147,10 @@ class RolloutSource:
         self.policy = policy
         self.reference = reference
         self.precision = precision
+        self.seed = seed
+        self.dist = dist
         self.micro_step = 0
+        self.round = 0  # generation rounds so far (each group's sampling seed depends on it)
         self.buffer: list[Rollout] = []
         self.shuffle_generator = torch.Generator().manual_seed(seed)
 
@@ -160,45 +175,71 @@ class RolloutSource:
         Raises:
             RewardFunctionError: a reward function failed (names it).
         """
-        cfg, g = self.config, self.config.num_generations
-        need = cfg.prompts_per_generation
+        cfg = self.config
+        need, rank = cfg.prompts_per_generation, self.dist.rank
         kept: list[tuple[Generated, int, Tensor, Tensor]] = []
         dropped: list[tuple[Generated, int, Tensor, Tensor]] = []
         rounds, t0 = 0, time.perf_counter()
-        while len(kept) < need and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-            rounds += 1
-            items = self.task.next_train(need)
-            gen, values, reward = self._sample(items)
-            for i in range(len(items)):
-                sl = slice(i * g, (i + 1) * g)
-                group = (gen, i, values[sl], reward[sl])
-                if cfg.dynamic_sampling and bool(torch.all(reward[sl] == reward[sl][0])):
-                    dropped.append(group)
-                else:
-                    kept.append(group)
+        with self.policy.gathered() as model:
+            while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+                if not self.dist.any(len(kept) < need):  # every rank has its share
+                    break
+                rounds += 1
+                items = self.task.next_train(need * self.dist.world_size)[rank * need:(rank + 1) * need]
+                round_index, self.round = self.round, self.round + 1
+                if len(kept) >= need:  # this rank is full; it drew the items to keep the stream in step
+                    continue
+                seeds = [derive_seed("sample", self.seed, round_index, rank * need + i) for i in range(len(items))]
+                self._keep(model, items, seeds, kept, dropped)
         if len(kept) < need:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
             log.warning("dynamic sampling kept %d/%d groups after %d rounds; filling with zero-variance groups",
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        extra = {"completion_mask": rollout.completion_mask} if "completion_mask" in self.advantage_fn.accepts else {}
-        rollout.advantages = self.advantage_fn(rollout.reward, group_size=g, **extra).to(torch.float32)
+        rollout.advantages = self._advantages(rollout)
         stats = {"generation_time": time.perf_counter() - t0}
         if cfg.old_logprobs_needed:
-            rollout.old_logprobs = self.scorer.generation_logprobs(self.policy, rollout)
+            rollout.old_logprobs = self.scorer.generation_logprobs(self.policy.module, rollout)
         if self.reference is not None:
-            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
+            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference.module, rollout)
         if cfg.dynamic_sampling:
             stats.update({"dynamic_sampling/rounds": float(rounds),
                           "dynamic_sampling/groups_dropped": float(len(dropped))})
         return rollout, stats
 
-    def _sample(self, items: list[TaskItem]) -> tuple[Generated, Tensor, Tensor]:
+    def _keep(self, model: torch.nn.Module, items: list[TaskItem], seeds: list[int],
+              kept: list[tuple[Generated, int, Tensor, Tensor]],
+              dropped: list[tuple[Generated, int, Tensor, Tensor]]) -> None:
+        """Sample ``items`` (one seed per group) and sort their groups into kept and dropped (dynamic
+        sampling drops groups whose combined rewards are all equal)."""
+        g = self.config.num_generations
+        gen, values, reward = self._sample(model, items, seeds)
+        for i in range(len(items)):
+            sl = slice(i * g, (i + 1) * g)
+            group = (gen, i, values[sl], reward[sl])
+            if self.config.dynamic_sampling and bool(torch.all(reward[sl] == reward[sl][0])):
+                dropped.append(group)
+            else:
+                kept.append(group)
+
+    def _advantages(self, rollout: Rollout) -> Tensor:
+        """This rank's rows of the advantages of the global generation batch (rewards gathered from every rank,
+        so batch-level scaling sees the whole batch)."""
+        n, extra = rollout.num_completions, {}
+        reward = self.dist.all_gather(rollout.reward)
+        if "completion_mask" in self.advantage_fn.accepts:
+            extra["completion_mask"] = self.dist.all_gather(rollout.completion_mask, pad_value=False)
+        advantages = self.advantage_fn(reward, group_size=self.config.num_generations, **extra).to(torch.float32)
+        advantages = advantages[self.dist.rank * n:(self.dist.rank + 1) * n]
+        return advantages[:, : rollout.completion_ids.shape[1]] if advantages.ndim == 2 else advantages
+
+    def _sample(self, model: torch.nn.Module, items: list[TaskItem],
+                seeds: list[int]) -> tuple[Generated, Tensor, Tensor]:
         """Completions of ``items``, their per-function rewards ``[N, K]`` and combined reward ``[N]``."""
         g = self.config.num_generations
         prompts = [self.task.prompt(self.tokenizer, item) for item in items]
         with self.precision.autocast():
-            gen = self.generator.generate(self.policy, prompts, g)
+            gen = self.generator.generate(model, prompts, g, seeds=seeds)
         lengths = gen.completion_mask.sum(-1).tolist()  # the mask is a prefix of each row
         completion_ids = [row[:n] for row, n in zip(gen.completion_ids.tolist(), lengths, strict=True)]
         values = self.rewards.compute(prompts=[p for p in prompts for _ in range(g)], completions=gen.texts,
@@ -267,11 +308,11 @@ class RolloutSource:
                                   metrics={"generation_time": 0.0, **stats})
 
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
-        """Rewards and completion lengths of a step's completions (names as TRL logs them)."""
-        micro_batches = batch.micro_batches
-        reward = torch.cat([mb.reward for mb in micro_batches])
-        lengths = torch.cat([mb.completion_mask.sum(-1) for mb in micro_batches]).float()
-        truncated = torch.cat([mb.is_truncated for mb in micro_batches]).float()
+        """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them)."""
+        micro_batches, gather = batch.micro_batches, self.dist.all_gather
+        reward = gather(torch.cat([mb.reward for mb in micro_batches]))
+        lengths = gather(torch.cat([mb.completion_mask.sum(-1) for mb in micro_batches]).float())
+        truncated = gather(torch.cat([mb.is_truncated for mb in micro_batches]).float())
         g = self.config.num_generations
         grouped = reward.view(-1, g) if reward.numel() % g == 0 else reward.view(1, -1)
         metrics = {
@@ -283,18 +324,24 @@ class RolloutSource:
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(truncated.mean()),
         }
-        columns = torch.cat([mb.rewards for mb in micro_batches]).T
+        columns = gather(torch.cat([mb.rewards for mb in micro_batches])).T
         for name, column in zip(self.rewards.names, columns, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
         return metrics
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Give the sampler the policy's new weights (after an optimizer step)."""
-        self.generator.sync_weights(model)
+    def sync_weights(self) -> None:
+        """Give the sampler the policy's new weights (after an optimizer step; a no-op for Hugging Face
+        generation, which samples from the policy itself)."""
+        if isinstance(self.generator, VLLMGenerator):
+            with self.policy.gathered() as model:
+                self.generator.sync_weights(model)
 
     def state_dict(self) -> dict[str, Any]:
-        """The cycle's position, its unfinished generation batch, the shuffling RNG and the task position."""
-        return {"micro_step": self.micro_step, "buffer": [r.state_dict() for r in self.buffer],
+        """The cycle's position and generation round, its unfinished generation batch (this rank's rows), the
+        shuffling RNG and the task position."""
+        period = self.config.effective_steps_per_generation * self.config.num_iterations
+        unfinished = self.buffer if self.micro_step % period else []  # a used-up batch is not needed to resume
+        return {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
                 "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -313,4 +360,5 @@ class RolloutSource:
             )
         self.buffer = buffer
         self.micro_step = state["micro_step"]
+        self.round = state["round"]
         self.shuffle_generator.set_state(state["shuffle"])

@@ -23,7 +23,7 @@ from rlzoo.trainer.config import ScorerConfig
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import Rollout, position_ids_for
 
-__all__ = ["Scorer", "completion_logprobs", "enable_activation_checkpointing", "model_logits"]
+__all__ = ["LogProbModule", "Scorer", "completion_logprobs", "enable_activation_checkpointing", "model_logits"]
 
 
 def _hidden_states(
@@ -186,51 +186,76 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
+class LogProbModule(torch.nn.Module):
+    """:func:`completion_logprobs` as a module, so that DDP and FSDP2 can wrap it as their root: its forward is the
+    whole differentiated computation (prefix, continuation, fused log-probs from the lm_head weight), so the
+    wrappers' hooks see every parameter it uses.
+
+    Args:
+        model: the causal LM (``self.model``).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, group_index: Tensor, completion_ids: Tensor,
+                completion_mask: Tensor, *, temperature: float, share_prefix: bool, fused: bool,
+                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """See :func:`completion_logprobs`. The outputs are fresh tensors, not views (FSDP2 hooks its backward on
+        a module's outputs, and in-place ops on a view would bypass the hook)."""
+        logprobs, entropies = completion_logprobs(
+            self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, group_index=group_index,
+            completion_ids=completion_ids, completion_mask=completion_mask, temperature=temperature,
+            share_prefix=share_prefix, fused=fused, with_entropy=with_entropy)
+        return logprobs.clone(), (entropies.clone() if entropies is not None else None)
+
+
 class Scorer:
     """Log-probs and entropies of a rollout's completions: with gradients for the loss, without for old and
     reference log-probs.
 
+    The models are given as :class:`LogProbModule` s (possibly wrapped by DDP or FSDP2).
+
     Args:
-        config: the scorer section (backend, entropy logging, prefix sharing).
+        config: the scorer section (backend, entropy logging).
         precision: device and autocast of the forward passes.
         temperature: > 0; the sampling temperature (logits are divided by it, as TRL).
         micro_batch_size: completions per forward pass when scoring a whole generation batch without
             gradients (the run's ``per_device_train_batch_size``).
         gradient_checkpointing: the model checkpoints activations (it is put in train mode for the
-            differentiated forward; prefix sharing is off, as the KV cache is not checkpointed).
+            differentiated forward).
+        share_prefix: run each prompt once per group (``share_prompt_prefix``, off under gradient checkpointing,
+            whose recomputation does not cover the KV cache, and under FSDP, whose collectives need the same
+            forward calls on every rank).
         with_entropy: the loss needs entropies (they are computed anyway when ``config.log_entropy``).
     """
 
     def __init__(self, config: ScorerConfig, *, precision: Precision, temperature: float, micro_batch_size: int,
-                 gradient_checkpointing: bool, with_entropy: bool) -> None:
+                 gradient_checkpointing: bool, share_prefix: bool, with_entropy: bool) -> None:
         self.config = config
         self.precision = precision
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
         self.gradient_checkpointing = gradient_checkpointing
+        self.share_prefix = share_prefix
         self.with_entropy = with_entropy or config.log_entropy
 
-    @property
-    def share_prefix(self) -> bool:
-        """Each prompt is run once per group (in scoring and generation)."""
-        return self.config.share_prompt_prefix and not self.gradient_checkpointing
-
-    def logprobs(self, model: torch.nn.Module, rollout: Rollout, *,
+    def logprobs(self, module: torch.nn.Module, rollout: Rollout, *,
                  with_entropy: bool = False) -> tuple[Float[Tensor, "N C"], Float[Tensor, "N C"] | None]:
-        """:func:`completion_logprobs` of every completion of ``rollout`` under ``model`` (gradients as the grad
-        mode says); ``(logprobs, entropies or None)``."""
-        return completion_logprobs(
-            model, prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask, group_index=rollout.group_index,
-            completion_ids=rollout.completion_ids, completion_mask=rollout.completion_mask,
-            temperature=self.temperature, share_prefix=self.share_prefix,
-            fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy,
-        )
+        """:func:`completion_logprobs` of every completion of ``rollout`` through ``module`` (a
+        :class:`LogProbModule`, possibly wrapped), with gradients as the grad mode says; ``(logprobs, entropies
+        or None)``."""
+        return module(rollout.prompt_ids, rollout.prompt_mask, rollout.group_index, rollout.completion_ids,
+                      rollout.completion_mask, temperature=self.temperature, share_prefix=self.share_prefix,
+                      fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy)
 
-    def policy_batch(self, model: torch.nn.Module, micro_batch: Rollout, loss_mask: Bool[Tensor, "N C"]) -> PolicyBatch:
+    def policy_batch(self, module: torch.nn.Module, micro_batch: Rollout,
+                     loss_mask: Bool[Tensor, "N C"]) -> PolicyBatch:
         """The :class:`~rlzoo.PolicyBatch` of one micro-batch: the policy's log-probs with gradients (and
         entropies), the micro-batch's advantages and stored log-probs, and ``loss_mask`` as completion mask."""
-        with self.precision.autocast(), self._training_mode(model):
-            logprobs, entropies = self.logprobs(model, micro_batch, with_entropy=self.with_entropy)
+        with self.precision.autocast(), self._training_mode(module):
+            logprobs, entropies = self.logprobs(module, micro_batch, with_entropy=self.with_entropy)
         return PolicyBatch(
             logprobs=logprobs, advantages=micro_batch.advantages, completion_mask=loss_mask,
             old_logprobs=micro_batch.old_logprobs, ref_logprobs=micro_batch.ref_logprobs,
@@ -238,25 +263,25 @@ class Scorer:
         )
 
     @torch.no_grad()
-    def generation_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Float[Tensor, "N C"]:
+    def generation_logprobs(self, module: torch.nn.Module, rollout: Rollout) -> Float[Tensor, "N C"]:
         """Log-probs of a whole generation batch without gradients (old or reference log-probs), one
         micro-batch at a time, padded to the rollout's width."""
         size, n = self.micro_batch_size, rollout.num_completions
         with self.precision.autocast():
-            parts = [self.logprobs(model, rollout.select(torch.arange(i, min(i + size, n))))[0]
+            parts = [self.logprobs(module, rollout.select(torch.arange(i, min(i + size, n))))[0]
                      for i in range(0, n, size)]
         width = rollout.completion_ids.shape[1]
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
     @contextlib.contextmanager
-    def _training_mode(self, model: torch.nn.Module) -> Iterator[None]:
+    def _training_mode(self, module: torch.nn.Module) -> Iterator[None]:
         """With gradient checkpointing, train mode for the differentiated forward (transformers only
         checkpoints in train mode; dropout was zeroed by :func:`enable_activation_checkpointing`)."""
         if not self.gradient_checkpointing:
             yield
             return
-        model.train()
+        module.train()
         try:
             yield
         finally:
-            model.eval()
+            module.eval()

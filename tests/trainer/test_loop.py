@@ -111,8 +111,8 @@ def test_one_iteration_never_computes_old_logprobs_and_never_clips(tmp_path, mon
     original = trainer.scorer.generation_logprobs
     monkeypatch.setattr(trainer.scorer, "generation_logprobs", lambda model, r: calls.append(model) or original(model, r))
     history = trainer.train()
-    assert not any(model is trainer.model for model in calls)  # only grpo's reference model is scored
-    assert all(model is trainer.ref_model for model in calls) and len(calls) == 3
+    assert not any(module is trainer.policy.module for module in calls)  # only grpo's reference model is scored
+    assert all(module is trainer.reference.module for module in calls) and len(calls) == 3
     for row in history:
         assert row["ratio/mean"] == row["ratio/min"] == row["ratio/max"] == 1.0
         assert row["clip_ratio/low_mean"] == row["clip_ratio/high_mean"] == row["clip_ratio/region_mean"] == 0.0

@@ -256,10 +256,11 @@ def test_outputs_respect_the_umask(tmp_path):
     finally:
         os.umask(previous)
     checkpoint = run / "checkpoints" / "step-000001"
-    for path in (run / "config.json", run / "metrics.jsonl", run / "reward.png", checkpoint / "optimizer.pt",
-                 checkpoint / "trainer_state.json", checkpoint / "model" / "model.safetensors"):
+    for path in (run / "config.json", run / "metrics.jsonl", run / "reward.png", checkpoint / "rollouts-rank0.pt",
+                 checkpoint / "scheduler.pt", checkpoint / "trainer_state.json", checkpoint / "dcp" / ".metadata",
+                 checkpoint / "model" / "model.safetensors"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o664, path
-    for path in (run / "checkpoints", checkpoint, checkpoint / "model"):
+    for path in (run / "checkpoints", checkpoint, checkpoint / "model", checkpoint / "dcp"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o775, path
 
 
@@ -344,7 +345,7 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
     real_save = torch.save
 
     def full(obj, f, *args, **kwargs):
-        if hasattr(f, "name") and str(f.name).endswith("optimizer.pt"):
+        if hasattr(f, "name") and str(f.name).endswith("rollouts-rank0.pt"):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *args, **kwargs)
 
@@ -352,7 +353,7 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
     code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "2", "--learning-rate", "1e-3",
                      "--output-dir", run, "--resume", "latest")
     line = _error_line(err)
-    assert code == 2 and "no space left on device" in line and "step-000002/optimizer.pt" in line
+    assert code == 2 and "no space left on device" in line and "step-000002/rollouts-rank0.pt" in line
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"] and _hidden(run / "checkpoints") == []
 
 

@@ -1,0 +1,128 @@
+"""The policy (and reference) model as the ranks hold it: plain in one process, DDP or FSDP2 under torchrun.
+
+Every differentiated forward goes through a :class:`~rlzoo.trainer.scorer.LogProbModule`, which DDP or FSDP2
+wraps as its root, so their hooks see every parameter the fused log-prob path uses (the lm_head weight
+included). Generation, evaluation and saving use the Hugging Face model inside it; under FSDP2 they run in
+:meth:`ParallelModel.gathered`, which all-gathers every parameter once (and keeps them gathered for the many
+forward calls of ``generate``, whose count differs between ranks) and reshards after.
+
+Gradient averaging is compensated: DDP and FSDP2 divide the summed gradients by the world size, so each rank's
+loss (already divided by the global counts of :meth:`Distributed.normalizer`) is multiplied by it
+(:meth:`ParallelModel.backward`): the update equals the one-process update on the same global batch.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlzoo.trainer.config import ParallelConfig
+from rlzoo.trainer.distributed import Distributed
+from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.scorer import LogProbModule
+
+__all__ = ["ParallelModel", "decoder_layers"]
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The repeated blocks of a causal LM: its first ``ModuleList`` whose children are all of one type (a
+    Hugging Face model's ``model.layers``), the units FSDP2 shards one at a time.
+
+    Raises:
+        ValueError: the model has no such list.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
+            return module
+    raise ValueError(f"{type(model).__name__} has no list of decoder layers for FSDP to shard; use --parallelism ddp")
+
+
+@torch.no_grad()
+def _first_forward(module: torch.nn.Module, device: torch.device) -> None:
+    """One tiny forward through the FSDP2 root: FSDP2 initialises its units lazily, root first, in the first
+    forward; :meth:`ParallelModel.gathered` unshards every unit and must not come first."""
+    one = torch.ones(1, 1, dtype=torch.long, device=device)
+    module(one, one.bool(), torch.zeros(1, dtype=torch.long, device=device), one, one.bool(), temperature=1.0,
+           share_prefix=False, fused=True, with_entropy=False)
+
+
+class ParallelModel:
+    """A model with the module its log-probs are computed through.
+
+    Args:
+        model: the Hugging Face causal LM (already on this rank's device).
+        dist: the process group context.
+        config: the parallelism section.
+        precision: under bf16-mixed, FSDP2 computes with bf16 parameters and reduces gradients in fp32.
+        trainable: the policy (True) or the frozen reference (False: no DDP, FSDP2 shards it all the same).
+
+    Attributes:
+        model: the Hugging Face model (generation, saving).
+        module: the :class:`LogProbModule` to call (wrapped by DDP or FSDP2 under torchrun).
+        sharded: FSDP2 shards the parameters.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, dist: Distributed, config: ParallelConfig, precision: Precision,
+                 trainable: bool = True) -> None:
+        self.model = model
+        self.dist = dist
+        self.sharded = dist.enabled and config.parallelism == "fsdp"
+        module: torch.nn.Module = LogProbModule(model)
+        if self.sharded:
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+            kwargs: dict[str, Any] = {}
+            if precision.autocast_dtype is not None:
+                kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype,
+                                                           reduce_dtype=torch.float32)
+            if config.fsdp_cpu_offload:
+                kwargs["offload_policy"] = CPUOffloadPolicy()
+            for layer in decoder_layers(model):
+                fully_shard(layer, **kwargs)
+            # the root too reshards after every forward: its no-grad forwards (old / reference log-probs) have no
+            # backward to reshard after, and the optimizer must hold (and step) the sharded parameters
+            fully_shard(module, reshard_after_forward=True, **kwargs)
+            _first_forward(module, precision.device)
+        elif dist.enabled and trainable:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [precision.device.index or 0] if precision.device.type == "cuda" else None
+            module = DistributedDataParallel(module, device_ids=device_ids)
+        self.module = module
+
+    def backward(self, loss: Tensor) -> None:
+        """``loss.backward()``, times the world size to undo the wrappers' gradient averaging."""
+        (loss * self.dist.world_size if self.dist.enabled else loss).backward()
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[torch.nn.Module]:
+        """The Hugging Face model with every parameter whole, for any number of forward calls (generation,
+        evaluation); a no-op unless FSDP2 shards it. Every rank must enter it (it all-gathers)."""
+        if not self.sharded:
+            yield self.model
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.unshard()
+            unit.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield self.model
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(True, recurse=False)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Under FSDP2, the model's whole state dict with the Hugging Face names, on the CPU, on rank 0 ({} on
+        the others); every rank must call it (it all-gathers). Without sharding the model itself is whole:
+        its own ``state_dict()``."""
+        if not self.sharded:
+            return dict(self.model.state_dict())
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k.removeprefix("model."): v for k, v in state.items()} if self.dist.is_main else {}

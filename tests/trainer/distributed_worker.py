@@ -1,0 +1,143 @@
+"""Run under torchrun (2 CPU processes, gloo) by tests/trainer/test_distributed.py; writes what it measured
+as JSON into OUT_DIR, which the test compares with one-process runs.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/trainer/distributed_worker.py OUT_DIR MODE
+
+MODE ``train``: the trainer cases of :data:`CASES` under ddp and fsdp (per-step losses, final weights), a
+DCP checkpoint resumed at 2 ranks, and, for every preset and aggregation, each rank's loss with the all-reduced
+Normalizer summed over the ranks against the one-process loss. MODE ``kill``: rank 1 dies (SIGKILL) in step 2.
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+TINY = {"model": "tiny-random", "num_generations": 4, "max_completion_length": 6, "eval_size": 0,
+        "progress": False, "learning_rate": 1e-3, "reward_funcs": (), "gradient_accumulation_steps": 2,
+        "num_iterations": 2, "max_steps": 3, "save_steps": 100}
+"""The shared settings; one process uses per_device_train_batch_size 8, two ranks 4 each (the same global batch)."""
+
+CASES = {
+    "dapo": {"algorithm": "dapo"},
+    "grpo_beta": {"algorithm": "grpo", "loss": {"beta": 0.04}},
+    "dr_grpo": {"algorithm": "dr_grpo"},
+    "gspo": {"algorithm": "gspo"},
+}
+
+
+def digit_fraction(prompts, completions, **columns):
+    """Reward: the fraction of a completion's characters that are digits (varies on the random model)."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def weights(trainer) -> dict[str, list[float]]:
+    """The full float32 weights (gathered on rank 0), flattened per tensor."""
+    return {name: tensor.float().flatten().tolist() for name, tensor in trainer.policy.full_state_dict().items()}
+
+
+def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -> dict:
+    from rlzoo.trainer import TrainConfig, Trainer
+
+    config = TrainConfig(**{**TINY, **CASES[name], "per_device_train_batch_size": per_device,
+                            "parallelism": parallelism, "output_dir": str(out / f"{name}-{parallelism}"), **extra})
+    trainer = Trainer(config, reward_funcs=[digit_fraction])
+    history = trainer.train()
+    return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
+            "weights": weights(trainer), "world_size": trainer.dist.world_size}
+
+
+def loss_sums(rank: int, world: int) -> dict:
+    """For every preset and aggregation: ranks' losses on their halves (global Normalizer, times the world size
+    as DDP expects) summed by all-reduce, against the one-process loss and gradient on the whole batch."""
+    import torch
+    import torch.distributed as dist
+
+    import rlzoo
+    from rlzoo.losses import aggregations
+
+    worst: dict = {"value": 0.0, "grad": 0.0, "cases": 0}
+    for preset in rlzoo.list_losses():
+        for aggregation in aggregations.names():
+            loss_fn = rlzoo.get_loss(preset, aggregation=aggregation, max_completion_length=7)
+            needs = loss_fn.required_fields()
+            gen = torch.Generator().manual_seed(7)
+            b, t = 8, 7
+            lp = -torch.rand(b, t, generator=gen, dtype=torch.float64) - 0.05
+            fields = {"old_logprobs": (lp + 0.1 * torch.randn(b, t, generator=gen, dtype=torch.float64)).clamp(max=-1e-3),
+                      "advantages": torch.randn(b, generator=gen, dtype=torch.float64),
+                      "completion_mask": torch.rand(b, t, generator=gen) > 0.3}
+            if "ref_logprobs" in needs:
+                fields["ref_logprobs"] = lp - 0.2 * torch.rand(b, t, generator=gen, dtype=torch.float64)
+            if "rollout_logprobs" in needs:
+                fields["rollout_logprobs"] = (lp + 0.05 * torch.randn(b, t, generator=gen, dtype=torch.float64)
+                                              ).clamp(max=-1e-3)
+            if "entropies" in needs:
+                fields["entropies"] = torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+            fields["completion_mask"][:, 0] = True
+            if loss_fn.batch_coupled:  # statistics over the batch it is given: per rank, documented
+                worst.setdefault("per_rank", []).append(f"{preset}/{aggregation}")
+                continue
+            full_lp = lp.clone().requires_grad_(True)
+            full = loss_fn(rlzoo.PolicyBatch(logprobs=full_lp, **fields))
+            full.loss.backward()
+            rows = slice(rank * b // world, (rank + 1) * b // world)
+            mine_lp = lp.clone().requires_grad_(True)
+            mine_fields = {k: v[rows] for k, v in fields.items()}
+            local = rlzoo.Normalizer.from_masks(mine_fields["completion_mask"])
+            counts = torch.stack([torch.as_tensor(local.num_tokens, dtype=torch.float64),
+                                  torch.as_tensor(local.num_sequences, dtype=torch.float64)])
+            dist.all_reduce(counts)
+            normalizer = rlzoo.Normalizer(num_tokens=counts[0], num_sequences=counts[1])
+            out = loss_fn(rlzoo.PolicyBatch(logprobs=mine_lp[rows], **mine_fields), normalizer=normalizer)
+            (out.loss * world).backward()  # what DDP's averaging is compensated with
+            value = out.loss.detach().clone()
+            grad = mine_lp.grad.clone() / world  # DDP averages the per-rank gradients
+            dist.all_reduce(value)
+            dist.all_reduce(grad)
+            worst["value"] = max(worst["value"], float((value - full.loss.detach()).abs()))
+            worst["grad"] = max(worst["grad"], float((grad - full_lp.grad).abs().max()))
+            worst["cases"] += 1
+            if float((value - full.loss.detach()).abs()) > 1e-9 or float((grad - full_lp.grad).abs().max()) > 1e-9:
+                worst.setdefault("failures", []).append(f"{preset}/{aggregation}")
+    return worst
+
+
+def main() -> None:
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    results: dict = {}
+    if mode == "kill":
+        from rlzoo.trainer import TrainConfig, Trainer
+
+        calls = []
+
+        def dies(prompts, completions, **columns):
+            calls.append(1)
+            if rank == 1 and len(calls) == 3:  # the dry check, step 1, then step 2's generation
+                os.kill(os.getpid(), signal.SIGKILL)
+            return digit_fraction(prompts, completions)
+
+        dies.__name__ = "digit_fraction"
+        config = TrainConfig(**{**TINY, "num_iterations": 1, "max_steps": 4, "save_steps": 1,
+                                "per_device_train_batch_size": 4, "output_dir": str(out / "killed")})
+        Trainer(config, reward_funcs=[dies]).train()
+        return
+    for parallelism in ("ddp", "fsdp"):
+        for name in CASES:
+            results[f"{name}-{parallelism}"] = run_case(out, name, parallelism, per_device=4)
+    results["dapo-fsdp-checkpointing"] = run_case(out / "checkpointing", "dapo", "fsdp", per_device=4,
+                                                  gradient_checkpointing=True)
+    # a DCP checkpoint at 2 ranks resumed at 2 ranks: the same as the uninterrupted run, bit for bit
+    full = run_case(out / "resume", "dapo", "fsdp", per_device=4, save_steps=1, save_total_limit=5)
+    checkpoint = out / "resume" / "dapo-fsdp" / "checkpoints" / "step-000002"
+    resumed = run_case(out / "resumed", "dapo", "fsdp", per_device=4, resume=str(checkpoint))
+    results["resume"] = {"full": full, "resumed": resumed, "checkpoint": str(checkpoint)}
+    results["loss_sums"] = loss_sums(rank, world)
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

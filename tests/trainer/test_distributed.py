@@ -1,0 +1,109 @@
+"""Data parallelism on 2 CPU processes (torchrun, gloo) against one process on the same global batch.
+
+tests/trainer/distributed_worker.py runs under ``python -m torch.distributed.run`` (one launch for everything
+that trains, one for the killed rank); these tests run the one-process counterparts and compare.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.trainer import TrainConfig, Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+sys.path.insert(0, str(WORKER.parent))
+from distributed_worker import CASES, TINY, digit_fraction
+
+
+def _launch(out: Path, mode: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(WORKER), str(out), mode], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("two-ranks")
+    proc = _launch(out, "train")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return {**json.loads((out / "results.json").read_text()), "out": out}
+
+
+def _one_process(tmp_path, name: str, **extra) -> tuple[Trainer, list[dict]]:
+    config = TrainConfig(**{**TINY, **CASES[name], "per_device_train_batch_size": 8,
+                            "output_dir": str(tmp_path / name), **extra})
+    trainer = Trainer(config, reward_funcs=[digit_fraction])
+    return trainer, trainer.train()
+
+
+def _assert_same_run(two: dict, history: list[dict], trainer: Trainer) -> None:
+    """Per-step losses within relative 1e-5 (absolute 1e-7 where a GRPO-family loss sits at ~0: the
+    aggregated -A of zero-mean groups) and final weights within 1e-5."""
+    assert two["world_size"] == 2
+    assert two["rewards"] == pytest.approx([row["reward"] for row in history], rel=1e-6)
+    assert two["losses"] == pytest.approx([row["loss"] for row in history], rel=1e-5, abs=1e-7)
+    mine = trainer.policy.full_state_dict()
+    assert set(two["weights"]) == set(mine)
+    worst = max(float((torch.tensor(two["weights"][k]) - mine[k].float().flatten()).abs().max()) for k in mine)
+    assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_path, name):
+    """dapo (token-mean), grpo with beta (seq-mean-token-mean, a reference model), dr_grpo
+    (seq-mean-token-sum-norm) and gspo, with gradient_accumulation_steps 2 and num_iterations 2 (old log-probs,
+    ratio != 1): 2 ranks x 4 completions under DDP and FSDP2 follow the 1 x 8 run."""
+    trainer, history = _one_process(tmp_path, name)
+    assert history[1]["ratio/mean"] != 1.0 or history[1]["ratio/max"] != 1.0  # the second pass: a real check
+    for parallelism in ("ddp", "fsdp"):
+        _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer)
+    if name == "dapo":  # activation checkpointing composes with FSDP2
+        _assert_same_run(two_ranks["dapo-fsdp-checkpointing"], history, trainer)
+
+
+def test_every_preset_and_aggregation_sums_over_ranks(two_ranks):
+    """Each rank's loss on its half with the all-reduced Normalizer, times 2 and averaged as DDP does, sums to
+    the one-process loss and gradient (float64); clip_cov and kl_cov select tokens per rank (documented)."""
+    sums = two_ranks["loss_sums"]
+    assert sums["cases"] >= 80 and "failures" not in sums
+    assert sums["value"] < 1e-12 and sums["grad"] < 1e-12
+    assert sorted({case.split("/")[0] for case in sums["per_rank"]}) == ["clip_cov", "kl_cov"]
+
+
+def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_path):
+    """A checkpoint of 2 ranks resumes on 2 ranks bit for bit, on 1 rank (8 completions per device: the same
+    global batch) within the tolerance of the rank comparison, and its consolidated model loads in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    resume = two_ranks["resume"]
+    assert resume["resumed"]["losses"] == resume["full"]["losses"]
+    assert resume["resumed"]["weights"] == resume["full"]["weights"]
+    checkpoint = Path(resume["checkpoint"])
+    trainer, history = _one_process(tmp_path, "dapo", resume=str(checkpoint))
+    assert [row["step"] for row in history] == [1, 2, 3]  # the source run's rows up to the checkpoint, then 3
+    _assert_same_run(resume["full"], history, trainer)
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()
+    assert set(saved) == set(resume["full"]["weights"])
+    for name, values in resume["full"]["weights"].items():  # the checkpoint holds step 2's weights, not step 3's
+        assert saved[name].numel() == len(values)
+
+
+def test_a_killed_rank_ends_the_job_and_the_run_resumes(tmp_path):
+    started = time.monotonic()
+    proc = _launch(tmp_path, "kill", timeout=300)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0 and elapsed < 240
+    assert "rank      : 1" in proc.stderr and "Signal 9 (SIGKILL)" in proc.stderr, proc.stderr[-3000:]
+    run = tmp_path / "killed"
+    config = TrainConfig(**{**TINY, "num_iterations": 1, "max_steps": 4, "save_steps": 1,
+                            "per_device_train_batch_size": 8, "output_dir": str(run), "resume": "latest"})
+    history = Trainer(config, reward_funcs=[digit_fraction]).train()
+    assert [row["step"] for row in history] == [1, 2, 3, 4]
