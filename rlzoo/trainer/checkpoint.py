@@ -1,7 +1,7 @@
 """The checkpointer: atomic checkpoints of a run, found by step number, pruned, loaded back exactly.
 
 A checkpoint ``checkpoints/step-NNNNNN/`` holds ``model/`` (a Hugging Face checkpoint: safetensors, config,
-tokenizer), one ``NAME.pt`` per stateful component (``optimizer``, ``rollouts``, ``rng``) and
+tokenizer; for a LoRA run the adapter and the tokenizer, :mod:`rlzoo.trainer.adapters`), one ``NAME.pt`` per stateful component (``optimizer``, ``rollouts``, ``rng``) and
 ``trainer_state.json`` (the step and the run's settings). It is written into a temporary sibling and renamed
 into place (:func:`rlzoo.trainer.io.atomic_dir`), so a kill never leaves half a checkpoint.
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.trainer.adapters import checkpoint_state_dict, load_checkpoint_weights
 from rlzoo.trainer.config import CheckpointConfig
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, save_pretrained_atomic
 
@@ -164,7 +165,7 @@ class Checkpointer:
         for shard in sorted((path / "model").glob("*.safetensors")):
             weights.update(load_file(str(shard), device=str(device)))
         _check_fits(path, weights, model)
-        model.load_state_dict(weights, strict=False)
+        load_checkpoint_weights(model, weights)  # the whole model, or a PEFT model's adapter
         trainer_state = json.loads(state_file.read_text())
         states = {p.stem: torch.load(p, map_location=device, weights_only=True) for p in sorted(path.glob("*.pt"))}
         return Checkpoint(path=path, step=int(trainer_state["step"]), settings=trainer_state.get("settings", {}),
@@ -173,7 +174,7 @@ class Checkpointer:
 
 def _check_fits(path: Path, weights: Mapping[str, torch.Tensor], model: torch.nn.Module) -> None:
     """Raise naming the first tensor where the checkpoint and the model differ (tied copies may be absent)."""
-    own = model.state_dict()
+    own = checkpoint_state_dict(model)
     storage: dict[int, list[str]] = {}  # tied parameters share storage; a checkpoint holds one of them
     for name, tensor in own.items():
         storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(name)

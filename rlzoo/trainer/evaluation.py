@@ -56,12 +56,16 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
-                    batch_size: int, limit: int | None = None) -> EvalResult:
-    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer."""
+                    batch_size: int, limit: int | None = None, progress: bool = False) -> EvalResult:
+    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer (``progress``:
+    a progress bar over the problems, for long evaluations)."""
     items = list(task.eval_items)[:limit]
     scores: list[float] = []
     samples: list[tuple[str, str, float]] = []
+    bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
     for start in range(0, len(items), batch_size):
+        if bar is not None:
+            bar.update(min(batch_size, len(items) - start))
         chunk = items[start:start + batch_size]
         prompts = [task.prompt(tokenizer, item) for item in chunk]
         gen = generator.generate(model, prompts, 1, greedy=True)
@@ -70,10 +74,18 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             scores.append(score)
             if len(samples) < 3:
                 samples.append((task.question(item), text, score))
+    if bar is not None:
+        bar.close()
     n = len(scores)
     low, high = wilson_interval(sum(scores), n)
     return EvalResult(accuracy=sum(scores) / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples))
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="eval", unit="problem", dynamic_ncols=True, leave=False)
 
 
 class Evaluator:
@@ -87,11 +99,13 @@ class Evaluator:
         tokenizer: the model's tokenizer.
         generator: greedy decoding (an :class:`~rlzoo.trainer.generation.HFGenerator` without prefix sharing).
         precision: autocast of the forward passes.
+        progress: show a progress bar over the held-out problems (when they take more than one batch).
     """
 
     def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
-                 precision: Precision) -> None:
+                 precision: Precision, progress: bool = False) -> None:
         self.config = config
+        self.progress = progress
         self.task = task
         self.tokenizer = tokenizer
         self.generator = generator
@@ -106,7 +120,7 @@ class Evaluator:
         """Greedy accuracy of ``model`` on the held-out set (``limit`` problems at most)."""
         with self.precision.autocast():
             return greedy_accuracy(model, self.tokenizer, self.task, self.generator,
-                                   batch_size=self.config.eval_batch_size, limit=limit)
+                                   batch_size=self.config.eval_batch_size, limit=limit, progress=self.progress)
 
     def maybe_run(self, model: torch.nn.Module, step: int, *, final: bool) -> dict[str, float]:
         """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),

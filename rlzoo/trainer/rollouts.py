@@ -18,10 +18,11 @@ from torch import Tensor
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.rewards import RewardSet, nanstd
 from rlzoo.trainer.rollout import Rollout
 from rlzoo.trainer.scorer import Scorer
 from rlzoo.trainer.tasks import TaskItem, TaskStream
+from rlzoo.trainer.trackers import CompletionLog
 
 __all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
 
@@ -115,15 +116,17 @@ class RolloutSource:
         generator: the sampling backend (:func:`build_generator`).
         tokenizer: the model's tokenizer.
         policy: the trained model (sampled from; scored for old log-probs when they are needed).
-        reference: the reference model, when the loss needs reference log-probs, else None.
+        reference: the reference model (or :class:`~rlzoo.trainer.adapters.AdapterDisabled`), when the loss needs
+            reference log-probs, else None.
         precision: autocast of the generation forward passes.
         seed: seed of the micro-batch shuffling.
+        completion_log: records each generation batch's completions table (``--log-completions``), or None.
     """
 
     def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
-                 policy: torch.nn.Module, reference: torch.nn.Module | None, precision: Precision,
-                 seed: int) -> None:
+                 policy: torch.nn.Module, reference: Any, precision: Precision, seed: int,
+                 completion_log: CompletionLog | None = None) -> None:
         self.config = config
         self.reward_config = reward_config
         self.task = task
@@ -135,7 +138,9 @@ class RolloutSource:
         self.policy = policy
         self.reference = reference
         self.precision = precision
+        self.completion_log = completion_log
         self.micro_step = 0
+        self.num_tokens = 0.0  # prompt + completion tokens generated so far (TRL's num_tokens)
         self.buffer: list[Rollout] = []
         self.shuffle_generator = torch.Generator().manual_seed(seed)
 
@@ -164,11 +169,14 @@ class RolloutSource:
         need = cfg.prompts_per_generation
         kept: list[tuple[Generated, int, Tensor, Tensor]] = []
         dropped: list[tuple[Generated, int, Tensor, Tensor]] = []
-        rounds, t0 = 0, time.perf_counter()
+        rounds, t0, sampled = 0, time.perf_counter(), []
+        self.rewards.take_logged()  # forget what the reward check logged
+        self.rewards.trainer_state.global_step = self.micro_step // cfg.gradient_accumulation_steps
         while len(kept) < need and rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             rounds += 1
             items = self.task.next_train(need)
             gen, values, reward = self._sample(items)
+            sampled.append(id(gen))
             for i in range(len(items)):
                 sl = slice(i * g, (i + 1) * g)
                 group = (gen, i, values[sl], reward[sl])
@@ -184,6 +192,12 @@ class RolloutSource:
         extra = {"completion_mask": rollout.completion_mask} if "completion_mask" in self.advantage_fn.accepts else {}
         rollout.advantages = self.advantage_fn(rollout.reward, group_size=g, **extra).to(torch.float32)
         stats = {"generation_time": time.perf_counter() - t0}
+        self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
+        reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
+        stats.update(reward_metrics)
+        if self.completion_log is not None:  # rows of the kept groups among every round's completions
+            rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
+            self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
         if cfg.old_logprobs_needed:
             rollout.old_logprobs = self.scorer.generation_logprobs(self.policy, rollout)
         if self.reference is not None:
@@ -282,10 +296,15 @@ class RolloutSource:
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(truncated.mean()),
+            "num_tokens": self.num_tokens,
         }
+        terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
+        for stat in ("mean", "min", "max"):
+            metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
         columns = torch.cat([mb.rewards for mb in micro_batches]).T
         for name, column in zip(self.rewards.names, columns, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
+            metrics[f"rewards/{name}/std"] = float(nanstd(column))
         return metrics
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -295,7 +314,8 @@ class RolloutSource:
     def state_dict(self) -> dict[str, Any]:
         """The cycle's position, its unfinished generation batch, the shuffling RNG and the task position."""
         return {"micro_step": self.micro_step, "buffer": [r.state_dict() for r in self.buffer],
-                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict()}
+                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
+                "num_tokens": self.num_tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -313,4 +333,5 @@ class RolloutSource:
             )
         self.buffer = buffer
         self.micro_step = state["micro_step"]
+        self.num_tokens = state.get("num_tokens", 0.0)
         self.shuffle_generator.set_state(state["shuffle"])
