@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--max-steps", type=int, default=5)
+    parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--eval-size", type=int, default=20)
     parser.add_argument("--output-dir", default="runs/custom-loss-train")
     args = parser.parse_args(argv)
 
@@ -34,8 +36,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     # 2. Train with it (the estimator by name; everything else as rlzoo train's flags).
     config = TrainConfig(model=args.model, advantage="rloo", max_steps=args.max_steps, output_dir=args.output_dir,
-                         overwrite=True, num_generations=4, per_device_train_batch_size=16, eval_size=20,
-                         eval_steps=0, progress=False)
+                         overwrite=True, num_generations=4, per_device_train_batch_size=16,
+                         max_completion_length=args.max_completion_length, eval_size=args.eval_size, eval_steps=0,
+                         progress=False)
     history = Trainer(config, loss=loss).train()
     print(f"final reward {history[-1]['reward']:.3f}, entropy {history[-1]['entropy']:.3f}, "
           f"held-out accuracy {history[-1].get('eval/accuracy')}")

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--max-steps", type=int, default=5)
+    parser.add_argument("--max-completion-length", type=int, default=32)
+    parser.add_argument("--eval-size", type=int, default=20)
     parser.add_argument("--output-dir", default="runs/lora")
     args = parser.parse_args(argv)
 
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config = TrainConfig(
         model=args.model, max_steps=args.max_steps, output_dir=str(Path(args.output_dir) / "run"), overwrite=True,
         peft={"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}, loss={"beta": 0.04}, learning_rate=2e-4,
-        num_generations=4, per_device_train_batch_size=16, eval_size=20, eval_steps=0, progress=False,
+        num_generations=4, per_device_train_batch_size=16, max_completion_length=args.max_completion_length,
+        eval_size=args.eval_size, eval_steps=0, progress=False,
     )
     trainer = Trainer(config)
     trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--max-steps", type=int, default=5)
+    parser.add_argument("--max-completion-length", type=int, default=48)
+    parser.add_argument("--eval-size", type=int, default=20)
     parser.add_argument("--output-dir", default="runs/own-dataset")
     args = parser.parse_args(argv)
 
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model=args.model, algorithm="dapo", max_steps=args.max_steps, output_dir=str(Path(args.output_dir) / "run"),
         overwrite=True, task=str(path), task_kwargs={"answer_column": "solution"},
         reward_funcs=("trl.rewards.think_format_reward", "accuracy"), num_generations=4,
-        per_device_train_batch_size=16, max_completion_length=48, eval_size=20, eval_steps=0, progress=False,
+        per_device_train_batch_size=16, max_completion_length=args.max_completion_length, eval_size=args.eval_size,
+        eval_steps=0, progress=False,
         log_completions=True,
     )
     history = Trainer(config).train()
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     last = history[-1]
     print(f"step {last['step']}: think format {last['rewards/think_format_reward/mean']:.2f}, "
           f"accuracy reward {last['rewards/accuracy/mean']:.2f}, held-out accuracy {last.get('eval/accuracy')}")
-    print(f"completions: {sorted((Path(config.output_dir) / 'completions').glob('*.parquet'))[-1]}")
+    print(f"completions: {max((Path(config.output_dir) / 'completions').glob('*.parquet'))}")
     return history
 
 

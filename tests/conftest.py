@@ -10,8 +10,8 @@ os.environ.setdefault("WANDB_MODE", "offline")  # wandb without an account or a 
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="rlzoo-test-trackio-"))  # not the user's trackio store
 
-import torch  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+import torch
+from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci",

@@ -75,5 +75,6 @@ def test_issue_examples_train(script, tmp_path, monkeypatch):
     """examples/own_dataset.py, lora.py and custom_loss_train.py run top to bottom (tiny model, 2 steps)."""
     monkeypatch.setattr(sys, "argv", [script])
     module = runpy.run_path(str(ROOT / "examples" / script))
-    history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--output-dir", str(tmp_path / "out")])
+    history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--max-completion-length", "6",
+                              "--eval-size", "4", "--output-dir", str(tmp_path / "out")])
     assert history[-1]["step"] == 2

@@ -56,7 +56,7 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig = plt.figure(figsize=(12, 7.2), dpi=110)
-    grid = fig.add_gridspec(2, len(PANELS), height_ratios=(1.5, 1), hspace=0.42, wspace=0.38)
+    grid = fig.add_gridspec(2, len(PANELS), height_ratios=(1.5, 1), hspace=0.42, wspace=0.5, top=0.9)
     top = fig.add_subplot(grid[0, :])
     steps, rewards = _series(history, "reward")
     top.plot(steps, rewards, color=_REWARD, marker="o", markersize=3, linewidth=1.6,
@@ -77,8 +77,9 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
                                linewidth=0, label="95 % interval")
         right.plot(es, accuracy, color=_ACCURACY, marker="s", markersize=5, linewidth=1.6,
                    label="held-out greedy accuracy")
-        for s, a in zip(es, accuracy, strict=True):
-            right.annotate(f"{100 * a:.1f}%", (s, a), textcoords="offset points", xytext=(0, 8), ha="center",
+        for i, (s, a) in enumerate(zip(es, accuracy, strict=True)):
+            edge = "left" if i == 0 else "right" if i == len(es) - 1 and len(es) > 1 else "center"
+            right.annotate(f"{100 * a:.1f}%", (s, a), textcoords="offset points", xytext=(0, 8), ha=edge,
                            fontsize=8, color=_ACCURACY)
         right.set_ylim(0.0, 1.05)
         right.yaxis.set_major_formatter(PercentFormatter(1.0))
@@ -88,8 +89,12 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
         handles = (handles[0] + more[0], handles[1] + more[1])
     top.legend(*handles, loc="upper left", fontsize=8, framealpha=0.9)
     all_steps = sorted({int(r["step"]) for r in history if "step" in r})
+    span = (all_steps[0] - 0.3, all_steps[-1] + 0.3) if len(all_steps) > 1 else None
     for column, (key, label, _) in enumerate(PANELS):
-        ax = fig.add_subplot(grid[1, column], sharex=top)
+        ax = fig.add_subplot(grid[1, column])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+        if span:
+            ax.set_xlim(*span)
         xs, ys = _series(history, key)
         if ys:
             ax.plot(xs, ys, color=_OTHER, marker="o", markersize=2.5, linewidth=1.2)
@@ -108,11 +113,12 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
                 label += "\n(dotted: truncated share)"
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=7)
+        ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
         ax.set_xlabel("step", fontsize=8)
     top.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(max(len(all_steps), 1), 12)))
-    if len(all_steps) > 1:
-        top.set_xlim(all_steps[0] - 0.3, all_steps[-1] + 0.3)
+    if span:
+        top.set_xlim(*span)
     if title:
         fig.suptitle(title, fontsize=12)
     buffer = io.BytesIO()
