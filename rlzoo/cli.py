@@ -1,17 +1,19 @@
-"""``rlzoo``: list and explain the zoo, train, evaluate, benchmark.
+"""rlzoo: list and explain the zoo, train, evaluate, benchmark.
 
 ::
 
     rlzoo list                          presets (with papers), advantage estimators, parts
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
     rlzoo explain --all --markdown      docs/algorithms.md
+    rlzoo tasks [NAME]                  the tasks and their options
     rlzoo train [--config FILE] [--algorithm NAME] [--loss.OPTION VALUE] [--advantage NAME] ...
-    rlzoo eval --model PATH_OR_NAME [--task NAME] [--task.OPTION VALUE] [--eval-size N]
+    rlzoo eval --run RUN | --model MODEL [--task NAME] [--task.OPTION VALUE] [--eval-size N] [--output FILE]
+    rlzoo export SOURCE OUTPUT          a checkpoint as a plain Hugging Face model (a LoRA adapter merged)
     rlzoo bench [pytest options]        the pytest-benchmark suite (source checkout)
 
-Flags of ``train`` and ``eval`` are the fields of :class:`rlzoo.trainer.TrainConfig` in kebab-case
-(``rlzoo train --help``); dotted flags set the mapping options: ``--loss.epsilon_high 0.28``,
-``--advantage.scale none``, ``--task.max_terms 3`` (values are parsed as YAML scalars: 0.28, true, null).
+Flags of ``train`` are the fields of :class:`rlzoo.trainer.TrainConfig` in kebab-case (``rlzoo train --help``);
+dotted flags set the mapping options: ``--loss.epsilon_high 0.28``, ``--advantage.scale none``,
+``--task.max_terms 3``, ``--peft.r 16`` (values are parsed as YAML scalars: 0.28, true, null).
 """
 
 import argparse
@@ -26,8 +28,8 @@ from typing import Any
 
 __all__ = ["console_main", "main", "parse_train_args"]
 
-_DOTTED = re.compile(r"^--(loss|advantage|task)\.([A-Za-z0-9_\-]+)(?:=(.*))?$")
-_DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs"}
+_DOTTED = re.compile(r"^--(loss|advantage|task|peft)\.([A-Za-z0-9_\-]+)(?:=(.*))?$")
+_DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs", "peft": "peft"}
 
 
 def _scalar(text: str) -> Any:
@@ -42,12 +44,15 @@ def _scalar(text: str) -> Any:
         return text
 
 
-_TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig fields; rlzoo eval reads the model,
-task and evaluation flags among them).
+_TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig fields).
 
-Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names; flags override it),
-and the dotted options --loss.NAME VALUE (see `rlzoo explain ALGORITHM`), --advantage.NAME VALUE and
---task.NAME VALUE (the data set's options), values read as YAML scalars (0.28, 1e-3, true, null)."""
+Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names, or a run's config.json;
+flags override it), and the dotted options --loss.NAME VALUE (see rlzoo explain ALGORITHM), --advantage.NAME
+VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NAME VALUE (LoRA: the fields of
+peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null)."""
+
+_EVAL_HELP = """Greedy held-out accuracy of a run's checkpoint (--run RUN: its task, prompts and answer extraction) or
+of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
@@ -64,6 +69,28 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     import tyro
 
     from rlzoo.trainer.config import TrainConfig
+
+    base, rest = _config_and_dotted(argv, prog)
+    _refuse_trl_spellings(rest)
+    default = TrainConfig.from_dict(base)
+    parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP)
+    # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
+    return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
+                               task_kwargs=default.task_kwargs, peft=default.peft)
+
+
+def _refuse_trl_spellings(argv: Sequence[str]) -> None:
+    """Raise with a pointer to rlzoo's spelling when a flag is TRL's (``--loss_type``, ``--beta``, ``--lr``)."""
+    from rlzoo.trainer.spellings import spelling_hint
+
+    flags = [a for a in argv if a.startswith("--")]
+    hint = spelling_hint(flags, flags=True)
+    if hint:
+        raise ValueError(f"unknown option: {hint}")
+
+
+def _config_and_dotted(argv: Sequence[str], prog: str) -> tuple[dict[str, Any], list[str]]:
+    """``--config FILE``'s settings merged with the dotted flags, and the remaining arguments."""
     from rlzoo.trainer.config_files import load_config_file
 
     argv = list(argv)
@@ -97,11 +124,7 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
         i += 1
     for field, values in dotted.items():
         base[field] = {**(base.get(field) or {}), **values}
-    default = TrainConfig.from_dict(base)
-    parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP)
-    # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
-    return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
-                               task_kwargs=default.task_kwargs)
+    return base, rest
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -137,8 +160,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if not args.name:
         print("rlzoo explain: give a preset name or --all", file=sys.stderr)
         return 2
-    if args.name in presets:
-        print(presets.get(args.name).card())
+    if args.name in presets or args.name not in advantage_estimators:
+        print(presets.get(args.name).card())  # case-insensitive; an unknown name raises with a did-you-mean
         return 0
     if args.name in advantage_estimators:
         import inspect
@@ -146,7 +169,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         print(f"{args.name} (advantage estimator)\n")
         print(inspect.cleandoc(advantage_estimators.get(args.name).__doc__ or ""))
         return 0
-    presets.get(args.name)  # raises UnknownNameError listing the presets
     return 2
 
 
@@ -164,13 +186,67 @@ def _cmd_train(argv: Sequence[str]) -> int:
 
 
 def _cmd_eval(argv: Sequence[str]) -> int:
-    from rlzoo.trainer.evaluation import evaluate
+    """``rlzoo eval``: the JSON result on stdout, a one-line summary on stderr."""
+    import dataclasses
+    import json
 
-    config = parse_train_args(argv, prog="rlzoo eval")
-    result = evaluate(config)
-    print(f"{config.model} on {config.task}: greedy accuracy {result}")
-    for question, completion, score in result.samples:
-        print(f"  [{score:.0f}] {question!r} -> {completion!r}")
+    import tyro
+
+    from rlzoo.trainer.eval_run import EvalArgs, eval_result
+
+    settings, rest = _config_and_dotted(argv, "rlzoo eval")
+    unknown = sorted(set(settings) - {"task_kwargs"})
+    if unknown:
+        raise ValueError(f"rlzoo eval takes only evaluation options; {unknown} are rlzoo train's")
+    _refuse_trl_spellings(rest)
+    args = tyro.cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP)
+    args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
+    out = eval_result(args)
+    print(json.dumps(out, indent=2))
+    print(f"rlzoo eval: {out['model']} on {out['task']}: greedy accuracy {100 * out['accuracy']:.1f}% (95% CI "
+          f"{100 * out['ci_low']:.1f}-{100 * out['ci_high']:.1f}, n={out['n']})", file=sys.stderr)
+    return 0
+
+
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    """``rlzoo tasks [NAME]``: every reasoning-gym task with its options (NAME: one, with defaults), and the data
+    set tasks' options."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    from rlzoo.trainer.tasks import DATASET_OPTIONS, list_reasoning_gym_tasks
+
+    def options(name: str, defaults: bool) -> list[str]:
+        fields = [f for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("seed", "size")]
+        if not defaults:
+            return [f.name for f in fields]
+        return [f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name for f in fields]
+
+    if args.name:
+        if args.name in DATASET_OPTIONS or args.name not in DATASETS:
+            from rlzoo.registry import UnknownNameError
+
+            raise UnknownNameError(f"unknown reasoning-gym task {args.name!r}; rlzoo tasks lists them")
+        print(f"{args.name} (reasoning-gym): --task {args.name}")
+        for option in options(args.name, defaults=True):
+            print(f"  --task.{option.replace('=', ' ', 1)}")
+        return 0
+    print("data sets (--task FILE.jsonl|.json|.csv|.parquet, a save_to_disk or hub-style directory, or a hub id):")
+    for name, meaning in DATASET_OPTIONS.items():
+        print(f"  --task.{name:<14} {meaning}")
+    print("\nreasoning-gym tasks (--task NAME; options --task.OPTION VALUE; rlzoo tasks NAME for defaults):")
+    for name in list_reasoning_gym_tasks():
+        print(f"  {name:<28} {', '.join(options(name, defaults=False))}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """``rlzoo export SOURCE OUTPUT``: a checkpoint as a plain Hugging Face model, a LoRA adapter merged."""
+    from rlzoo.trainer.adapters import export_model
+
+    path = export_model(args.source, args.output)
+    print(f"rlzoo export: wrote {path}")
     return 0
 
 
@@ -275,18 +351,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         command, rest = argv[0], argv[1:]
         return {"train": _cmd_train, "eval": _cmd_eval, "bench": _cmd_bench}[command](rest)
 
+    import rlzoo
+
     parser = argparse.ArgumentParser(prog="rlzoo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"rlzoo {rlzoo.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="presets, advantage estimators and parts")
     explain = sub.add_parser("explain", help="a preset's card (formula, components, defaults, paper)")
     explain.add_argument("name", nargs="?")
     explain.add_argument("--all", action="store_true", help="every preset")
     explain.add_argument("--markdown", action="store_true", help="markdown (docs/algorithms.md)")
-    for name, text in (("train", "train a model (rlzoo train --help)"), ("eval", "greedy accuracy of a model"),
+    tasks = sub.add_parser("tasks", help="the tasks and their options")
+    tasks.add_argument("name", nargs="?", help="a reasoning-gym task: its options with their defaults")
+    export = sub.add_parser("export", help="a checkpoint as a plain Hugging Face model (a LoRA adapter merged)")
+    export.add_argument("source", help="a checkpoint (RUN/checkpoints/step-N), its model/ directory, or a model")
+    export.add_argument("output", help="the directory to write")
+    for name, text in (("train", "train a model (rlzoo train --help)"),
+                       ("eval", "greedy accuracy of a run or a model (rlzoo eval --help)"),
                        ("bench", "the pytest-benchmark suite")):
         sub.add_parser(name, help=text)
     args = parser.parse_args(argv)
-    return {"list": _cmd_list, "explain": _cmd_explain}[args.command](args)
+    return {"list": _cmd_list, "explain": _cmd_explain, "tasks": _cmd_tasks, "export": _cmd_export}[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ estimators and presets each have one :class:`Registry`. Choosing an algorithm is
 
 import contextlib
 import dataclasses
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -67,17 +68,26 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
-        """The object registered as ``name``.
+        """The object registered as ``name``; a name differing only in case or ``-`` / ``_`` is accepted when it
+        matches exactly one registered name (``DAPO``, ``dr-grpo``).
 
         Raises:
-            UnknownNameError: (a ``KeyError`` and ``ValueError``) listing the valid names.
+            UnknownNameError: (a ``KeyError`` and ``ValueError``) with the closest names ("did you mean") and the
+                valid names.
         """
         try:
             return self._items[name]
         except (KeyError, TypeError):
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}"
-            ) from None
+            pass
+        close: list[str] = []
+        if isinstance(name, str):
+            folded = {n.casefold().replace("-", "_"): n for n in self._items}
+            key = name.casefold().replace("-", "_")
+            if key in folded:
+                return self._items[folded[key]]
+            close = [folded[n] for n in difflib.get_close_matches(key, list(folded), n=3, cutoff=0.6)]
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid names: {', '.join(self.names())}")
 
     def names(self) -> list[str]:
         """Sorted registered names."""

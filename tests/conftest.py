@@ -1,6 +1,14 @@
 """Shared pytest set-up: hypothesis profiles, float64 default for math tests, markers."""
 
 import os
+import tempfile
+
+# No network in CI: hub ids resolve from the local cache only (else each miss retries for a minute). Read by
+# huggingface_hub, transformers and datasets when they are first imported, so it is set before any of them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")  # wandb without an account or a network
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="rlzoo-test-trackio-"))  # not the user's trackio store
 
 import torch
 from hypothesis import HealthCheck, settings

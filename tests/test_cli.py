@@ -79,8 +79,9 @@ def test_train_and_eval_end_to_end(tmp_path, capsys):
     assert rows[-1]["step"] == 1
     checkpoint = out_dir / "checkpoints" / "step-000001" / "model"
     assert main(["eval", "--model", str(checkpoint), "--eval-size", "4", "--max-completion-length", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "greedy accuracy" in out and "95% CI" in out and "n=4" in out
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["n"] == 4
+    assert "greedy accuracy" in captured.err and "95% CI" in captured.err and "n=4" in captured.err
 
 
 def test_exponent_numbers_are_numbers_in_flags_and_yaml(tmp_path):
@@ -156,3 +157,63 @@ def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monk
     assert len(commands) == 1 and commands[0][-2:] == ["-k", "fused"]  # pytest ran; render did not
     assert out.read_text() == "previous" and (tmp_path / "results.json.partial").exists()
     assert "unchanged" in capsys.readouterr().err
+
+
+def test_version_and_case_insensitive_presets_with_did_you_mean(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"rlzoo {rlzoo.__version__}"
+    assert main(["explain", "DAPO"]) == 0 and "2503.14476" in capsys.readouterr().out
+    assert rlzoo.get_loss("Dr-GRPO").name == "dr_grpo"
+    with pytest.raises(UnknownNameError, match="did you mean 'dapo'"):
+        rlzoo.get_loss("dapoo")
+
+
+@pytest.mark.parametrize(("flag", "pointer"), [("--loss_type", "--algorithm"), ("--beta", "--loss.beta"),
+                                               ("--lr", "--learning-rate"), ("--model_name_or_path", "--model")])
+def test_trl_spellings_point_to_rlzoos(flag, pointer, tmp_path):
+    with pytest.raises(ValueError, match=f"TRL's {flag} is {pointer}"):
+        parse_train_args([flag, "x"])
+    path = tmp_path / "trl.yaml"
+    path.write_text(f"{flag.lstrip('-')}: 1\n")
+    with pytest.raises(ValueError, match=f"TRL's {flag.lstrip('-')} is "):
+        parse_train_args(["--config", str(path)])
+
+
+def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, capsys):
+    """`rlzoo train --config RUN/config.json` reuses the run's settings (not its directory or bookkeeping);
+    `rlzoo eval --run RUN` evaluates its checkpoint with its task and extraction and writes JSON."""
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max-steps", "1", "--num-generations", "4",
+                 "--per-device-train-batch-size", "8", "--max-completion-length", "4", "--eval-size", "3",
+                 "--answer-extraction", "first_number", "--task.max_terms", "3", "--output-dir", str(run),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    config = parse_train_args(["--config", str(run / "config.json"), "--max-steps", "2"])
+    assert (config.max_steps, config.answer_extraction, dict(config.task_kwargs), config.output_dir) == (
+        2, "first_number", {"max_terms": 3}, None)
+    out_file = tmp_path / "eval.json"
+    assert main(["eval", "--run", str(run), "--max-completion-length", "4", "--output", str(out_file)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result == json.loads(out_file.read_text())
+    assert result["checkpoint"].endswith("step-000001") and result["answer_extraction"] == "first_number"
+    assert result["task_kwargs"] == {"max_terms": 3} and result["n"] == 3 and 0 <= result["accuracy"] <= 1
+    assert "greedy accuracy" in captured.err
+    with pytest.raises(SystemExit):  # only evaluation flags
+        main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
+
+
+def test_tasks_lists_tasks_and_options(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "chain_sum" in out and "--task.answer_column" in out and "max_terms" in out
+    assert main(["tasks", "chain_sum"]) == 0
+    assert "--task.max_terms 6" in capsys.readouterr().out
+
+
+def test_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and ":class:" not in text and "`" not in text

@@ -68,3 +68,13 @@ def test_custom_loss_example_trains(tmp_path, monkeypatch):
         history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--output-dir", str(tmp_path / "run")])
     assert history[-1]["step"] == 2
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize("script", ["own_dataset.py", "lora.py", "custom_loss_train.py"])
+def test_issue_examples_train(script, tmp_path, monkeypatch):
+    """examples/own_dataset.py, lora.py and custom_loss_train.py run top to bottom (tiny model, 2 steps)."""
+    monkeypatch.setattr(sys, "argv", [script])
+    module = runpy.run_path(str(ROOT / "examples" / script))
+    history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--max-completion-length", "6",
+                              "--eval-size", "4", "--output-dir", str(tmp_path / "out")])
+    assert history[-1]["step"] == 2

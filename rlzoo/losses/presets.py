@@ -128,8 +128,8 @@ def get_loss(name: str, **overrides: Any) -> PolicyLoss:
         >>> rlzoo.get_loss("dapo", epsilon_high=0.3).surrogate.epsilon_high
         0.3
     """
-    loss = presets.get(name).build()
-    loss = dataclasses.replace(loss, name=name)
+    card = presets.get(name)  # case-insensitive: "DAPO" is dapo
+    loss = dataclasses.replace(card.build(), name=card.name)
     return loss.with_options(**overrides)
 
 

@@ -5,7 +5,8 @@ A checkpoint ``checkpoints/step-NNNNNN/`` holds:
 - ``dcp/``: the model and optimizer state, written by every rank with ``torch.distributed.checkpoint`` (DCP:
   each rank its shards, resharded on load, so a checkpoint of 2 ranks resumes on 1 and the reverse);
 - ``model/``: the consolidated Hugging Face model (safetensors, config, tokenizer) that
-  ``AutoModelForCausalLM.from_pretrained`` and ``rlzoo eval --model`` load;
+  ``AutoModelForCausalLM.from_pretrained`` and ``rlzoo eval --model`` load (for a LoRA run the adapter and the
+  tokenizer, :mod:`rlzoo.trainer.adapters`);
 - ``NAME.pt``: state shared by the ranks (the learning-rate schedule), and ``NAME-rankR.pt``: each rank's
   own (its generation cycle and unfinished batch, its RNGs);
 - ``trainer_state.json``: the step, the world size and the run's settings.

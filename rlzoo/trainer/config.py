@@ -27,6 +27,7 @@ import tyro
 from rlzoo.trainer.config_files import coerce
 
 __all__ = [
+    "AdapterConfig",
     "AlgorithmConfig",
     "CheckpointConfig",
     "EvalConfig",
@@ -38,6 +39,7 @@ __all__ = [
     "RunConfig",
     "ScorerConfig",
     "TaskConfig",
+    "TrackingConfig",
     "TrainConfig",
 ]
 
@@ -80,11 +82,11 @@ class AlgorithmConfig(Section):
     """The loss and the advantage estimator."""
 
     algorithm: str = "grpo"
-    """Loss preset (see `rlzoo list`)."""
+    """Loss preset (see rlzoo list; case-insensitive)."""
     loss: DottedOptions = dataclasses.field(default_factory=dict)
-    """Loss option overrides, e.g. --loss.epsilon_high 0.28 (see `rlzoo explain ALGORITHM`)."""
+    """Loss option overrides, e.g. --loss.epsilon_high 0.28 (see rlzoo explain ALGORITHM)."""
     advantage: str | None = None
-    """Advantage estimator (see `rlzoo list`); default: the preset's recommended one."""
+    """Advantage estimator (see rlzoo list); default: the preset's recommended one."""
     advantage_options: DottedOptions = dataclasses.field(default_factory=dict)
     """Advantage estimator options, e.g. --advantage.scale none."""
 
@@ -94,7 +96,8 @@ class ModelConfig(Section):
     """The policy model, where it runs and in which precision."""
 
     model: str = "smollm2-135m"
-    """Model: a Hugging Face id (local cache only) or directory, a .gguf file, 'smollm2-135m' or 'tiny-random'."""
+    """Model: a Hugging Face hub id (downloaded when online) or directory (a full model or a PEFT adapter), a .gguf
+    file, 'smollm2-135m' or 'tiny-random'."""
     device: str = "auto"
     """'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:1', ..."""
     dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = "auto"
@@ -129,13 +132,15 @@ class TaskConfig(Section):
     """The problems: training stream, held-out set, prompts and answer extraction."""
 
     task: str = DEFAULT_TASK
-    """Task: a reasoning-gym data set name, or a .jsonl file with prompt and answer columns."""
+    """Task: a reasoning-gym data set name, a .jsonl/.json/.csv/.parquet file, a save_to_disk directory or a hub
+    data set id (see rlzoo tasks)."""
     task_kwargs: OptionalDottedOptions = None
-    """Data set options, e.g. --task.max_terms 3; None: the built-in job's (2 one-digit terms) for chain_sum."""
+    """Data set options, e.g. --task.max_terms 3 (reasoning-gym), --task.split test or --task.answer_column
+    solution (files and hub data sets); None: the built-in job's (2 one-digit terms) for chain_sum."""
     answer_extraction: str = "last_number"
     """How a completion becomes an answer for the scorer: last_number, first_number, full, first_line, tag."""
     system_prompt: str | None = None
-    """System message for the chat template (None: the template's default)."""
+    """System message for the chat template, added to prompts that have none (None: the template's default)."""
     eval_size: int = 200
     """Held-out evaluation problems (fixed seed, disjoint from training)."""
     exclude_eval_questions: bool = False
@@ -161,7 +166,8 @@ class RewardConfig(Section):
     """Reward functions, their combination and DAPO's soft overlong punishment."""
 
     reward_funcs: tuple[str, ...] = ("accuracy",)
-    """Reward functions: 'accuracy', 'format', or 'module:function' with TRL's signature."""
+    """Reward functions: 'accuracy', 'format', TRL's names (think_format_reward, ...), 'pkg.module.function',
+    'module:function', 'file.py:function' with TRL's signature, or a reward model (hub id or directory)."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function (default: all 1)."""
     multi_reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
@@ -270,7 +276,7 @@ class ScorerConfig(Section):
     logprobs_backend: Literal["fused", "plain"] = "fused"
     """Log-probs from hidden states with rlzoo.kernels.fused_linear_logprobs (no [N, V] logits), or plain logits."""
     log_entropy: bool = True
-    """Compute per-token entropies for the `entropy` metric even when the loss does not need them."""
+    """Compute per-token entropies for the entropy metric even when the loss does not need them."""
     share_prompt_prefix: bool = True
     """Run each prompt once per group and reuse its KV cache for the group's completions (exact)."""
 
@@ -360,11 +366,50 @@ class RunConfig(Section):
         return [("max_steps", self.max_steps >= 0, ">= 0"), *super().checks()]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdapterConfig(Section):
+    """A PEFT adapter (LoRA) trained instead of the whole model."""
+
+    peft: OptionalDottedOptions = None
+    """LoRA: fields of peft.LoraConfig as dotted options, e.g. --peft.r 16 --peft.lora_alpha 32
+    --peft.target_modules all-linear (None: train the whole model)."""
+
+
+REPORT_TO = ("tensorboard", "trackio", "wandb")
+"""Trackers ``report_to`` accepts (besides ``none`` and ``all``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrackingConfig(Section):
+    """Live logging: trackers and the completions table."""
+
+    report_to: str = "none"
+    """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
+    run_name: str | None = None
+    """The run's name in the trackers (None: the output directory's name)."""
+    log_completions: bool = False
+    """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        ok = bool(names) and all(n in (*REPORT_TO, "none", "all") for n in names)
+        return [("report_to", ok, f"a comma-separated list of {', '.join(REPORT_TO)}, all or none"),
+                *super().checks()]
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers to report to (``all``: every one of :data:`REPORT_TO`; ``none``: none)."""
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        if "all" in names:
+            return REPORT_TO
+        return tuple(dict.fromkeys(n for n in names if n != "none"))
+
+
 # Bases are listed last-first: dataclasses collect inherited fields from the end of the MRO, so --help lists
 # the algorithm and model first, as before the split.
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, ScorerConfig, RolloutConfig,
-                  RewardConfig, TaskConfig, ParallelConfig, ModelConfig, AlgorithmConfig):
+class TrainConfig(TrackingConfig, RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, ScorerConfig,
+                  RolloutConfig, RewardConfig, TaskConfig, AdapterConfig, ParallelConfig, ModelConfig, AlgorithmConfig):
     """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
@@ -394,9 +439,13 @@ class TrainConfig(RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, Scor
         Raises:
             ValueError: unknown keys, or the errors of :class:`Section`.
         """
+        from rlzoo.trainer.spellings import spelling_hint
+
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}; valid keys: {', '.join(sorted(names))}")
+            hint = spelling_hint(unknown, flags=False)
+            raise ValueError(f"unknown config keys {unknown}" + (f" ({hint})" if hint else "")
+                             + f"; valid keys: {', '.join(sorted(names))}")
         hints = typing.get_type_hints(cls)
         return cls(**{key: coerce(key, value, hints[key]) for key, value in data.items()})

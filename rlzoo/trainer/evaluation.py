@@ -59,8 +59,10 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
-                    batch_size: int, limit: int | None = None, dist: Distributed = ONE_PROCESS) -> EvalResult:
-    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer.
+                    batch_size: int, limit: int | None = None, dist: Distributed = ONE_PROCESS,
+                    progress: bool = False) -> EvalResult:
+    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer (``progress``:
+    a progress bar over the problems, for long evaluations).
 
     Under torchrun each rank decodes its strided share of the problems and the scores are summed over the
     ranks (every rank returns the same accuracy; the samples are rank 0's).
@@ -68,7 +70,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     items = dist.shard(list(task.eval_items)[:limit])
     scores: list[float] = []
     samples: list[tuple[str, str, float]] = []
+    bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
     for start in range(0, len(items), batch_size):
+        if bar is not None:
+            bar.update(min(batch_size, len(items) - start))
         chunk = items[start:start + batch_size]
         prompts = [task.prompt(tokenizer, item) for item in chunk]
         gen = generator.generate(model, prompts, 1, greedy=True)
@@ -77,11 +82,19 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             scores.append(score)
             if len(samples) < 3:
                 samples.append((task.question(item), text, score))
+    if bar is not None:
+        bar.close()
     totals = dist.reduce_floats({"score": sum(scores), "n": float(len(scores))})
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
     return EvalResult(accuracy=total / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples))
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="eval", unit="problem", dynamic_ncols=True, leave=False)
 
 
 class Evaluator:
@@ -96,11 +109,13 @@ class Evaluator:
         generator: greedy decoding (an :class:`~rlzoo.trainer.generation.HFGenerator` without prefix sharing).
         precision: autocast of the forward passes.
         dist: the process group context (each rank evaluates a share of the held-out set).
+        progress: show a progress bar over the held-out problems (when they take more than one batch).
     """
 
     def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
-                 precision: Precision, dist: Distributed = ONE_PROCESS) -> None:
+                 precision: Precision, dist: Distributed = ONE_PROCESS, progress: bool = False) -> None:
         self.config = config
+        self.progress = progress
         self.task = task
         self.tokenizer = tokenizer
         self.generator = generator
@@ -118,7 +133,8 @@ class Evaluator:
         gathered = model.gathered() if isinstance(model, ParallelModel) else contextlib.nullcontext(model)
         with gathered as whole, self.precision.autocast():
             return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
-                                   batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist)
+                                   batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
+                                   progress=self.progress)
 
     def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *, final: bool) -> dict[str, float]:
         """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),

@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from rlzoo.trainer.adapters import causal_lm
 from rlzoo.trainer.rollout import position_ids_for
 
 __all__ = ["Generated", "Generator", "GroupSeededSampling", "HFGenerator", "VLLMGenerator", "completion_mask_from_eos"]
@@ -200,7 +201,7 @@ class HFGenerator:
         mask = prompt_mask[group_index]
         kwargs = {}
         if self.share_prefix and g > 1 and prompt_ids.shape[1] > 1:
-            prefix = model.base_model(
+            prefix = causal_lm(model).base_model(
                 input_ids=prompt_ids[:, :-1],
                 attention_mask=prompt_mask[:, :-1].long(),
                 position_ids=position_ids_for(prompt_mask[:, :-1]),

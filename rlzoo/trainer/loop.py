@@ -12,7 +12,6 @@ Under torchrun every rank runs this loop on its share of the batch; rank 0 alone
 """
 
 import contextlib
-import copy
 import logging
 import os
 import random
@@ -25,8 +24,10 @@ import torch
 
 from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss, get_loss, presets
+from rlzoo.trainer.adapters import AdapterDisabled
 from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlzoo.trainer.config import (
+    AdapterConfig,
     AlgorithmConfig,
     CheckpointConfig,
     EvalConfig,
@@ -37,6 +38,7 @@ from rlzoo.trainer.config import (
     RolloutConfig,
     ScorerConfig,
     TaskConfig,
+    TrackingConfig,
     TrainConfig,
 )
 from rlzoo.trainer.distributed import init_distributed
@@ -51,6 +53,7 @@ from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
 from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource, build_generator
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
+from rlzoo.trainer.trackers import CompletionLog, Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
 
@@ -105,6 +108,11 @@ class Trainer:
         loss: a loss composed in Python; default ``rlzoo.get_loss(config.algorithm, **config.loss)``.
         reward_funcs: extra reward callables with TRL's signature ``fn(prompts, completions, **columns)``,
             added after ``config.reward_funcs``.
+        model, tokenizer: a model object (a ``PreTrainedModel`` or ``PeftModel``) and its tokenizer, instead of
+            loading ``config.model``.
+        peft_config: a ``peft.LoraConfig`` (or another PEFT config) to train an adapter (instead of ``--peft``).
+        train_dataset, eval_dataset: a ``datasets.Dataset`` / ``IterableDataset`` to train on instead of
+            ``config.task`` (columns from ``config.task_kwargs``), and its held-out set (default: a seeded split).
 
     With ``loss`` given, ``config.algorithm`` is ignored (``config.json`` records the loss as built under
     ``resolved_loss``) and the advantage estimator is ``config.advantage`` or, if None, ``grpo``.
@@ -124,11 +132,14 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, loss: PolicyLoss | None = None,
-                 reward_funcs: Sequence[Callable[..., list[float | None]]] = ()) -> None:
+                 reward_funcs: Sequence[Callable[..., list[float | None]]] = (), model: Any = None,
+                 tokenizer: Any = None, peft_config: Any = None, train_dataset: Any = None,
+                 eval_dataset: Any = None) -> None:
+        import datasets
         from transformers.utils import logging as hf_logging
 
-        from rlzoo.trainer.models import load_model
-        from rlzoo.trainer.rewards import RewardSet
+        from rlzoo.trainer.adapters import build_policy
+        from rlzoo.trainer.rewards import build_rewards
         from rlzoo.trainer.tasks import build_task
 
         self.config = config
@@ -150,23 +161,32 @@ class Trainer:
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
+        datasets.disable_progress_bars()
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        self.model, self.tokenizer = load_model(config.model, dtype=self.precision.param_dtype,
-                                                device=self.precision.device)
-        self.model.eval()  # dropout off: the ratio must be exactly 1 on the first iteration
+        self.model, self.tokenizer, reference = build_policy(  # dropout off: the first ratio is exactly 1
+            config.section(ModelConfig), config.section(AdapterConfig), dtype=self.precision.param_dtype,
+            device=self.precision.device, needs_reference="ref_logprobs" in required, model=model,
+            tokenizer=tokenizer, peft_config=peft_config)
         if config.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
         if dist.enabled and self.loss_fn.batch_coupled and dist.is_main:
             log.warning("loss %s selects tokens from statistics of the batch it is given (clip_cov / kl_cov / "
                         "top_entropy_quantile): under torchrun each rank computes them on its own share",
                         self.loss_fn.name or "custom")
-        reference = copy.deepcopy(self.model).requires_grad_(False) if "ref_logprobs" in required else None
         self.policy = ParallelModel(self.model, dist=dist, config=parallel, precision=self.precision)
-        self.reference = reference and ParallelModel(reference, dist=dist, config=parallel, precision=self.precision,
-                                                     trainable=False)
-        task = build_task(config.section(TaskConfig))
-        rewards = RewardSet(list(config.reward_funcs) + list(reward_funcs), weights=config.reward_weights, task=task)
+        if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
+            self.reference: Any = AdapterDisabled(self.model, module=self.policy.module)
+        else:
+            self.reference = reference and ParallelModel(reference, dist=dist, config=parallel,
+                                                         precision=self.precision, trainable=False)
+        task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
+        rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
+                                device=self.precision.device)
+        trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
+                    if dist.is_main else None)
+        completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
+                                       trackers=trackers) if config.log_completions and dist.is_main else None
         rollout_config = config.section(RolloutConfig)
         self.scorer = Scorer(config.section(ScorerConfig), precision=self.precision, temperature=config.temperature,
                              micro_batch_size=config.per_device_train_batch_size,
@@ -178,15 +198,18 @@ class Trainer:
         self.rollouts = RolloutSource(
             rollout_config, config.section(RewardConfig), task=task, rewards=rewards, advantage_fn=advantage_fn,
             scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
-            reference=self.reference, precision=self.precision, seed=config.seed, dist=dist)
+            reference=(self.reference if isinstance(self.reference, AdapterDisabled)
+                       else self.reference and self.reference.module),
+            precision=self.precision, seed=config.seed, dist=dist, completion_log=completion_log)
         eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
                                      max_prompt_length=config.max_prompt_length, share_prefix=False)
         self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
-                                   generator=eval_generator, precision=self.precision, dist=dist)
+                                   generator=eval_generator, precision=self.precision, dist=dist,
+                                   progress=config.progress and dist.is_main)
         self.optimizer = OptimizerStep(config.section(OptimizerConfig), self.policy.module, max_steps=config.max_steps)
         self.checkpointer = Checkpointer(config.section(CheckpointConfig), self.run_dir.checkpoints)
         self.logger = MetricsLogger(self.run_dir.path, max_steps=config.max_steps, progress=config.progress,
-                                    writes=dist.is_main)
+                                    writes=dist.is_main, trackers=trackers, title=self._title(task.task.name))
         self.step = 0
         self._saved_step = -1
 
@@ -196,8 +219,12 @@ class Trainer:
         return self.run_dir.path
 
     def _default_output_dir(self) -> str:
-        task = Path(self.config.task).stem if self.config.task.endswith(".jsonl") else self.config.task
+        task = Path(self.config.task).stem or self.config.task.replace("/", "-")
         return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def _title(self, task: str) -> str:
+        adapter = " + LoRA" if self.config.peft is not None else ""
+        return f"{self.loss_fn.name or 'custom loss'} on {task} - {self.config.model}{adapter}"
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, Any]]:

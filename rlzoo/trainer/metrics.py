@@ -15,7 +15,9 @@ from torch import Tensor
 
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.trainer.distributed import Distributed
-from rlzoo.trainer.io import append_line, atomic_write_bytes, atomic_write_text
+from rlzoo.trainer.io import append_line, atomic_write_text
+from rlzoo.trainer.plots import plot_metrics
+from rlzoo.trainer.trackers import Trackers
 
 __all__ = ["LossMetrics", "MetricsLogger", "plot_metrics", "read_metrics", "write_metrics"]
 
@@ -110,16 +112,20 @@ class MetricsLogger:
         output_dir: the run directory.
         max_steps: the run's length (for the log line and the bar).
         progress: show a live progress bar (tqdm).
-        writes: this process writes the file, log and bar (rank 0 under torchrun; the others only keep the
-            history in memory).
+        writes: this process writes the file, log, bar and trackers (rank 0 under torchrun; the others only keep
+            the history in memory).
+        trackers: the live trackers every row also goes to (``--report-to``), or None.
+        title: the plot's title (model, task, algorithm).
     """
 
     def __init__(self, output_dir: str | os.PathLike[str], *, max_steps: int, progress: bool,
-                 writes: bool = True) -> None:
+                 writes: bool = True, trackers: Trackers | None = None, title: str | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.max_steps = max_steps
         self.progress = progress
         self.writes = writes
+        self.trackers = trackers if writes else None
+        self.title = title
         self.history: list[dict[str, Any]] = []
         self._bar: Any = None
         self._redirect: contextlib.ExitStack | None = None
@@ -142,6 +148,8 @@ class MetricsLogger:
         if torn:
             write_metrics(self.path, rows)
         self.history = rows
+        if self.trackers is not None:
+            self.trackers.open(step)
         if self.progress:
             from tqdm.auto import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
@@ -160,6 +168,8 @@ class MetricsLogger:
         if self.writes:
             append_line(self.path, json.dumps(row, sort_keys=True))
         self.history.append(row)
+        if self.trackers is not None:
+            self.trackers.log(row)
         if "loss" not in row or not self.writes:  # the step-0 evaluation; other ranks
             return
         log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
@@ -174,50 +184,17 @@ class MetricsLogger:
             self._bar.update(1)
 
     def plot(self) -> Path:
-        """Write ``reward.png`` (reward and held-out accuracy vs step; rank 0 only)."""
+        """Write ``reward.png`` (:func:`~rlzoo.trainer.plots.plot_metrics`; rank 0 only)."""
         path = self.output_dir / "reward.png"
-        return plot_metrics(self.history, path) if self.writes else path
+        return plot_metrics(self.history, path, title=self.title) if self.writes else path
 
     def close(self) -> None:
-        """Close the progress bar (the file is closed after every write)."""
+        """Close the progress bar and the trackers (the file is closed after every write)."""
+        if self.trackers is not None:
+            self.trackers.close()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         if self._redirect is not None:
             self._redirect.close()
             self._redirect = None
-
-
-def plot_metrics(history: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Plot mean reward (left axis) and held-out greedy accuracy (right axis) against the optimizer step."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["step"] for r in history if r.get("reward") is not None]
-    rewards = [r["reward"] for r in history if r.get("reward") is not None]
-    evals = [(r["step"], r["eval/accuracy"]) for r in history if r.get("eval/accuracy") is not None]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(steps, rewards, color="tab:blue", marker="o", markersize=3, label="mean reward (training batch)")
-    if evals:
-        es, ea = zip(*evals, strict=True)
-        ax.plot(es, ea, color="tab:red", marker="s", label="held-out greedy accuracy")
-        for s, a in evals:
-            ax.annotate(f"{100 * a:.1f}%", (s, a), textcoords="offset points", xytext=(0, 7), ha="center",
-                        fontsize=8, color="tab:red")
-    values = rewards + [a for _, a in evals]
-    if values and 0.0 <= min(values) and max(values) <= 1.0:
-        ax.set_ylim(0.0, 1.05)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("reward / accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
-    return Path(path)

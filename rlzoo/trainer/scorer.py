@@ -12,6 +12,7 @@ forward and backward done once per group.
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -19,6 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import PolicyBatch
+from rlzoo.trainer.adapters import causal_lm, scoring_model
 from rlzoo.trainer.config import ScorerConfig
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import Rollout, position_ids_for
@@ -35,7 +37,7 @@ def _hidden_states(
     share_prefix: bool,
 ) -> Tensor:
     """``[N, C, H]`` final hidden states at the positions that predict each completion token."""
-    body = model.base_model
+    body = causal_lm(model).base_model  # the transformer body (under a PEFT wrapper too: its adapters are in place)
     p = prompt_ids.shape[1]
     full = _full_sequence_inputs(prompt_ids, prompt_mask, group_index, completion_ids)
     if not share_prefix:
@@ -106,8 +108,9 @@ def completion_logprobs(
     model when grad mode is on.
 
     Args:
-        model: a Hugging Face causal LM (``model.base_model`` gives final hidden states; the lm_head is read
-            by ``rlzoo.kernels.lm_head_spec``).
+        model: a Hugging Face causal LM, or a PEFT model wrapping one (the body of
+            :func:`~rlzoo.trainer.adapters.causal_lm` gives final hidden states; its lm_head is read by
+            ``rlzoo.kernels.lm_head_spec``).
         prompt_ids, prompt_mask: ``[Np, P]`` left-padded unique prompts and their attention mask.
         group_index: ``[N]`` the prompt row (in ``[0, Np)``) of each completion.
         completion_ids, completion_mask: ``[N, C]`` right-padded completion tokens and the counted ones.
@@ -136,7 +139,7 @@ def completion_logprobs(
     flat_index = rearrange(completion_mask, "n c -> (n c)").nonzero().squeeze(-1)
     targets = rearrange(completion_ids, "n c -> (n c)").index_select(0, flat_index)
     try:
-        spec = lm_head_spec(model)
+        spec = lm_head_spec(causal_lm(model))
     except NotImplementedError:  # a logit transform rlzoo's kernels do not know: the model's own forward
         spec = None
     if spec is None:
@@ -263,12 +266,13 @@ class Scorer:
         )
 
     @torch.no_grad()
-    def generation_logprobs(self, module: torch.nn.Module, rollout: Rollout) -> Float[Tensor, "N C"]:
+    def generation_logprobs(self, module: Any, rollout: Rollout) -> Float[Tensor, "N C"]:
         """Log-probs of a whole generation batch without gradients (old or reference log-probs), one
-        micro-batch at a time, padded to the rollout's width."""
+        micro-batch at a time, padded to the rollout's width. ``module``: a :class:`LogProbModule` (possibly
+        wrapped), or an :class:`~rlzoo.trainer.adapters.AdapterDisabled` reference (scored with the adapter off)."""
         size, n = self.micro_batch_size, rollout.num_completions
-        with self.precision.autocast():
-            parts = [self.logprobs(module, rollout.select(torch.arange(i, min(i + size, n))))[0]
+        with self.precision.autocast(), scoring_model(module) as scored:
+            parts = [self.logprobs(scored, rollout.select(torch.arange(i, min(i + size, n))))[0]
                      for i in range(0, n, size)]
         width = rollout.completion_ids.shape[1]
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])

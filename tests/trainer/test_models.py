@@ -121,7 +121,7 @@ def test_unknown_name_lists_builtins():
 
 
 def test_uncached_hub_id_is_a_clear_offline_error():
-    with pytest.raises(ModelUnavailableError, match="not available offline.*tiny-random"):
+    with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache while HF_HUB_OFFLINE.*tiny-random"):
         load_model("rlzoo-test-org/definitely-not-cached-model")
 
 

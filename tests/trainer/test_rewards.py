@@ -91,8 +91,9 @@ def test_load_reward_function_from_module_and_file(tmp_path, monkeypatch):
         load_reward_function("no_such_reward_module:f")
     with pytest.raises(ImportError, match="does not exist"):
         load_reward_function(f"{tmp_path / 'missing.py'}:f")
+    assert load_reward_function("my_rewards.length_reward") is fn  # TRL's dotted spelling
     with pytest.raises(ValueError, match="must be 'module:function'"):
-        load_reward_function("my_rewards.length_reward")
+        load_reward_function("not a reward")
 
 
 def test_load_reward_function_module_that_fails_to_import(tmp_path, monkeypatch):
@@ -143,12 +144,16 @@ def test_columns_and_completion_ids_reach_functions():
         seen.update(kwargs, prompts=prompts, completions=completions)
         return [0.0] * len(completions)
 
-    RewardSet((spy,))(
+    rewards = RewardSet((spy,), max_steps=7)
+    rewards(
         ["p1", "p2"],
         ["c1", "c2"],
         completion_ids=[[5, 2], [6]],
         columns={"answer": ["1", "2"], "level": [0, 1]},
     )
+    state = seen.pop("trainer_state")
+    assert state is rewards.trainer_state and (state.global_step, state.max_steps) == (0, 7)
+    assert seen.pop("log_extra") == rewards.log_extra and seen.pop("log_metric") == rewards.log_metric
     assert seen == {
         "prompts": ["p1", "p2"],
         "completions": ["c1", "c2"],

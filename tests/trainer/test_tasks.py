@@ -10,7 +10,7 @@ from rlzoo.registry import UnknownNameError
 from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.tasks import (
     EXTRACTIONS,
-    JsonlTask,
+    DatasetTask,
     extract_answer,
     format_prompt,
     load_task,
@@ -122,30 +122,34 @@ def _write_jsonl(path, rows):
 
 
 def test_jsonl_task_split_stream_and_columns(tmp_path):
-    rows = [{"prompt": f"q{i}?", "answer": i, "difficulty": i % 3} for i in range(20)]
+    rows = [{"prompt": f"q{i}?", "answer": i, "difficulty": i % 3} for i in range(25)]
     path = _write_jsonl(tmp_path / "t.jsonl", [*rows[:10], "", *rows[10:]])  # a blank line is skipped
     task = load_task(path, eval_size=5, train_seed=2, eval_seed=9)
-    assert isinstance(task, JsonlTask) and task.name == path
+    assert isinstance(task, DatasetTask) and task.name == path
     evals = task.eval_items()
     assert len(evals) == 5 and [item.index for item in evals] == list(range(5))
-    train = list(itertools.islice(task.train_items(), 30))
-    assert set(_questions(train[:15])) == {r["prompt"] for r in rows} - set(_questions(evals))  # one epoch
+    train = list(itertools.islice(task.train_items(), 40))
+    assert set(_questions(train[:20])) == {r["prompt"] for r in rows} - set(_questions(evals))  # one epoch
     assert not set(_questions(train)) & set(_questions(evals))
     assert train == list(
-        itertools.islice(load_task(path, eval_size=5, train_seed=2, eval_seed=9).train_items(), 30)
+        itertools.islice(load_task(path, eval_size=5, train_seed=2, eval_seed=9).train_items(), 40)
     )
     assert list(itertools.islice(task.train_items(start=13), 5)) == train[13:18]
     item = evals[0]
-    assert item.columns == {"answer": item.answer, "difficulty": int(item.answer) % 3}
+    assert item.columns == {"answer": int(item.answer), "difficulty": int(item.answer) % 3}  # TRL's columns, as read
+    assert item.prompt == item.question  # standard format: the string itself
     assert task.score(item.answer, item.columns) == 1.0 and task.score("nope", item.columns) == 0.0
 
 
-def test_jsonl_missing_column_names_it_and_the_line(tmp_path):
-    path = _write_jsonl(
-        tmp_path / "t.jsonl", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "solution": "2"}]
-    )
-    with pytest.raises(ValueError, match=r"t.jsonl:2: missing column\(s\) \['answer'\]"):
+def test_a_missing_answer_column_names_the_columns_and_the_option(tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "solution": "1"}, {"prompt": "b", "solution": "2"}])
+    with pytest.raises(ValueError, match=r"no column 'answer'; its columns: 'prompt', 'solution'; choose one "
+                                         r"with --task.answer_column"):
         load_task(path, eval_size=0)
+    task = load_task(path, kwargs={"answer_column": "solution"}, eval_size=0)
+    assert task.eval_items() == [] and next(task.train_items()).answer in ("1", "2")
+    no_answers = load_task(path, kwargs={"answer_column": None}, eval_size=5)
+    assert not no_answers.has_answers and no_answers.eval_items() == []  # nothing to score: no held-out set
 
 
 def test_jsonl_bad_json_line_number(tmp_path):
@@ -159,22 +163,22 @@ def test_jsonl_bad_json_line_number(tmp_path):
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("[1, 2]", "expected a JSON object"),
-        ('{"prompt": 3, "answer": "1"}', "'prompt' must be a string"),
-        ('{"prompt": "x", "answer": null}', "'answer' must be a string or a number"),
+        ('{"prompt": 3, "answer": "1"}', "'prompt' must be a string or a list of"),
+        ('{"prompt": "x", "answer": null}', "the answer column 'answer' is empty"),
     ],
 )
 def test_jsonl_bad_rows(tmp_path, line, message):
-    path = _write_jsonl(tmp_path / "t.jsonl", [line])
+    path = _write_jsonl(tmp_path / "t.jsonl", [line, line])
     with pytest.raises(ValueError, match=message):
-        load_task(path, eval_size=0)
+        next(load_task(path, eval_size=0).train_items())
 
 
-def test_jsonl_eval_size_and_path_errors(tmp_path):
-    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "1"}] * 3)
-    with pytest.raises(ValueError, match="must leave at least one training row"):
-        load_task(path, eval_size=3)
-    with pytest.raises(ValueError, match="only apply to reasoning-gym"):
+def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)])
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        task = load_task(path, eval_size=200)
+    assert len(task.eval_items()) == 4 and "capped at 4 rows" in caplog.text  # 20 % of the rows, never more
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['x'\] for data set task.*valid: split"):
         load_task(path, kwargs={"x": 1})
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_task(str(tmp_path / "missing.jsonl"))

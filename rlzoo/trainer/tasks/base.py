@@ -2,7 +2,7 @@
 
 A :class:`Task` yields :class:`TaskItem` s (question, reference answer, and the columns handed to reward
 functions as TRL's ``**columns``). Its sources: :mod:`~rlzoo.trainer.tasks.reasoning_gym_source` (any
-reasoning-gym data set) and :mod:`~rlzoo.trainer.tasks.file_source` (a JSONL file).
+reasoning-gym data set) and :mod:`~rlzoo.trainer.tasks.datasets_source` (anything ``datasets`` loads).
 """
 
 import abc
@@ -36,12 +36,16 @@ class TaskItem:
             columns.
         index: position in its stream (training: the raw stream position, ``Task.train_items(start=index+1)``
             resumes after it; eval: 0..eval_size-1).
+        prompt: the data set's own prompt, in TRL's standard (a string, used as it is) or conversational (a list
+            of ``{"role", "content"}`` messages, rendered with the chat template) format; None for tasks whose
+            question is put in a user message (reasoning-gym).
     """
 
     question: str
     answer: str
     columns: Mapping[str, Any]
     index: int
+    prompt: str | list[dict[str, Any]] | None = None
 
 
 class Task(abc.ABC):
@@ -58,6 +62,11 @@ class Task(abc.ABC):
     eval_seed: int
     eval_size: int
     exclude_eval_questions: bool
+
+    @property
+    def has_answers(self) -> bool:
+        """Whether items carry a reference answer to score (held-out accuracy, the ``accuracy`` reward)."""
+        return True
 
     @abc.abstractmethod
     def _raw_train_items(self, start: int) -> Iterator[TaskItem]:

@@ -1,8 +1,11 @@
 """Prompts: a question as the string the model is conditioned on, exactly as TRL 1.16 builds it."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from transformers import PreTrainedTokenizerBase
 
-__all__ = ["format_prompt", "prompt_messages"]
+__all__ = ["format_prompt", "is_conversational", "prompt_messages", "render_prompt"]
 
 
 def prompt_messages(question: str, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -35,3 +38,42 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
     assert isinstance(text, str)
     return text
 
+
+
+def is_conversational(prompt: Any) -> bool:
+    """Whether a data set's prompt is in TRL's conversational format (a list of ``{"role", "content"}`` messages)
+    rather than the standard one (a string); ``trl.data_utils.is_conversational`` of ``{"prompt": prompt}``."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], Mapping) and "role" in prompt[0]
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, Any]],
+                  system_prompt: str | None = None) -> str:
+    """A data set's prompt as the string the model is conditioned on, as TRL 1.16 renders it.
+
+    A string (TRL's standard format) is used as it is. A list of messages (conversational) gets
+    ``system_prompt`` as a first system message when it has none, then the chat template: with
+    ``add_generation_prompt`` after a user or tool turn, ``continue_final_message`` after an assistant turn
+    (trl/data_utils.py ``apply_chat_template``, "prompt" key).
+
+    Raises:
+        ValueError: ``system_prompt`` with a standard-format prompt, a conversational prompt for a tokenizer
+            without a chat template, or a last message of another role.
+    """
+    if not is_conversational(prompt):
+        if system_prompt is not None:
+            raise ValueError("system_prompt applies to conversational prompts (lists of messages); this data set's "
+                             "prompts are strings (TRL's standard format, used as they are)")
+        assert isinstance(prompt, str)
+        return prompt
+    messages = [dict(m) for m in prompt]
+    if system_prompt is not None and not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("conversational prompts need a tokenizer with a chat_template; this tokenizer has none")
+    last = messages[-1]["role"]
+    if last not in ("user", "tool", "assistant"):
+        raise ValueError(f"the last message of a conversational prompt must be user, tool or assistant, got {last!r}")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last != "assistant",
+                                         continue_final_message=last == "assistant")
+    assert isinstance(text, str)
+    return text

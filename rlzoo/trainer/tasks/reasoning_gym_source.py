@@ -59,7 +59,8 @@ class ReasoningGymTask(Task):
 
         if self.name not in DATASETS:
             raise UnknownNameError(
-                f"unknown reasoning-gym task {self.name!r}; "
+                f"unknown task {self.name!r}: not a data file, a data set directory or a hub id (org/name), nor a "
+                "reasoning-gym task; "
                 f"available: {', '.join(list_reasoning_gym_tasks())}"
             )
         if self.eval_size < 0:

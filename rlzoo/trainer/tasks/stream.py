@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -11,10 +10,15 @@ from transformers import PreTrainedTokenizerBase
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer.config import TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
+from rlzoo.trainer.tasks.datasets_source import (
+    DATASET_OPTIONS,
+    DatasetTask,
+    is_dataset_spec,
+    load_dataset_source,
+)
 from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer
-from rlzoo.trainer.tasks.file_source import JsonlTask
-from rlzoo.trainer.tasks.prompts import format_prompt
-from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask
+from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
+from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
 
 __all__ = ["TaskStream", "build_task", "load_task", "make_task"]
 
@@ -28,25 +32,27 @@ def load_task(
     eval_size: int = 200,
     exclude_eval_questions: bool = False,
 ) -> Task:
-    """A task from a reasoning-gym data set name (with its config ``kwargs``) or a ``.jsonl`` file path.
+    """A task from a reasoning-gym data set name (with its config ``kwargs``), or a data set that ``datasets``
+    loads: a data file, a ``save_to_disk`` or hub-style directory, a hub id (``kwargs``: :data:`DATASET_OPTIONS`).
 
     Raises:
-        UnknownNameError: neither a ``.jsonl`` path nor a reasoning-gym name (lists the available names).
-        ValueError: ``kwargs`` given for a JSONL task, or the errors of :class:`ReasoningGymTask` /
-            :class:`JsonlTask`.
+        UnknownNameError: neither a data set nor a reasoning-gym name (lists the available names).
+        ValueError: an option a data set task does not have (lists the valid ones), or the errors of
+            :class:`ReasoningGymTask`, :func:`load_dataset_source` and :class:`DatasetTask`.
+        FileNotFoundError: a data file that does not exist.
     """
-    if name_or_path.endswith(".jsonl") or os.path.sep in name_or_path:
-        if kwargs:
-            raise ValueError(
-                f"task options {dict(kwargs)} only apply to reasoning-gym tasks, not {name_or_path!r}"
-            )
-        return JsonlTask(
-            path=name_or_path,
-            train_seed=train_seed,
-            eval_seed=eval_seed,
-            eval_size=eval_size,
-            exclude_eval_questions=exclude_eval_questions,
-        )
+    common = {"train_seed": train_seed, "eval_seed": eval_seed, "eval_size": eval_size,
+              "exclude_eval_questions": exclude_eval_questions}
+    if is_dataset_spec(name_or_path) and name_or_path not in list_reasoning_gym_tasks():
+        options = dict(kwargs or {})
+        unknown = sorted(set(options) - set(DATASET_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for data set task {name_or_path!r}; valid: "
+                             f"{', '.join(DATASET_OPTIONS)}")
+        columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
+        train, held_out = load_dataset_source(name_or_path, **{k: v for k, v in options.items() if k not in columns})
+        return DatasetTask(name=name_or_path, dataset=train, eval_dataset=held_out, kwargs=options, **columns,
+                           **common)
     return ReasoningGymTask(
         name=name_or_path,
         kwargs=dict(kwargs or {}),
@@ -111,7 +117,11 @@ class TaskStream:
         return items
 
     def prompt(self, tokenizer: PreTrainedTokenizerBase, item: TaskItem) -> str:
-        """:func:`format_prompt` of the item's question with the stream's system prompt (TRL's prompt string)."""
+        """The string the model is conditioned on, as TRL builds it: the item's own prompt through
+        :func:`render_prompt` (data sets), else :func:`format_prompt` of its question (reasoning-gym); with the
+        stream's system prompt."""
+        if item.prompt is not None:
+            return render_prompt(tokenizer, item.prompt, self.system_prompt)
         return format_prompt(tokenizer, item.question, self.system_prompt)
 
     def question(self, item: TaskItem) -> str:
@@ -188,13 +198,27 @@ def make_task(
     return TaskStream(task, answer_extraction=answer_extraction)
 
 
-def build_task(config: TaskConfig) -> TaskStream:
-    """The :class:`TaskStream` of a run's task section.
+def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
+    """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
+    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``).
 
     Raises:
-        the errors of :func:`load_task` and :class:`TaskStream`.
+        ValueError: ``system_prompt`` with standard-format (string) prompts; and the errors of :func:`load_task`,
+            :class:`DatasetTask` and :class:`TaskStream`.
     """
-    task = load_task(config.task, kwargs=config.resolved_task_kwargs, train_seed=config.train_seed,
-                     eval_seed=config.eval_seed, eval_size=config.eval_size,
-                     exclude_eval_questions=config.exclude_eval_questions)
+    common = {"train_seed": config.train_seed, "eval_seed": config.eval_seed, "eval_size": config.eval_size,
+              "exclude_eval_questions": config.exclude_eval_questions}
+    if train_dataset is not None:
+        options = dict(config.task_kwargs or {})
+        columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
+        name = f"train_dataset:{getattr(train_dataset, '_fingerprint', None) or type(train_dataset).__name__}"
+        task: Task = DatasetTask(name=name, dataset=train_dataset, eval_dataset=eval_dataset, kwargs=options,
+                                 **columns, **common)
+    elif eval_dataset is not None:
+        raise ValueError("eval_dataset needs a train_dataset")
+    else:
+        task = load_task(config.task, kwargs=config.resolved_task_kwargs, **common)
+    if config.system_prompt is not None and isinstance(task, DatasetTask) and not task.conversational:
+        raise ValueError("system_prompt applies to conversational prompts (lists of messages); this data set's "
+                         "prompts are strings (TRL's standard format, used as they are)")
     return TaskStream(task, answer_extraction=config.answer_extraction, system_prompt=config.system_prompt)

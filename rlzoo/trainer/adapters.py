@@ -1,0 +1,183 @@
+"""The policy and its reference, with or without a PEFT adapter (LoRA): building them, checkpointing the adapter,
+merging it into a plain model.
+
+With LoRA (``--peft.r 16 ...`` or ``Trainer(config, peft_config=LoraConfig(...))``), ``peft.get_peft_model`` wraps
+the model: its weights are frozen and only the adapter's train. The reference policy is the same model with its
+adapter disabled (``PeftModel.disable_adapter()``), so ``beta > 0`` costs no second copy of the model, as in TRL
+1.16 (``GRPOTrainer``: "If PEFT is used, the reference model is not needed since the adapter can be disabled").
+A checkpoint's ``model/`` then holds the adapter (``adapter_model.safetensors``, ``adapter_config.json`` naming the
+base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads such a directory onto its base, and
+:func:`export_model` writes it merged into a plain Hugging Face checkpoint.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlzoo.trainer.config import AdapterConfig, ModelConfig
+from rlzoo.trainer.io import save_pretrained_atomic
+
+__all__ = ["AdapterDisabled", "build_policy", "causal_lm", "checkpoint_state_dict", "export_model",
+           "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a ``peft.PeftModel`` (False when peft is not installed)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def causal_lm(model: Any) -> Any:
+    """The Hugging Face ``*ForCausalLM`` under a PEFT wrapper (its adapter layers are in place, so calling it
+    applies the adapter), or ``model`` itself. The scorer and the sampler take the body and the head from it."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def lora_config(options: Mapping[str, Any]) -> Any:
+    """A ``peft.LoraConfig`` (task ``CAUSAL_LM``) from the ``--peft.NAME VALUE`` options.
+
+    Raises:
+        ImportError: peft is not installed (names the extra to install).
+        ValueError: an option that is not a field of ``LoraConfig`` (lists the fields), or peft's own check.
+    """
+    try:
+        from peft import LoraConfig
+    except ImportError as err:
+        raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
+    fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown --peft option(s) {unknown}; the fields of peft.LoraConfig: {', '.join(fields)}")
+    return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterDisabled:
+    """The reference policy of an adapter run: the policy with its adapter disabled (no second copy).
+
+    Attributes:
+        policy: the ``PeftModel`` being trained.
+        module: what the policy is scored through (its :class:`~rlzoo.trainer.scorer.LogProbModule`, possibly
+            wrapped by DDP / FSDP2), or None for the ``PeftModel`` itself.
+    """
+
+    policy: Any
+    module: Any = None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Any]:
+        """What to score with, the adapter disabled for the duration of the block (``PeftModel.disable_adapter``)."""
+        with self.policy.disable_adapter():
+            yield self.policy if self.module is None else self.module
+
+
+@contextlib.contextmanager
+def scoring_model(model: Any) -> Iterator[Any]:
+    """The module to score with: an :class:`AdapterDisabled` reference's base model while the block runs, or
+    ``model`` itself."""
+    if isinstance(model, AdapterDisabled):
+        with model.active() as base:
+            yield base
+    else:
+        yield model
+
+
+def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dtype: torch.dtype,
+                 device: torch.device, needs_reference: bool, model: Any = None, tokenizer: Any = None,
+                 peft_config: Any = None) -> tuple[Any, Any, Any]:
+    """The run's ``(policy, tokenizer, reference or None)``.
+
+    The policy is ``model`` (the Python API's model object, with ``tokenizer``) or ``load_model(model_config.model)``,
+    wrapped with ``peft_config`` or the ``--peft`` options when given (a model that is already a ``PeftModel``, or
+    a loaded adapter directory, trains its own adapter). It is in eval mode (dropout off: the ratio is exactly 1
+    on the first iteration). The reference, when ``needs_reference``: :class:`AdapterDisabled` for an adapter
+    model, else a frozen copy of the policy.
+
+    Raises:
+        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, or an adapter on the
+            output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
+            it too); and the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
+    """
+    import copy
+
+    from rlzoo.trainer.models import load_model
+
+    by_name = model is None
+    if by_name:
+        model, tokenizer = load_model(model_config.model, dtype=dtype, device=device, trainable=True)
+    else:
+        if tokenizer is None:
+            raise ValueError("Trainer(model=...) needs its tokenizer too: Trainer(config, model=..., tokenizer=...)")
+        model.to(device=device, dtype=dtype)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    if peft_config is not None and adapter_config.peft is not None:
+        raise ValueError("give the adapter either as peft_config or as --peft options, not both")
+    if peft_config is None and adapter_config.peft is not None:
+        peft_config = lora_config(adapter_config.peft)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        if is_peft_model(model):
+            raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
+        model = get_peft_model(model, copy.copy(peft_config))
+        if by_name:  # the saved adapter names its base as rlzoo's model spec (a built-in name, path or hub id)
+            model.peft_config["default"].base_model_name_or_path = model_config.model
+    if is_peft_model(model):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if isinstance(model.get_output_embeddings(), BaseTunerLayer):
+            raise ValueError("an adapter on the output layer (lm_head) would not train: the log-probs read "
+                             "lm_head.weight directly; remove it from --peft.target_modules")
+    model.eval()
+    if not needs_reference:
+        return model, tokenizer, None
+    reference = AdapterDisabled(model) if is_peft_model(model) else copy.deepcopy(model).requires_grad_(False)
+    return model, tokenizer, reference
+
+
+def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint's ``model/`` holds, keyed as it is saved: the adapter's tensors
+    (``peft.get_peft_model_state_dict``) for a PEFT model, else ``model.state_dict()``."""
+    if is_peft_model(model):
+        from peft import get_peft_model_state_dict
+
+        return dict(get_peft_model_state_dict(model))
+    return dict(model.state_dict())
+
+
+def load_checkpoint_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> None:
+    """Load a checkpoint's ``model/`` tensors (keyed as :func:`checkpoint_state_dict`) into ``model``: the adapter
+    (``peft.set_peft_model_state_dict``) or the whole model (tied copies may be absent)."""
+    if is_peft_model(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, dict(weights))
+    else:
+        model.load_state_dict(dict(weights), strict=False)
+
+
+def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+    """Write the model of ``source`` (a checkpoint's ``model/``, a run's checkpoint directory, or anything
+    :func:`~rlzoo.trainer.models.load_model` loads) to ``output`` as a plain Hugging Face checkpoint, an adapter
+    merged into its base (``PeftModel.merge_and_unload``). Atomic.
+
+    Raises:
+        the errors of :func:`~rlzoo.trainer.models.load_model`; OSError: the write failed.
+    """
+    from rlzoo.trainer.models import load_model
+
+    source = Path(source)
+    if (source / "model").is_dir() and (source / "trainer_state.json").is_file():
+        source = source / "model"
+    model, tokenizer = load_model(str(source), dtype=dtype)
+    if is_peft_model(model):
+        model = model.merge_and_unload()
+    return save_pretrained_atomic(model, tokenizer, output)

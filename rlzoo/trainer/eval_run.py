@@ -1,0 +1,109 @@
+"""``rlzoo eval``: greedy held-out accuracy of a model or of a run's checkpoint, with only evaluation options.
+
+``rlzoo eval --run RUN`` evaluates the run's newest checkpoint (or ``--checkpoint``) on the task, prompts (system
+prompt), answer extraction and held-out set it was trained with, read from ``RUN/config.json``; any option given
+overrides the run's. ``rlzoo eval --model M --task T`` evaluates any model. The result is one JSON object
+(:func:`eval_result`), printed and, with ``--output FILE``, written to a file.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
+from rlzoo.trainer.config_files import load_config_file
+
+__all__ = ["EvalArgs", "eval_config", "eval_result"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalArgs:
+    """Evaluate a model's greedy accuracy on a task's held-out set (unset options: the run's, else rlzoo train's
+    defaults)."""
+
+    run: str | None = None
+    """A run directory: evaluate its newest checkpoint with the run's task, prompts and answer extraction."""
+    checkpoint: str | None = None
+    """A checkpoint directory to evaluate (default with --run: the run's newest)."""
+    model: str | None = None
+    """A model, as rlzoo train's --model (instead of --run)."""
+    task: str | None = None
+    """The task, as rlzoo train's --task."""
+    task_kwargs: OptionalDottedOptions = None
+    """The task's options, e.g. --task.max_terms 3."""
+    answer_extraction: str | None = None
+    """How a completion becomes an answer: last_number, first_number, full, first_line, tag."""
+    system_prompt: str | None = None
+    """System message for the chat template."""
+    eval_size: int | None = None
+    """Held-out problems to evaluate."""
+    eval_seed: int | None = None
+    """Seed of the held-out set."""
+    eval_batch_size: int | None = None
+    """Prompts per greedy batch."""
+    max_completion_length: int | None = None
+    """Maximum completion tokens."""
+    max_prompt_length: int | None = None
+    """Truncate prompts (from the left) to this many tokens."""
+    device: str | None = None
+    """'auto', 'cpu', 'cuda', ..."""
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] | None = None
+    """Precision."""
+    num_threads: int | None = None
+    """CPU threads for torch."""
+    output: str | None = None
+    """Also write the JSON result to this file."""
+
+
+def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
+    """The :class:`TrainConfig` to evaluate with (the run's settings, then ``args``), and the checkpoint evaluated.
+
+    Raises:
+        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``.
+        FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
+    """
+    if args.run is None and args.model is None:
+        raise ValueError("rlzoo eval needs --run RUN (a training run) or --model MODEL")
+    if args.checkpoint is not None and args.run is None and args.model is None:
+        raise ValueError("--checkpoint evaluates a checkpoint of --run RUN")
+    settings: dict[str, Any] = {}
+    checkpoint: str | None = None
+    if args.run is not None:
+        from rlzoo.trainer.checkpoint import Checkpointer
+        from rlzoo.trainer.config import CheckpointConfig
+
+        run = Path(args.run)
+        if not (run / "config.json").is_file():
+            raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
+        settings = load_config_file(run / "config.json")
+        path = Path(args.checkpoint) if args.checkpoint else Checkpointer(CheckpointConfig(),
+                                                                          run / "checkpoints").find("latest")
+        checkpoint = str(path)
+        settings["model"] = str(path / "model")
+        settings.pop("peft", None)  # the checkpoint's model/ holds the adapter and names its base
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                 if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
+    return TrainConfig.from_dict({**settings, **overrides}), checkpoint
+
+
+def eval_result(args: EvalArgs) -> dict[str, Any]:
+    """Evaluate and return the JSON-able result: ``model``, ``checkpoint``, ``task``, ``answer_extraction``,
+    ``accuracy``, ``ci_low``, ``ci_high`` (95 % Wilson), ``n`` and a few ``samples``; written to ``args.output``
+    (atomically) when given.
+
+    Raises:
+        the errors of :func:`eval_config` and :func:`rlzoo.trainer.evaluation.evaluate`.
+    """
+    from rlzoo.trainer.evaluation import evaluate
+    from rlzoo.trainer.io import atomic_write_text
+
+    config, checkpoint = eval_config(args)
+    result = evaluate(config)
+    out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
+           "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
+           "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
+           "n": result.n, "samples": [{"question": q, "completion": c, "score": s} for q, c, s in result.samples]}
+    if args.output:
+        atomic_write_text(args.output, json.dumps(out, indent=2) + "\n")
+    return out

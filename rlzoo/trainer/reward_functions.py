@@ -1,0 +1,126 @@
+"""Reward functions: TRL's contract as a ``Protocol``, the built-in ``accuracy`` and ``format`` rewards, and the
+errors of reward functions. How a :class:`~rlzoo.trainer.rewards.RewardSet` calls them: :mod:`rlzoo.trainer.rewards`."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from rlzoo.registry import UnknownNameError
+from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, EXTRACTIONS, Task
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardFunction",
+    "RewardFunctionError",
+    "accuracy_reward",
+    "completion_text",
+    "format_reward",
+    "nanstd",
+]
+
+BUILTIN_REWARDS: tuple[str, ...] = ("accuracy", "format")
+"""Reward names :class:`~rlzoo.trainer.rewards.RewardSet` resolves itself (others: :mod:`~rlzoo.trainer.reward_loading`)."""
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """TRL's reward-function contract (``GRPOTrainer(reward_funcs=...)``).
+
+    ``__call__(prompts, completions, **columns) -> list[float | None]``: one value per completion, None when
+    the function does not apply to it. Called with keyword arguments only.
+    """
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]: ...
+
+
+class RewardFunctionError(ValueError):
+    """A reward function cannot be loaded (no such attribute, not callable), raised, or returned the wrong number
+    or type of values; names the function. A ``ValueError``: the ``rlzoo`` command reports it in one line."""
+
+
+def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
+    """A completion's text: the string itself, or the content of a conversational completion's first message."""
+    return completion if isinstance(completion, str) else str(completion[0]["content"])
+
+
+def accuracy_reward(task: Task, extraction: str = DEFAULT_EXTRACTION) -> RewardFunction:
+    """The task's own scorer as a reward: ``task.score(extract_answer(completion, extraction), row)``.
+
+    For reasoning-gym tasks that is ``dataset.score_answer(answer, entry)`` (in [0, 1], partial credit for
+    answers that contain the reference); for JSONL tasks normalised exact match (0 or 1). The row is
+    rebuilt from the columns (every column's i-th value). The function's ``__name__`` is ``"accuracy"``
+    (logged as ``rewards/accuracy/mean``).
+
+    Raises:
+        UnknownNameError: unknown ``extraction`` (lists :data:`~rlzoo.trainer.tasks.EXTRACTIONS`).
+    """
+    if extraction not in EXTRACTIONS:
+        raise UnknownNameError(f"unknown answer extraction {extraction!r}; valid: {', '.join(EXTRACTIONS)}")
+    if not task.has_answers:
+        raise ValueError(f"reward 'accuracy' needs reference answers; task {task.name!r} has none (set "
+                         "--task.answer_column, or choose other --reward-funcs)")
+
+    def accuracy(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+        for key in ("completion_ids", "trainer_state", "log_extra", "log_metric"):
+            columns.pop(key, None)
+        rows = [{key: values[i] for key, values in columns.items()} for i in range(len(completions))]
+        return list(task.score_completions([completion_text(c) for c in completions], rows, extraction))
+
+    accuracy.__qualname__ = accuracy.__name__ = "accuracy"
+    return accuracy
+
+
+_FORMATS = {
+    # DeepSeek-R1 style: optional <think>...</think>, then exactly one <answer>...</answer>, nothing else
+    "tag": r"\s*(?:<think>(?:(?!<think>).)*?</think>\s*)?<answer>(?:(?!<answer>).)*?</answer>\s*",
+    # a bare number: optional sign, digits (thousands commas allowed), decimals, optional final period
+    "number": r"\s*[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\.?\s*",
+}
+
+
+def format_reward(style: str = "number") -> RewardFunction:
+    """1.0 when the whole completion has the expected shape, else 0.0.
+
+    Styles (full match, ``re.DOTALL``):
+
+    - ``number``: the completion is a bare number (optional sign, thousands commas, decimals, a final
+      period, surrounding whitespace) and nothing else; pairs with ``full``/``first_number`` extraction.
+    - ``tag``: an optional ``<think>...</think>`` followed by one ``<answer>...</answer>`` and nothing else
+      (DeepSeek-R1 format; TRL's ``think_format_reward`` checks only the think part); pairs with ``tag``.
+
+    The function's ``__name__`` is ``"format"``.
+
+    Raises:
+        UnknownNameError: unknown ``style`` (lists the valid ones).
+
+    Example:
+        >>> fn = format_reward("tag")
+        >>> fn(prompts=["q", "q"], completions=["<think>1+1</think><answer>2</answer>", "2"])
+        [1.0, 0.0]
+    """
+    import re
+
+    if style not in _FORMATS:
+        raise UnknownNameError(f"unknown format reward style {style!r}; valid: {', '.join(sorted(_FORMATS))}")
+    pattern = re.compile(_FORMATS[style], re.DOTALL)
+
+    def format(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+        return [1.0 if pattern.fullmatch(completion_text(c)) else 0.0 for c in completions]
+
+    format.__qualname__ = format.__name__ = "format"
+    return format
+
+
+def nanstd(values: Float[Tensor, "..."]) -> Float[Tensor, ""]:
+    """Standard deviation over all entries ignoring NaN, with Bessel's correction (NaN with < 2 values).
+
+    Matches ``trl.trainer.utils.nanstd`` (TRL 1.16) over all dimensions.
+    """
+    count = (~torch.isnan(values)).sum()
+    if count < 2:
+        return torch.tensor(float("nan"), dtype=values.dtype)
+    mean = torch.nanmean(values)
+    return torch.sqrt(torch.nansum((values - mean) ** 2) / (count - 1))

@@ -1,0 +1,151 @@
+"""Reward functions named on the command line: every spelling TRL 1.16 accepts, and rlzoo's own.
+
+:func:`load_reward_function` resolves, in this order:
+
+- TRL's registered names (``think_format_reward``, ``accuracy_reward``, ``reasoning_accuracy_reward``): the
+  functions of ``trl.rewards`` (needs ``trl``);
+- ``module:function`` and ``path/to/file.py:function``;
+- an existing directory: a reward model (``AutoModelForSequenceClassification``, :class:`RewardModel`);
+- a dotted import path ``pkg.module.function`` (TRL's spelling, e.g. ``trl.rewards.think_format_reward``);
+- a hub id ``org/name``: a reward model (downloaded when online; ``HF_HUB_OFFLINE`` as transformers honours it).
+
+Source: trl/scripts/grpo.py (the registry and the dotted path) and ``GRPOTrainer.__init__`` (a string that is not
+a function is a reward model id).
+"""
+
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlzoo.trainer.reward_functions import RewardFunctionError
+
+__all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function"]
+
+TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+"""Names TRL's ``grpo`` script resolves to functions of ``trl.rewards`` without a module path."""
+
+
+def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> Any:
+    """The reward function (or :class:`RewardModel`) ``spec`` names (see the module docstring).
+
+    Args:
+        spec: ``think_format_reward``, ``module:function``, ``file.py:function``, ``pkg.module.function``, a reward
+            model directory or hub id.
+        device: where a reward model runs.
+
+    Raises:
+        ValueError: ``spec`` fits none of the forms.
+        ImportError: the module (or file) cannot be found or fails to import (its error is chained); a TRL name
+            without ``trl``.
+        RewardFunctionError: the module has no such attribute (the message lists its public callables), or the
+            attribute is not callable.
+        OSError: a reward model that cannot be loaded (offline and not cached, not a checkpoint).
+    """
+    if spec in TRL_REWARD_NAMES:
+        return _attribute(spec, "trl.rewards", spec)
+    module_name, sep, attr = spec.rpartition(":")
+    if sep:
+        if not module_name or not attr.isidentifier():
+            raise ValueError(f"reward function {spec!r} must be 'module:function' (or 'file.py:function')")
+        return _attribute(spec, module_name, attr)
+    if Path(spec).is_dir():
+        return RewardModel(spec, device=device)
+    if re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):
+        module_name, _, attr = spec.rpartition(".")
+        return _attribute(spec, module_name, attr)
+    if re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", spec):
+        return RewardModel(spec, device=device)
+    raise ValueError(f"reward function {spec!r} must be 'module:function', 'file.py:function', 'pkg.module.function', "
+                     "a reward model (directory or hub id) or one of TRL's names: " + ", ".join(TRL_REWARD_NAMES))
+
+
+def _attribute(spec: str, module_name: str, attr: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ImportError(f"reward function {spec!r}: file {module_name!r} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(f"rlzoo_reward_{path.stem}", path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_spec.name] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as err:
+            sys.modules.pop(mod_spec.name, None)
+            raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:  # TRL's script imports from the working dir
+            sys.path.append(str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            raise ImportError(f"reward function {spec!r}: no module named {err.name!r}") from err
+        except Exception as err:
+            raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
+    if not hasattr(module, attr):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise RewardFunctionError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}; "
+                     f"its public callables: {', '.join(public) or '(none)'}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise RewardFunctionError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
+    return fn
+
+
+class RewardModel:
+    """A sequence-classification model used as a reward function, as TRL 1.16 uses reward models.
+
+    Each (prompt, completion) is one text: ``prompt + completion`` for standard-format data, the chat template of
+    the prompt's messages followed by the completion's for conversational data; texts are right-padded without
+    special tokens, and the reward is the first logit (``logits[:, 0]``).
+
+    Args:
+        name_or_path: a directory or a hub id (loaded with ``num_labels=1``).
+        device: where it runs.
+
+    Attributes:
+        model, tokenizer: the classifier (eval mode, no gradients) and its tokenizer (pad = EOS when unset).
+        __name__: the model's name (the last path component), as TRL names reward models.
+
+    Raises:
+        OSError: the model cannot be loaded (names it; offline without a cached copy says so).
+
+    Source: ``GRPOTrainer._calculate_rewards`` (the ``nn.Module`` branch) and ``GRPOTrainer.__init__``.
+    """
+
+    def __init__(self, name_or_path: str, *, device: str | torch.device = "cpu") -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1)
+        except (OSError, ValueError) as err:
+            import huggingface_hub.constants
+
+            offline = " (HF_HUB_OFFLINE is set and it is not cached)" if huggingface_hub.constants.HF_HUB_OFFLINE else ""
+            raise OSError(f"cannot load reward model {name_or_path!r}{offline}: {str(err).splitlines()[0]}") from err
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.to(device).eval().requires_grad_(False)
+        self.__name__ = name_or_path.rstrip("/").split("/")[-1]
+
+    def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
+        """The classifier's input text of each (prompt, completion)."""
+        from rlzoo.trainer.tasks import is_conversational
+
+        if is_conversational(prompts[0]):
+            return [self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
+                    for p, c in zip(prompts, completions, strict=True)]
+        return [p + c for p, c in zip(prompts, completions, strict=True)]
+
+    @torch.inference_mode()
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+        inputs = self.tokenizer(self.texts(prompts, completions), return_tensors="pt", padding=True,
+                                padding_side="right", add_special_tokens=False).to(self.model.device)
+        return self.model(**inputs).logits[:, 0].float().tolist()

@@ -1,0 +1,304 @@
+"""Tasks from data sets: anything ``datasets`` loads, in TRL's standard or conversational prompt format.
+
+Sources (:func:`load_dataset_source`): a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a directory
+written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a directory laid out as a hub data set
+repository (``data/train-*.parquet``, ...), or a hub data set id (``org/name``), which ``datasets`` downloads when
+online and reads from its cache when ``HF_HUB_OFFLINE=1``; and, from the Python API, a ``datasets.Dataset`` or
+``IterableDataset``.
+
+Each row is one problem: its prompt column (default ``prompt``) is a string (TRL's standard format: the model
+sees it as it is) or a list of chat messages (TRL's conversational format: the chat template is applied); its
+answer column (default ``answer``; ``None`` for none) is what the held-out accuracy and the ``accuracy`` reward
+compare with (:func:`~rlzoo.trainer.tasks.normalized_match`). Every other column reaches reward functions as
+TRL's ``**columns``.
+"""
+
+import dataclasses
+import logging
+import random
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
+from rlzoo.trainer.tasks.extraction import normalized_match
+
+__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_source"]
+
+log = logging.getLogger("rlzoo.train")
+
+FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+"""File suffix -> the ``datasets`` builder that reads it."""
+
+DATASET_OPTIONS: Mapping[str, str] = {
+    "split": "the training split (default train)",
+    "eval_split": "a split to hold out from (default: a seeded split of the training rows)",
+    "prompt_column": "the column with the prompt: a string or a list of chat messages (default prompt)",
+    "answer_column": "the column the held-out accuracy and the accuracy reward compare with (default answer; "
+                     "null: none)",
+    "name": "the data set's configuration (TRL's dataset_config)",
+    "data_dir": "a sub-directory of the data set repository",
+    "revision": "a hub revision (branch, tag or commit)",
+}
+"""The ``--task.NAME`` options of a data set task and what each one means."""
+
+MAX_EVAL_FRACTION = 0.2
+"""A held-out split cut from the training rows takes at most this share of them (capped with a warning)."""
+
+
+def is_dataset_spec(spec: str) -> bool:
+    """Whether ``--task spec`` names a data set (a path, a data file name or a hub id) rather than a
+    reasoning-gym task."""
+    return Path(spec).exists() or Path(spec).suffix in FILE_BUILDERS or "/" in spec
+
+
+def _is_saved_to_disk(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | None = None, name: str | None = None,
+                        data_dir: str | None = None, revision: str | None = None) -> tuple[Any, Any | None]:
+    """The ``(training, held-out or None)`` data sets that ``spec`` names, loaded with ``datasets``.
+
+    Args:
+        spec: a data file, a ``save_to_disk`` directory, a hub-style data set directory or a hub id.
+        split, eval_split: split names (``eval_split`` None: no separate held-out split).
+        name, data_dir, revision: passed to ``datasets.load_dataset`` (hub ids and data set directories).
+
+    Raises:
+        FileNotFoundError: a data file path that does not exist.
+        ValueError: an unknown split (names the available ones), or a data set that cannot be loaded (names it; a
+            hub id offline or not found says so; a file that is not valid names the file and, for JSON lines, the
+            first bad line).
+    """
+    import datasets
+
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix not in FILE_BUILDERS:
+            raise ValueError(f"task file {spec!r}: unknown data file type {path.suffix!r}; "
+                             f"rlzoo reads {', '.join(FILE_BUILDERS)}")
+        if path.suffix != ".parquet":
+            _check_utf8(path)  # Arrow's readers would replace bad bytes silently
+    try:
+        if path.is_file():
+            loaded = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
+        elif path.suffix in FILE_BUILDERS:
+            raise FileNotFoundError(f"task file {spec!r} does not exist")
+        elif path.is_dir() and _is_saved_to_disk(path):
+            loaded = datasets.load_from_disk(str(path))
+        else:
+            loaded = datasets.load_dataset(spec, name=name, data_dir=data_dir, revision=revision)
+    except (FileNotFoundError, ValueError) as err:
+        if path.is_file() or isinstance(err, FileNotFoundError) and path.suffix in FILE_BUILDERS:
+            raise _file_error(path, err) from err
+        raise ValueError(_load_error(spec, err)) from err
+    except Exception as err:  # datasets' own errors (DatasetGenerationError, DatasetNotFoundError, ...)
+        if path.is_file():
+            raise _file_error(path, err) from err
+        raise ValueError(_load_error(spec, err)) from err
+    if not isinstance(loaded, Mapping):  # a save_to_disk Dataset: one split
+        return loaded, None
+    return _split(loaded, split, spec), (_split(loaded, eval_split, spec) if eval_split else None)
+
+
+def _check_utf8(path: Path) -> None:
+    """Raise naming the line and column of the first byte of ``path`` that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        newline = b"\n"
+        line, column = data.count(newline, 0, bad.start) + 1, bad.start - data.rfind(newline, 0, bad.start)
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[bad.start]:#04x} at column {column}); task "
+                         "files must be UTF-8") from None
+
+
+def _split(loaded: Mapping[str, Any], split: str, spec: str) -> Any:
+    if split not in loaded:
+        raise ValueError(f"data set {spec!r} has no split {split!r}; its splits: {', '.join(loaded)} "
+                         "(choose one with --task.split)")
+    return loaded[split]
+
+
+def _load_error(spec: str, err: BaseException) -> str:
+    import huggingface_hub.constants
+
+    offline = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if huggingface_hub.constants.HF_HUB_OFFLINE \
+        else ""
+    return (f"cannot load data set {spec!r}{offline}: not a reasoning-gym task, a data file "
+            f"({', '.join(FILE_BUILDERS)}), a data set directory nor a loadable hub id ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})")
+
+
+def _file_error(path: Path, err: BaseException) -> BaseException:
+    """The error for a data file ``datasets`` could not read: the first line of JSON lines that is not a JSON
+    object, else the file and ``datasets``' message."""
+    if isinstance(err, FileNotFoundError) and not path.exists():
+        return err
+    if path.suffix == ".jsonl":
+        import json
+
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as bad:
+                    return ValueError(f"{path}:{lineno}: invalid JSON: {bad.msg} (column {bad.colno})")
+                if not isinstance(row, dict):
+                    return ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    cause = err.__cause__ or err.__context__ or err
+    return ValueError(f"cannot read task file {path}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class DatasetTask(Task):
+    """Problems from a ``datasets.Dataset`` (or ``IterableDataset``): one row each.
+
+    Held-out set: the first ``eval_size`` rows of ``eval_dataset`` when given; else, for a ``Dataset``, rows drawn
+    with ``random.Random(eval_seed)`` (at most :data:`MAX_EVAL_FRACTION` of them: a larger ``eval_size`` is capped
+    with a warning) and, for an ``IterableDataset``, its first ``eval_size`` rows. Training stream: the other rows in
+    epochs, each reshuffled with a seed derived from ``(train_seed, epoch)`` (an ``IterableDataset`` is streamed in
+    its own order).
+
+    Attributes:
+        name: what the data came from (a path, a hub id, or ``train_dataset`` for a Python object).
+        dataset, eval_dataset: the training data and the held-out data (or None).
+        prompt_column, answer_column: see the module docstring (``answer_column`` None: no accuracy).
+        kwargs: the ``--task.NAME`` options the data set was loaded with (part of the stream's identity).
+
+    Raises (at construction):
+        ValueError: a missing prompt or answer column (names the columns present and the option), a prompt that
+            is neither a string nor a list of messages, ``eval_size`` < 0, or no row left for training.
+    """
+
+    name: str
+    dataset: Any
+    eval_dataset: Any = None
+    prompt_column: str = "prompt"
+    answer_column: str | None = "answer"
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    train_seed: int = 1
+    eval_seed: int = 1000
+    eval_size: int = 200
+    exclude_eval_questions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.eval_size < 0:
+            raise ValueError(f"eval_size must be >= 0, got {self.eval_size}")
+        for data, what in ((self.dataset, "training"), (self.eval_dataset, "held-out")):
+            if data is not None:
+                self._check_columns(data, what)
+        wanted = self.eval_size if self.answer_column is not None else 0  # nothing to score without answers
+        if self._streaming:
+            object.__setattr__(self, "_eval_rows", self._first_rows(
+                self.eval_dataset if self.eval_dataset is not None else self.dataset, wanted))
+            object.__setattr__(self, "_skip", 0 if self.eval_dataset is not None else len(self.__dict__["_eval_rows"]))
+            return
+        n = len(self.dataset)
+        order = list(range(n))
+        if self.eval_dataset is not None:
+            eval_rows = [self.eval_dataset[i] for i in range(min(wanted, len(self.eval_dataset)))]
+        else:
+            random.Random(self.eval_seed).shuffle(order)
+            k = wanted
+            if k > MAX_EVAL_FRACTION * n:
+                k = int(MAX_EVAL_FRACTION * n)
+                log.warning("task %s: eval_size=%d would leave %d of %d rows for training; the held-out split is "
+                            "capped at %d rows (%.0f %%). Pass eval_dataset / --task.eval_split for a separate set",
+                            self.name, self.eval_size, max(0, n - self.eval_size), n, k, 100 * MAX_EVAL_FRACTION)
+            eval_rows = [self.dataset[j] for j in order[:k]]
+            order = order[k:]
+        if not order:
+            raise ValueError(f"task {self.name!r} has {n} rows; none is left for training")
+        object.__setattr__(self, "_eval_rows", eval_rows)
+        object.__setattr__(self, "_pool", order)
+
+    @property
+    def _streaming(self) -> bool:
+        import datasets
+
+        return isinstance(self.dataset, datasets.IterableDataset)
+
+    def _check_columns(self, data: Any, what: str) -> None:
+        columns = data.column_names
+        if columns is None:  # an IterableDataset of unknown features: look at its first row
+            columns = list(next(iter(data), {}))
+        missing = [(c, o) for c, o in ((self.prompt_column, "prompt_column"), (self.answer_column, "answer_column"))
+                   if c is not None and c not in columns]
+        if missing:
+            column, option = missing[0]
+            extra = " (or --task.answer_column null for none)" if option == "answer_column" else ""
+            raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
+                             f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
+
+    @staticmethod
+    def _first_rows(data: Any, k: int) -> list[dict[str, Any]]:
+        return list(data.take(k)) if k else []
+
+    @property
+    def has_answers(self) -> bool:
+        """Whether items carry a reference answer (``answer_column`` is set)."""
+        return self.answer_column is not None
+
+    @property
+    def conversational(self) -> bool:
+        """Whether prompts are chat messages (TRL's conversational format), judged on the first training row."""
+        first = next(iter(self.dataset.take(1))) if self._streaming else self.dataset[0]
+        return not isinstance(first[self.prompt_column], str)
+
+    def _item(self, row: Mapping[str, Any], index: int) -> TaskItem:
+        prompt = row[self.prompt_column]
+        if isinstance(prompt, str):
+            question = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, Mapping) and "role" in m and "content" in m
+                                                         for m in prompt):
+            prompt = [dict(m) for m in prompt]
+            question = next((str(m["content"]) for m in reversed(prompt) if m["role"] == "user"),
+                            str(prompt[-1]["content"]))
+        else:
+            raise ValueError(f"task {self.name!r} row {index}: column {self.prompt_column!r} must be a string or a "
+                             f"list of {{'role', 'content'}} messages, got {prompt!r:.100}")
+        columns = {k: v for k, v in row.items() if k != self.prompt_column}
+        if self.answer_column is not None and row[self.answer_column] is None:
+            raise ValueError(f"task {self.name!r} row {index}: the answer column {self.answer_column!r} is empty")
+        answer = "" if self.answer_column is None else str(row[self.answer_column])
+        return TaskItem(question=question, answer=answer, columns=columns, index=index, prompt=prompt)
+
+    def _build_eval_items(self) -> list[TaskItem]:
+        return [self._item(row, i) for i, row in enumerate(self.__dict__["_eval_rows"])]
+
+    def _raw_train_items(self, start: int) -> Iterator[TaskItem]:
+        if self._streaming:
+            yield from self._stream_items(start)
+            return
+        pool: list[int] = self.__dict__["_pool"]
+        epoch, offset = divmod(start, len(pool))
+        while True:
+            order = list(pool)
+            random.Random(derive_seed("dataset-train", self.train_seed, epoch)).shuffle(order)
+            for i in range(offset, len(order)):
+                yield self._item(self.dataset[order[i]], epoch * len(pool) + i)
+            epoch, offset = epoch + 1, 0
+
+    def _stream_items(self, start: int) -> Iterator[TaskItem]:
+        skip, index, produced = self.__dict__["_skip"], 0, False
+        while True:
+            for row in self.dataset.skip(skip):
+                produced = True
+                if index >= start:
+                    yield self._item(row, index)
+                index += 1
+            if not produced:
+                raise ValueError(f"task {self.name!r}: the training stream is empty")
+
+    def score(self, answer: str | None, row: Mapping[str, Any]) -> float:
+        """:func:`normalized_match` of ``answer`` and the row's answer column (1.0 or 0.0).
+
+        Raises:
+            ValueError: the task has no answer column.
+        """
+        if self.answer_column is None:
+            raise ValueError(f"task {self.name!r} has no answer column (--task.answer_column null): nothing to "
+                             "score the accuracy with")
+        return normalized_match(answer, str(row[self.answer_column]))

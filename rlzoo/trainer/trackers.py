@@ -1,0 +1,204 @@
+"""Live logging: the run's metrics to TensorBoard, trackio and wandb, each through its own API, and the completions
+table (``--log-completions``).
+
+Every row :class:`~rlzoo.trainer.metrics.MetricsLogger` appends to ``metrics.jsonl`` goes to each tracker with the
+same names (``reward``, ``rewards/NAME/mean``, ``clip_ratio/region_mean``, ``eval/accuracy``, ...: TRL's names, so
+dashboards carry over) at the row's optimizer step:
+
+- ``tensorboard``: ``torch.utils.tensorboard.SummaryWriter`` (the ``tensorboard`` package) into
+  ``OUTPUT_DIR/tensorboard/`` (``tensorboard --logdir OUTPUT_DIR/tensorboard``);
+- ``trackio``: ``trackio.init`` / ``log`` / ``finish``, local (``TRACKIO_DIR``, default
+  ``~/.cache/huggingface/trackio``; ``trackio show`` opens the dashboard), project ``rlzoo``;
+- ``wandb``: ``wandb.init`` / ``log`` / ``finish``, files under ``OUTPUT_DIR/wandb``; ``WANDB_MODE=offline``
+  works without an account (``wandb sync`` uploads later). A resumed run continues the same wandb run (its id
+  is derived from the output directory).
+
+The completions table (:class:`CompletionLog`), as TRL 1.16 logs it: per generation batch, one row per completion
+with ``step``, ``prompt`` (the text the model was given), ``completion``, each reward function's value, the columns
+reward functions added with ``log_extra``, and ``advantage``; written to
+``OUTPUT_DIR/completions/step-NNNNNN.parquet`` and logged to trackio and wandb as a table (to TensorBoard as text).
+"""
+
+import hashlib
+import io
+import logging
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlzoo.trainer.config import TrackingConfig
+from rlzoo.trainer.io import atomic_write_bytes
+from rlzoo.trainer.rollout import Rollout
+
+__all__ = ["CompletionLog", "Trackers"]
+
+log = logging.getLogger("rlzoo.train")
+
+PROJECT = "rlzoo"
+"""The trackio / wandb project of rlzoo's runs."""
+
+
+class Trackers:
+    """The run's trackers (``--report-to``), started with the run and closed at its end.
+
+    Args:
+        config: the tracking section (``report_to``, ``run_name``).
+        output_dir: the run directory (TensorBoard and wandb write under it).
+        settings: the run's config, recorded by trackio and wandb.
+
+    Raises (at :meth:`open`):
+        ImportError: a tracker whose package is not installed (names the extra to install).
+    """
+
+    def __init__(self, config: TrackingConfig, *, output_dir: str | Path, settings: Mapping[str, Any]) -> None:
+        self.names = config.trackers
+        self.output_dir = Path(output_dir)
+        self.run_name = config.run_name or self.output_dir.name
+        self.settings = dict(settings)
+        self._tensorboard: Any = None
+        self._trackio: Any = None
+        self._wandb: Any = None
+
+    def open(self, step: int) -> None:
+        """Start every tracker (a resumed run continues at ``step``: TensorBoard drops events after it)."""
+        for name in self.names:
+            try:
+                getattr(self, f"_open_{name}")(step)
+            except ImportError as err:
+                raise ImportError(f"--report-to {name} needs the {name} package: pip install 'rlzoo[{name}]' "
+                                  f"(or pip install {name})") from err
+
+    def _open_tensorboard(self, step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # a resumed run drops the events a longer, abandoned timeline wrote after its checkpoint
+        self._tensorboard = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=step + 1)
+
+    def _open_trackio(self, step: int) -> None:
+        import trackio
+
+        self._trackio = trackio.init(project=PROJECT, name=self.run_name, config=self.settings, resume="allow",
+                                     auto_log_gpu=False, auto_log_cpu=False, embed=False)
+
+    def _open_wandb(self, step: int) -> None:
+        import wandb
+
+        run_id = hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
+        self._wandb = wandb.init(project=PROJECT, name=self.run_name, id=run_id, resume="allow",
+                                 config=self.settings, dir=str(self.output_dir))
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        """Log a metrics row's finite numbers at its ``step``."""
+        step = int(row["step"])
+        values = {k: float(v) for k, v in row.items() if k != "step" and isinstance(v, numbers.Real)
+                  and not isinstance(v, bool) and math.isfinite(v)}
+        if self._tensorboard is not None:
+            for key, value in values.items():
+                self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
+        if self._trackio is not None:
+            self._trackio.log(values, step=step)
+        if self._wandb is not None:
+            self._wandb.log(values, step=step)
+
+    def log_table(self, name: str, columns: Mapping[str, Sequence[Any]], step: int) -> None:
+        """Log a table (column name -> values): a trackio / wandb table, a markdown table as TensorBoard text."""
+        if self._tensorboard is not None:
+            header = list(columns)
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            for values in zip(*columns.values(), strict=True):
+                lines.append("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in values) + " |")
+            self._tensorboard.add_text(name, "\n".join(lines), global_step=step)
+            self._tensorboard.flush()
+        rows = [list(values) for values in zip(*columns.values(), strict=True)]
+        if self._trackio is not None:
+            import trackio
+
+            self._trackio.log({name: trackio.Table(columns=list(columns), data=_plain(rows))}, step=step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=list(columns), data=_plain(rows))}, step=step)
+
+    def close(self) -> None:
+        """Finish every tracker (idempotent)."""
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._trackio is not None:
+            self._trackio.finish()
+            self._trackio = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _plain(rows: list[list[Any]]) -> list[list[Any]]:
+    """Table cells as trackers take them: message lists and other containers as text."""
+    return [[v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for v in row] for row in rows]
+
+
+class CompletionLog:
+    """Writes each generation batch's completions table (see the module docstring).
+
+    Args:
+        output_dir: the run directory (tables go to ``completions/``).
+        tokenizer: decodes the prompts.
+        reward_names: the reward functions' names (one column each).
+        trackers: also log the table there, or None.
+    """
+
+    def __init__(self, output_dir: str | Path, *, tokenizer: Any, reward_names: Sequence[str],
+                 trackers: Trackers | None = None) -> None:
+        self.directory = Path(output_dir) / "completions"
+        self.tokenizer = tokenizer
+        self.reward_names = tuple(reward_names)
+        self.trackers = trackers
+
+    def table(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
+              rows: Sequence[int] | None = None) -> dict[str, list[Any]]:
+        """The table of one generation batch (column -> one value per completion).
+
+        Args:
+            step: the optimizer step that trains on the batch.
+            rollout: the generation batch (completions, rewards, advantages).
+            extra: ``log_extra`` columns, one value per sampled completion (all rounds of dynamic sampling).
+            rows: the positions of the rollout's completions among those sampled (None: the same order).
+        """
+        prompts = [self.tokenizer.decode(ids[mask], skip_special_tokens=False)
+                   for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask, strict=True)]
+        n = rollout.num_completions
+        rows = list(range(n)) if rows is None else list(rows)
+        table: dict[str, list[Any]] = {"step": [step] * n, "prompt": [prompts[int(i)] for i in rollout.group_index],
+                                       "completion": list(rollout.texts)}
+        for k, name in enumerate(self.reward_names):
+            table[name] = [None if math.isnan(v) else v for v in rollout.rewards[:, k].tolist()]
+        for column, values in (extra or {}).items():
+            table[column] = [values[r] if r < len(values) else None for r in rows]
+        advantages = rollout.advantages
+        if advantages.ndim == 2:  # token-level estimators: the mean over the completion's tokens
+            mask = rollout.completion_mask.to(advantages.dtype)
+            advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        table["advantage"] = advantages.tolist()
+        return table
+
+    def record(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
+               rows: Sequence[int] | None = None) -> Path:
+        """Write the table of a generation batch (:meth:`table`) to ``completions/step-NNNNNN.parquet``
+        (atomically) and to the trackers; returns the file.
+
+        Raises:
+            OSError: the write failed.
+        """
+        import datasets
+
+        table = self.table(step, rollout, extra=extra, rows=rows)
+        buffer = io.BytesIO()
+        datasets.Dataset.from_dict(table).to_parquet(buffer)
+        path = self.directory / f"step-{step:06d}.parquet"
+        atomic_write_bytes(path, buffer.getvalue())
+        if self.trackers is not None:
+            self.trackers.log_table("completions", table, step)
+        return path

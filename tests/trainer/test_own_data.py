@@ -1,0 +1,190 @@
+"""Your own data and rewards: data sets that ``datasets`` loads in TRL's two prompt formats, and TRL 1.16's whole
+reward-function contract (message-list completions, trainer_state, log_extra / log_metric, async functions, TRL's
+spellings, trl.rewards unchanged, reward models). Tiny random model, 2 steps."""
+
+import asyncio
+import json
+
+import datasets
+import pytest
+import torch
+from trl.data_utils import maybe_apply_chat_template
+
+from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.models import build_tiny_random
+from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.tasks import DatasetTask, TaskStream, load_task, render_prompt
+
+TINY = {"model": "tiny-random", "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 5,
+        "eval_size": 2, "eval_batch_size": 2, "progress": False, "save_steps": 0}
+
+
+def _conversational_rows(n: int) -> list[dict]:
+    return [{"prompt": [{"role": "system", "content": "Think in <think> tags."},
+                        {"role": "user", "content": f"What is {i} + {i}?"}],
+             "solution": str(2 * i), "level": i % 3} for i in range(n)]
+
+
+def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
+    """The issue's first check: a parquet file in TRL's conversational format with a `solution` column, rewarded by
+    trl.rewards.think_format_reward (TRL's dotted spelling), 2 steps; functions get TRL's arguments."""
+    path = tmp_path / "math.parquet"
+    rows = _conversational_rows(40)
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    calls = []
+
+    def spy(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, solution, level, **kw):
+        calls.append((prompts, completions, solution, trainer_state.global_step))
+        log_metric("spy/len", sum(len(c[0]["content"]) for c in completions) / len(completions))
+        log_extra("solution_seen", list(solution))
+        return [0.0] * len(completions)
+
+    config = TrainConfig(**TINY, task=str(path), task_kwargs={"answer_column": "solution"}, max_steps=2,
+                         reward_funcs=("trl.rewards.think_format_reward", "accuracy"), log_completions=True,
+                         output_dir=str(tmp_path / "run"))
+    history = Trainer(config, reward_funcs=[spy]).train()
+    assert [r["step"] for r in history] == [0, 1, 2]
+    for key in ("rewards/think_format_reward/mean", "rewards/think_format_reward/std", "rewards/accuracy/mean",
+                "spy/len", "num_tokens", "completions/mean_terminated_length", "eval/accuracy"):
+        assert key in history[-1] or key in history[0], key
+    prompts, completions, solution, _ = calls[-1]
+    by_text = {r["prompt"][-1]["content"]: r for r in rows}
+    assert all(p == by_text[p[-1]["content"]]["prompt"] for p in prompts)  # the data set's messages, as TRL
+    assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
+    assert solution == [by_text[p[-1]["content"]]["solution"] for p in prompts]
+    assert [c[3] for c in calls[1:]] == [0, 1]  # trainer_state.global_step at each generation (after the check)
+    table = datasets.Dataset.from_parquet(str(tmp_path / "run" / "completions" / "step-000002.parquet"))
+    assert {"step", "prompt", "completion", "think_format_reward", "accuracy", "spy", "solution_seen",
+            "advantage"} <= set(table.column_names) and len(table) == 8
+    assert table["solution_seen"] == [by_text[p.split("user\n")[1].split("<|im_end|>")[0]]["solution"]
+                                      for p in table["prompt"]]  # log_extra rows follow the completions
+
+
+@pytest.mark.parametrize("system_prompt", [None, "Be brief."])
+def test_prompts_render_as_trl_renders_them(system_prompt):
+    _, tok = build_tiny_random()
+    user = [{"role": "user", "content": "2 + 2?"}]
+    prefilled = [*user, {"role": "assistant", "content": "<think>"}]
+    for messages in (user, prefilled):
+        expected = [{"role": "system", "content": system_prompt}, *messages] if system_prompt else messages
+        assert render_prompt(tok, messages, system_prompt) == maybe_apply_chat_template({"prompt": expected},
+                                                                                         tok)["prompt"]
+    assert render_prompt(tok, "The sky is") == "The sky is"  # standard format: the string as it is
+    with pytest.raises(ValueError, match="system_prompt applies to conversational prompts"):
+        render_prompt(tok, "The sky is", "Be brief.")
+
+
+def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path):
+    """A directory laid out as a hub data set repository (data/SPLIT-*.parquet), with its test split as the held-out
+    set, trains 2 steps; a save_to_disk directory and a CSV file load the same rows."""
+    hub = tmp_path / "org-math"
+    (hub / "data").mkdir(parents=True)
+    rows = [{"question": f"{i} + 1 =", "answer": i + 1} for i in range(30)]
+    datasets.Dataset.from_list(rows[:24]).to_parquet(str(hub / "data" / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(rows[24:]).to_parquet(str(hub / "data" / "test-00000-of-00001.parquet"))
+    config = TrainConfig(**{**TINY, "eval_size": 3}, task=str(hub), output_dir=str(tmp_path / "run"), max_steps=2,
+                         task_kwargs={"prompt_column": "question", "eval_split": "test"})
+    trainer = Trainer(config)
+    assert [item.question for item in trainer.evaluator.task.eval_items] == ["24 + 1 =", "25 + 1 =", "26 + 1 ="]
+    assert trainer.train()[-1]["step"] == 2
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "disk"))
+    (tmp_path / "rows.csv").write_text("question,answer\n" + "".join(f"{r['question']},{r['answer']}\n" for r in rows))
+    for spec in (tmp_path / "disk", tmp_path / "rows.csv"):
+        task = load_task(str(spec), kwargs={"prompt_column": "question"}, eval_size=0)
+        assert sorted(task.dataset["question"]) == sorted(r["question"] for r in rows)
+    with pytest.raises(ValueError, match="has no split 'validation'; its splits: train"):
+        load_task(str(tmp_path / "disk"), kwargs={"prompt_column": "question", "split": "validation"})
+
+
+def test_an_uncached_hub_data_set_offline_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot load data set 'rlzoo-test-org/no-such-data'.*HF_HUB_OFFLINE"):
+        load_task("rlzoo-test-org/no-such-data")
+
+
+def test_python_api_takes_datasets_and_iterable_datasets(tmp_path):
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}])
+    config = TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "run"))
+    trainer = Trainer(config, train_dataset=train, eval_dataset=held_out)
+    assert [i.question for i in trainer.evaluator.task.eval_items] == ["1 + 1 ="]
+    assert trainer.train()[-1]["step"] == 1
+    stream = TaskStream(DatasetTask(name="s", dataset=train.to_iterable_dataset(), eval_size=2))
+    assert [i.question for i in stream.eval_items] == ["0 + 0 =", "1 + 1 ="]
+    first = stream.next_train(3)
+    assert [i.question for i in first] == ["2 + 2 =", "3 + 3 =", "4 + 4 ="] and stream.position == 3
+    second = [i.question for i in stream.next_train(15)]  # rows 5..15, then a second epoch from row 2
+    assert second[10:] == ["15 + 15 =", "2 + 2 =", "3 + 3 =", "4 + 4 =", "5 + 5 ="]
+
+
+def test_trl_reward_functions_run_unchanged():
+    """trl.rewards' own functions through a RewardSet on conversational items (TRL's names and dotted paths)."""
+    from rlzoo.trainer.tasks import TaskItem
+
+    items = [TaskItem(question="q", answer="", columns={"solution": s}, index=0,
+                      prompt=[{"role": "user", "content": "q"}]) for s in (r"\frac{1}{3}", r"\frac{1}{3}", "2")]
+    completions = [r"<think>x</think> My answer is \boxed{\frac{1}{3}}", r"My answer is \boxed{\frac{1}{2}}",
+                   "<think>2</think>"]
+    rewards = RewardSet(["think_format_reward", "trl.rewards.accuracy_reward"])
+    values = rewards.compute(["unused"] * 3, completions, items)
+    assert values.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
+    assert rewards.names == ("think_format_reward", "accuracy_reward")
+    _, extra = rewards.take_logged()  # accuracy_reward logs its parsed answers with log_extra
+    assert {"gold_parsed", "answer_parsed"} <= set(extra) and len(extra["gold_parsed"]) == 3
+
+
+def test_async_rewards_run_concurrently_on_one_loop():
+    started, loops = [], set()
+
+    async def slow(prompts, completions, **kw):
+        started.append(len(started))
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0.2)
+        return [1.0] * len(completions)
+
+    async def fast(prompts, completions, **kw):
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0.2)
+        return [2.0] * len(completions)
+
+    rewards = RewardSet([slow, fast, lambda prompts, completions, **kw: [3.0] * len(completions)])
+    import time
+
+    t0 = time.perf_counter()
+    out = rewards(["p", "p"], ["a", "b"])
+    assert time.perf_counter() - t0 < 0.35  # gathered, not one after the other
+    assert out.per_function.tolist() == [[1.0, 2.0, 3.0]] * 2
+    rewards(["p"], ["a"])
+    assert len(loops) == 1  # TRL's daemon loop: async clients keep working across calls
+
+
+def test_a_reward_model_scores_prompt_and_completion(tmp_path):
+    """A sequence-classification checkpoint in --reward-funcs is a reward model: logits[:, 0] of the text TRL
+    builds (prompt + completion; the chat template of the messages for conversational data)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    _, tok = build_tiny_random()
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=2,
+                                                       num_key_value_heads=2, num_labels=1, pad_token_id=2))
+    model.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    rewards = RewardSet([str(tmp_path / "rm")])
+    out = rewards(["1 + 1 =", "1 + 1 ="], [" 2", " 3"])
+    ids = tok(["1 + 1 = 2", "1 + 1 = 3"], return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        expected = model.eval()(**ids).logits[:, 0]
+    torch.testing.assert_close(out.per_function[:, 0], expected)
+    assert rewards.names == ("rm",)
+    messages = [[{"role": "user", "content": "hi"}]]
+    assert rewards.functions[0].texts(messages, [[{"role": "assistant", "content": "yo"}]]) == [
+        tok.apply_chat_template([*messages[0], {"role": "assistant", "content": "yo"}], tokenize=False)]
+
+
+def test_config_json_of_a_data_set_run_records_the_columns(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(20)))
+    config = TrainConfig(**TINY, task=str(path), max_steps=1, output_dir=str(tmp_path / "run"))
+    Trainer(config).train()
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["task"] == str(path) and saved["report_to"] == "none"
