@@ -369,10 +369,10 @@ def kl_closed_form(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> tup
 
 def supported_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with a sequence-level IS mode replaced by its token-level twin when preset ``name``'s surrogate
-    only takes token modes (VESPO folds token IS weights into its sequence weight, as TRL requires)."""
-    modes = getattr(rlzoo.get_loss(name).surrogate, "is_correction_modes", None)
+    only takes token-level IS weights (``sequence_is_weight`` False: VESPO folds token IS weights into its
+    sequence weight, as TRL requires)."""
     mode = options.get("is_correction")
-    if mode is not None and modes is not None and mode not in modes:
+    if mode is not None and not rlzoo.get_loss(name).surrogate.sequence_is_weight:
         options = {**options, "is_correction": mode.replace("sequence", "token")}
     return options
 

@@ -10,24 +10,15 @@ with :math:`\delta = \log\pi_\theta - \log\pi_{ref}` per token:
 * ``k1+`` / ``k3+``: straight-through, the *value* of k1 / k3 with the *gradient* of k2.
 """
 
-import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from types import MappingProxyType
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses._core import (
-    LossInputs,
-    Metrics,
-    Part,
-    check_choice,
-    check_number,
-    kl_estimators,
-    penalties,
-    require,
-)
+from rlzoo.losses.base import LossInputs, PartOutput, Penalty, kl_estimators, require
+from rlzoo.registry import check_number, choice
 
 __all__ = ["EntropyBonus", "KLPenalty", "kl_estimate"]
 
@@ -84,9 +75,7 @@ def kl_estimate(
     return kl_estimators.get(kl_estimator)(logprobs, ref_logprobs)
 
 
-@penalties.register("kl")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class KLPenalty(Part):
+class KLPenalty(Penalty, name="kl"):
     r"""KL-to-reference penalty :math:`\beta\,\hat{D}_{KL}` added per token (GRPO's in-loss KL).
 
     With ``use_bias_correction_kl`` the estimate is multiplied by the importance weight
@@ -113,14 +102,13 @@ class KLPenalty(Part):
         ``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``.
     """
 
-    registry: ClassVar = penalties
+    example_options = MappingProxyType({"beta": 0.04})
     beta: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: str = choice("k3", kl_estimators)
     use_bias_correction_kl: bool = False
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("kl penalty", "beta", self.beta, low=0.0)
-        check_choice("kl penalty", "kl_estimator", self.kl_estimator, kl_estimators.names())
         if not isinstance(self.use_bias_correction_kl, bool):
             raise ValueError(f"kl penalty: use_bias_correction_kl must be a bool, got {self.use_bias_correction_kl!r}")
 
@@ -131,17 +119,15 @@ class KLPenalty(Part):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"ref_logprobs"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         ref = require(x.ref_logprobs, "ref_logprobs", f"the KL penalty (beta={self.beta})")
         kl = kl_estimate(x.logprobs, ref, self.kl_estimator)
         if self.use_bias_correction_kl:
             kl = kl * x.weight
-        return self.beta * kl, {"kl": x.mean(kl.detach())}
+        return PartOutput(self.beta * kl, {"kl": x.mean(kl.detach())})
 
 
-@penalties.register("entropy")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EntropyBonus(Part):
+class EntropyBonus(Penalty, name="entropy"):
     r"""Entropy bonus :math:`-c\,H_t` added per token (maximises entropy for ``c > 0``).
 
     Needs ``PolicyBatch.entropies`` that carry a gradient (rlzoo's kernels return one).
@@ -159,10 +145,10 @@ class EntropyBonus(Part):
     References: Williams & Peng 1991; verl ``actor.entropy_coeff``; TRL 1.16 ``entropy_coef``.
     """
 
-    registry: ClassVar = penalties
+    example_options = MappingProxyType({"entropy_coef": 0.01})
     entropy_coef: float = 0.0
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("entropy bonus", "entropy_coef", self.entropy_coef)
 
     @property
@@ -172,6 +158,6 @@ class EntropyBonus(Part):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"entropies"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         entropies = require(x.entropies, "entropies", f"the entropy bonus (entropy_coef={self.entropy_coef})")
-        return -self.entropy_coef * entropies, {}
+        return PartOutput(-self.entropy_coef * entropies, {})

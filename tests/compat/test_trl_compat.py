@@ -667,7 +667,8 @@ def test_docs_map_every_trl_and_verl_option() -> None:
 def test_parts_accept_what_trl_accepts() -> None:
     """The part ranges widened for TRL: a CISPO cap below 1 (but >= the lower bound), truncation with only a
     lower bound, and top_entropy_quantile 0 (keep the highest-entropy token)."""
-    from rlzoo.losses import CISPO, EntropyMask, ISCorrection
+    from rlzoo.algorithms.cispo import CISPO
+    from rlzoo.losses import EntropyMask, ISCorrection
 
     assert CISPO(epsilon_low=1.0, epsilon_high=-0.8).epsilon_high == -0.8
     with pytest.raises(ValueError, match="epsilon_high"):

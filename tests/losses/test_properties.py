@@ -32,8 +32,8 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo import Normalizer, PolicyBatch
+from rlzoo.algorithms.sapo import SAPO
 from rlzoo.losses import (
-    SAPO,
     LossInputs,
     PolicyLoss,
     aggregations,
@@ -109,7 +109,7 @@ def _ppo_token_loss(w, adv, el, eh, dual=None, delta=None):
 def _part_output(loss_fn: PolicyLoss, batch: PolicyBatch):
     """(per-token surrogate loss, metrics) of loss_fn's ratio level + surrogate, for part-level checks."""
     x = LossInputs.from_batch(batch)
-    x.log_weight, _ = loss_fn.ratio(x)
+    x = x.with_weights(loss_fn.ratio(x).value)
     return loss_fn.surrogate(x)
 
 
