@@ -65,27 +65,35 @@ class OffPolicySequenceMask(TokenWeight, name="off_policy_mask"):
 def masked_quantile(values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], q: float) -> Float[Tensor, ""]:
     """``torch.quantile(values[mask], q)`` (linear interpolation) without a data-dependent shape.
 
+    Computed in float32 at least (``values`` of a lower precision are upcast, as TRL upcasts entropies with
+    ``.float()`` before ``torch.quantile``): in bf16 the index ``q * (N - 1)`` is not representable beyond 256
+    counted tokens (2048 in fp16), which picked the wrong element, NaN, or an index out of range. float64 stays
+    float64. In float32 the index is exact up to 2^24 counted tokens (as ``torch.quantile``'s).
+
     Args:
         values: ``Float[B, T]``; values at masked positions are ignored.
         mask: ``Bool[B, T]``; True where a value counts.
         q: the quantile, a number in [0, 1] (0 = the minimum, 1 = the maximum of the counted values).
 
     Returns:
-        0-d tensor: the ``q``-quantile of the counted values, or 0 when no position is counted.
+        0-d tensor in ``promote_types(values.dtype, float32)``: the ``q``-quantile of the counted values, or 0
+        when no position is counted.
 
     Raises:
         ValueError: naming q if it is not a finite number in [0, 1].
     """
     check_number("masked_quantile", "q", q, low=0.0, high=1.0)
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    values = values.to(dtype)
     flat = torch.where(mask, values, torch.full_like(values, torch.inf)).flatten()
     ordered = torch.sort(flat).values
     n = mask.sum()
-    pos = q * (n - 1).clamp(min=0).to(values.dtype)
+    pos = q * (n - 1).clamp(min=0).to(dtype)
     lo = torch.floor(pos).long()
     hi = torch.ceil(pos).long()
     v_lo = ordered.gather(0, lo.reshape(1)).squeeze(0)
     v_hi = ordered.gather(0, hi.reshape(1)).squeeze(0)
-    out = v_lo + (pos - lo.to(values.dtype)) * (v_hi - v_lo)
+    out = v_lo + (pos - lo.to(dtype)) * (v_hi - v_lo)
     return torch.where(n > 0, out, torch.zeros_like(out))
 
 
@@ -98,7 +106,8 @@ class EntropyMask(TokenWeight, name="entropy_mask"):
         top_entropy_quantile: q in [0, 1]; 1.0 (default) disables (keeps every token); 0.0 keeps only the
             highest-entropy token(s) (as TRL); the paper uses 0.2.
 
-    Batch-coupled: the quantile is over the batch's counted tokens. Needs ``PolicyBatch.entropies``.
+    Batch-coupled: the quantile is over the batch's counted tokens, computed in float32 at least (bf16
+    entropies are compared with a float32 threshold, as TRL). Needs ``PolicyBatch.entropies``.
     Metrics: ``entropy_mask/kept_mean``.
 
     Raises:
@@ -128,6 +137,7 @@ class EntropyMask(TokenWeight, name="entropy_mask"):
     def __call__(self, x: LossInputs) -> PartOutput:
         entropies = require(x.entropies, "entropies", "the entropy mask (top_entropy_quantile)").detach()
         threshold = masked_quantile(entropies, x.mask, 1.0 - self.top_entropy_quantile)
-        keep = (entropies >= threshold) & x.mask
+        keep = (entropies.to(threshold.dtype) >= threshold) & x.mask  # in float32 at least (a 0-d threshold
+        # would otherwise be rounded to the entropies' bf16)
         weight = keep.to(x.logprobs.dtype)
         return PartOutput(weight, {"entropy_mask/kept_mean": x.mean(weight)})

@@ -801,3 +801,45 @@ def test_clip_cov_first_iteration_removes_a_random_subset(batch, ratio, seed):
     assert int(removed.sum()) <= k
     kept = mask & ~removed
     _check(out, grad, d, "token-mean", -adv * kept, -adv * kept)
+
+
+def _distinct_low_precision(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """``n`` distinct positive values exactly representable in ``dtype`` (consecutive bit patterns), shuffled."""
+    base = 0x3C00 if dtype == torch.bfloat16 else 0x2000  # 2^-7 (bf16), 2^-7 (fp16)
+    bits = (base + torch.randperm(n, generator=torch.Generator().manual_seed(seed))).to(torch.int16)
+    return bits.view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [257, 300, 1000, 2500])
+@pytest.mark.parametrize("q", [0.0, 0.2, 0.5, 0.8, 1.0])
+def test_masked_quantile_of_low_precision_values_is_the_float32_quantile(dtype, n, q):
+    """bf16 / fp16 entropies (more than 256 / 2048 counted tokens: N - 1 is not representable there): the
+    quantile is computed in float32, as TRL upcasts (``entropies[mask].float()``, then ``torch.quantile``), so
+    the index is right and the value is torch.quantile's (not NaN, not an index error at q = 1)."""
+    values = _distinct_low_precision(n, dtype, seed=n).view(1, n)
+    values = torch.cat([values, torch.full((1, 5), 7.0, dtype=dtype)], dim=1)  # padding
+    mask = torch.ones(values.shape, dtype=torch.bool)
+    mask[0, -5:] = False
+    got = masked_quantile(values, mask, q)
+    expected = torch.quantile(values[mask].float(), q)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("q", [0.0, 0.2, 0.5])
+def test_entropy_mask_with_bf16_entropies_keeps_trls_tokens(q):
+    """top_entropy_quantile on a bf16 loss with 600 counted tokens keeps exactly TRL's tokens: entropies (as
+    float32) >= torch.quantile(entropies[mask].float(), 1 - q); q = 0 keeps the single highest-entropy token."""
+    n = 600
+    ent = _distinct_low_precision(n, torch.bfloat16, seed=3).view(2, n // 2)
+    mask = torch.ones(2, n // 2, dtype=torch.bool)
+    lp = torch.full((2, n // 2), -0.5, dtype=torch.bfloat16, requires_grad=True)
+    batch = PolicyBatch(logprobs=lp, advantages=torch.ones(2, dtype=torch.bfloat16), completion_mask=mask,
+                        entropies=ent)
+    rlzoo.get_loss("gpg", top_entropy_quantile=q)(batch).loss.backward()
+    threshold = torch.quantile(ent[mask].float(), 1 - q)
+    kept = (ent.float() >= threshold) & mask
+    assert torch.equal(lp.grad != 0, kept)  # GPG: d loss / d logp = -A M / N, 0 exactly where M = 0
+    if q == 0.0:
+        assert int(kept.sum()) == 1
