@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from tolerances import REFERENCE_ATOL
+from tolerances import REFERENCE_ATOL, tol
 
 import rlzoo
 from rlzoo.compat.trl import (
@@ -265,12 +265,18 @@ def grpo_configs(draw: st.DrawFn) -> dict[str, Any]:
         hi = 2.0
     cfg["vllm_importance_sampling_clip_min"] = lo
     cfg["vllm_importance_sampling_clip_max"] = hi
-    cfg["sapo_temperature_pos"] = draw(st.floats(0.1, 3.0))
-    cfg["sapo_temperature_neg"] = draw(st.floats(0.1, 3.0))
+    # TRL builds the per-token temperatures, k and lambda with torch.where on two Python floats, which rounds
+    # them to float32 (rlzoo keeps the batch's float64); values exact in float32 make the two computations
+    # the same (VESPO's exp(k log W) amplifies a float32 rounding of k beyond REFERENCE_ATOL). lambda >= 0.25
+    # keeps phi(W) = e^lambda W^k e^(-lambda W) below ~1e7, where float64 rounding stays far below
+    # REFERENCE_ATOL (a lambda near 0 lets phi reach W^k ~ 1e26); a lambda below the 1e-4 floor is
+    # test_vespo_lambda_below_the_floor_is_clamped.
+    cfg["sapo_temperature_pos"] = draw(st.floats(0.125, 3.0, width=32))
+    cfg["sapo_temperature_neg"] = draw(st.floats(0.125, 3.0, width=32))
     for name in ("vespo_k_pos", "vespo_k_neg"):
-        cfg[name] = draw(st.floats(0.0, 5.0))
+        cfg[name] = draw(st.floats(0.0, 5.0, width=32))
     for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
-        cfg[name] = draw(st.floats(0.0, 5.0))
+        cfg[name] = draw(st.floats(0.25, 5.0, width=32))
     cfg["max_completion_length"] = draw(st.integers(8, 64))
     return cfg
 
@@ -321,6 +327,19 @@ def test_loss_and_grad_equal_trl_many(data: st.DataObject) -> None:
 def _fixed_case(cfg: dict[str, Any], seed: int = 0) -> Case:
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
     return make_case(cfg, seed=seed, mask=mask, old=True, per_token_adv=False, drift=0.5, zero_adv=False)
+
+
+@pytest.mark.parametrize("k", [0.0, 1.0, 2.5])
+def test_vespo_lambda_below_the_floor_is_clamped(k: float) -> None:
+    """lambda = 0 is used as 1e-4 by both. TRL clamps a float32 tensor, so its floor is float32(1e-4), 2.5e-12
+    below 1e-4: phi differs by a factor exp(2.5e-12 (W - 1)), about 5e-11 relative for this case's W < 20,
+    so the comparison is float64's relative row, not the absolute REFERENCE_ATOL (phi reaches W^k)."""
+    cfg = {"loss_type": "vespo", "vespo_k_pos": k, "vespo_k_neg": k, "vespo_lambda_pos": 0.0, "vespo_lambda_neg": 0.0}
+    case = _fixed_case(cfg)
+    ref = trl_loss_and_grads(cfg, case)
+    got = rlzoo_loss_and_grads(build(cfg), case)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float64))
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
