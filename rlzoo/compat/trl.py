@@ -258,7 +258,7 @@ class TRLGRPOLoss:
             )
         x = LossInputs.from_batch(batch)
         effective = x.mask
-        entropy_mask = next((p for p in self.loss.weights if isinstance(p, EntropyMask)), None)
+        entropy_mask = next((p for p in self.loss.weights if isinstance(p, EntropyMask) and p.active), None)
         if entropy_mask is not None:
             effective = effective & (entropy_mask(x)[0] > 0)
         entropies = x.entropies

@@ -124,14 +124,12 @@ class PolicyLoss:
         for slot in SLOTS:
             value = getattr(self, slot.field)
             if slot.many:
-                resolved: Any = tuple(p for p in (_resolve(p, slot) for p in value) if p.active)
+                resolved: Any = tuple(_resolve(p, slot) for p in value)
                 kinds = [type(p) for p in resolved]
                 if len(kinds) != len(set(kinds)):
                     raise ValueError(f"PolicyLoss.{slot.field} holds two parts of the same kind: {kinds}")
             else:
                 resolved = None if value is None and slot.optional else _resolve(value, slot)
-                if slot.optional and resolved is not None and not resolved.active:
-                    resolved = None
             object.__setattr__(self, slot.field, resolved)
         correction = self.is_correction
         if correction is not None and correction.sequence_level and not self.surrogate.sequence_is_weight:
