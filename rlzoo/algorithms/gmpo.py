@@ -45,6 +45,7 @@ class GeometricRatio(RatioLevel, name="geometric"):
     """
 
     mixes_tokens = True
+    per_sequence = True
     epsilon_low: float = 0.4
     epsilon_high: float = 0.4
 

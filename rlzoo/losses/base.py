@@ -28,7 +28,7 @@ pipeline builds the next stage's inputs from it. A new member of a slot is a sub
 Capabilities are class attributes declared on the slot's base (read by the pipeline and by the zoo-wide
 conformance suite, never probed with ``getattr``): ``batch_coupled`` on every part;
 ``example_options`` on optional parts; ``needs_max_completion_length`` on aggregations; ``mixes_tokens`` on
-ratio levels and surrogates; ``folds_is_weight``, ``sequence_is_weight`` and ``on_policy`` on surrogates.
+ratio levels and surrogates, ``per_sequence`` on ratio levels; ``folds_is_weight``, ``sequence_is_weight`` and ``on_policy`` on surrogates.
 """
 
 import abc
@@ -137,6 +137,8 @@ class LossInputs:
             ratio stage ran (the pipeline sets it with :meth:`with_weights` before the surrogate runs).
         is_weight: ``Float[B, T]`` or None, the sampler/trainer correction weight (detached), from the
             :class:`Correction` stage.
+        advantages_per_sequence: the batch's advantages were ``[B]`` (one per sequence).
+        weight_per_sequence: ``log_weight`` is one value per sequence (``RatioLevel.per_sequence``).
     """
 
     logprobs: Float[Tensor, "B T"]
@@ -150,6 +152,8 @@ class LossInputs:
     entropies: Float[Tensor, "B T"] | None = None
     log_weight: Float[Tensor, "B T"] | None = None
     is_weight: Float[Tensor, "B T"] | None = None
+    advantages_per_sequence: bool = False
+    weight_per_sequence: bool = False
 
     @classmethod
     def from_batch(cls, batch: PolicyBatch) -> "LossInputs":
@@ -181,13 +185,19 @@ class LossInputs:
             ref_logprobs=aux(batch.ref_logprobs),
             rollout_logprobs=aux(batch.rollout_logprobs),
             entropies=entropies,
+            advantages_per_sequence=batch.advantages.ndim == 1,
         )
 
     def with_weights(
-        self, log_weight: Float[Tensor, "B T"], is_weight: Float[Tensor, "B T"] | None = None
+        self,
+        log_weight: Float[Tensor, "B T"],
+        is_weight: Float[Tensor, "B T"] | None = None,
+        *,
+        per_sequence: bool = False,
     ) -> "LossInputs":
-        """A copy carrying the ratio level's ``log_weight`` and the correction's ``is_weight``."""
-        return dataclasses.replace(self, log_weight=log_weight, is_weight=is_weight)
+        """A copy carrying the ratio level's ``log_weight`` (one value per sequence when ``per_sequence``) and
+        the correction's ``is_weight``."""
+        return dataclasses.replace(self, log_weight=log_weight, is_weight=is_weight, weight_per_sequence=per_sequence)
 
     @property
     def weight(self) -> Float[Tensor, "B T"]:
@@ -211,6 +221,21 @@ class LossInputs:
     def mean(self, x: Float[Tensor, "B T"]) -> Float[Tensor, ""]:
         """Masked mean over the batch (for metrics)."""
         return masked_mean(x, self.mask)
+
+    def fraction(self, flag: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
+        """The fraction of decisions ``flag`` marks, for clip metrics (TRL's definitions).
+
+        A decision on the weight and the advantage is made once per sequence when both are one per sequence
+        (a sequence-level ratio, ``[B]`` advantages: TRL's ``importance_sampling_level="sequence"``), so it is
+        counted once per sequence: the mean over the sequences with a counted token. Otherwise the mean over
+        counted tokens. (TRL's sequence-level mean also counts fully masked rows, whose flag is 0.)
+        """
+        f = flag.to(self.logprobs.dtype)
+        if not (self.weight_per_sequence and self.advantages_per_sequence):
+            return self.mean(f)
+        has = self.lengths > 0
+        per_seq = self.seq_mean(f).squeeze(-1)
+        return torch.where(has, per_seq, torch.zeros((), dtype=f.dtype, device=f.device)).sum() / has.sum().clamp(min=1)
 
 
 class PartOutput(NamedTuple):
@@ -270,10 +295,13 @@ class RatioLevel(Part, abc.ABC):
 
     ``mixes_tokens``: True when ``log w`` at one token depends on the other tokens of its sequence
     (sequence-level ratios), so a per-token advantage does not act on its own token only.
+    ``per_sequence``: True when ``log w`` is one value per sequence (broadcast over its tokens), so clip
+    decisions with per-sequence advantages are counted once per sequence (:meth:`LossInputs.fraction`).
     """
 
     registry: ClassVar[Registry[type["RatioLevel"]]] = ratio_levels
     mixes_tokens: ClassVar[bool] = False
+    per_sequence: ClassVar[bool] = False
 
     @abc.abstractmethod
     def __call__(self, x: LossInputs) -> PartOutput:

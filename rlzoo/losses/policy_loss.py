@@ -333,7 +333,7 @@ class PolicyLoss:
         if self.is_correction is not None and self.is_correction.active:
             is_weight, is_metrics = self.is_correction(x)
             metrics.update(is_metrics)
-        x = x.with_weights(log_weight, is_weight)
+        x = x.with_weights(log_weight, is_weight, per_sequence=self.ratio.per_sequence)
         per_token, surrogate_metrics = self.surrogate(x)
         metrics.update(surrogate_metrics)
         if is_weight is not None and not self.surrogate.folds_is_weight:

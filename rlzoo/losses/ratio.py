@@ -33,6 +33,7 @@ class SequenceRatio(RatioLevel, name="sequence"):
     """
 
     mixes_tokens = True
+    per_sequence = True
 
     def __call__(self, x: LossInputs) -> PartOutput:
         return PartOutput(x.seq_mean(x.log_ratio).expand_as(x.log_ratio), {})
@@ -47,6 +48,8 @@ class SequenceTokenRatio(RatioLevel, name="sequence_token"):
     scaled by ``s_i`` (lets per-token advantages act per token). Zheng et al. 2025, arXiv:2507.18071,
     eq. (13); matches verl ``policy_loss.loss_mode="gspo"`` without its ``max=10`` clamp.
     """
+
+    per_sequence = True
 
     def __call__(self, x: LossInputs) -> PartOutput:
         seq = x.seq_mean(x.log_ratio).detach()

@@ -21,16 +21,17 @@ __all__ = ["PPOClip", "clip_metrics"]
 
 
 def clip_metrics(x: LossInputs, w: Float[Tensor, "B T"], low: float, high: float) -> Metrics:
-    """TRL's clip metrics, masked means over counted tokens of: ``clip_ratio/low_mean`` = ``(w < low) & (A < 0)``,
-    ``clip_ratio/high_mean`` = ``(w > high) & (A > 0)``, ``clip_ratio/region_mean`` = either."""
+    """TRL's clip metrics: the fractions (:meth:`LossInputs.fraction`: per sequence for a sequence-level ratio
+    with per-sequence advantages, as TRL, else per counted token) of ``clip_ratio/low_mean`` =
+    ``(w < low) & (A < 0)``, ``clip_ratio/high_mean`` = ``(w > high) & (A > 0)``, ``clip_ratio/region_mean`` =
+    either. Matches TRL 1.16 ``GRPOTrainer._compute_loss``'s logged metrics (one process, no fully masked row)."""
     w = w.detach()
     is_low = (w < low) & (x.advantages < 0)
     is_high = (w > high) & (x.advantages > 0)
-    dtype = x.logprobs.dtype
     return {
-        "clip_ratio/low_mean": x.mean(is_low.to(dtype)),
-        "clip_ratio/high_mean": x.mean(is_high.to(dtype)),
-        "clip_ratio/region_mean": x.mean((is_low | is_high).to(dtype)),
+        "clip_ratio/low_mean": x.fraction(is_low),
+        "clip_ratio/high_mean": x.fraction(is_high),
+        "clip_ratio/region_mean": x.fraction(is_low | is_high),
     }
 
 
@@ -56,7 +57,9 @@ class PPOClip(Surrogate, name="ppo_clip"):
             min (two-sided clipping).
 
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (TRL's
-    definitions, on the ratio before ``delta``), and ``clip_ratio/dual_mean`` when ``dual_clip`` is set.
+    definitions, on the ratio before ``delta``: counted once per sequence for a sequence-level ratio with
+    per-sequence advantages, else per token; :func:`clip_metrics`), and ``clip_ratio/dual_mean`` when
+    ``dual_clip`` is set (counted the same way).
 
     Raises:
         ValueError: naming the option when it is outside its range above, NaN, or not a number (a string,
@@ -94,5 +97,5 @@ class PPOClip(Surrogate, name="ppo_clip"):
             bound = -self.dual_clip * adv
             dual = (adv < 0) & (loss > bound)
             loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
-            metrics["clip_ratio/dual_mean"] = x.mean(dual.detach().to(loss.dtype))
+            metrics["clip_ratio/dual_mean"] = x.fraction(dual.detach())
         return PartOutput(loss, metrics)

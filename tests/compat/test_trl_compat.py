@@ -709,3 +709,32 @@ def test_parts_accept_what_trl_accepts() -> None:
     )
     kept, _ = EntropyMask(top_entropy_quantile=0.0)(x)
     assert torch.equal(kept.bool(), torch.tensor([[False, True, False], [True, False, False]]))
+
+
+# --------------------------------------------------------------------------------------------- metrics
+def trl_metrics(cfg: dict[str, Any], case: Case) -> dict[str, float]:
+    """The metrics TRL 1.16's ``_compute_loss`` logs for one batch (its ``_metrics["train"]``)."""
+    trainer = trl_trainer(cfg, case.logps.clone(), case.entropies.clone())
+    GRPOTrainer._compute_loss(trainer, None, dict(case.inputs))
+    return {key: values[-1] for key, values in trainer._metrics["train"].items()}
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("per_token_adv", [False, True])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), loss_type=st.sampled_from(["grpo", "bnpo", "dapo", "luspo", "cispo"]))
+def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss_type: str) -> None:
+    """clip_ratio/{low,high,region}_mean (and cispo_clip_ratio) equal TRL's logged values, for both
+    importance-sampling levels: with the sequence level and per-sequence advantages TRL counts each sequence
+    once (its indicator is [B, 1]), otherwise each token. (No fully masked row: TRL counts those in the
+    denominator of its per-sequence mean, rlzoo does not.)"""
+    cfg = {"loss_type": loss_type, "importance_sampling_level": level, "epsilon": 0.05,
+           "epsilon_high": 1.05 if loss_type == "cispo" else 0.08}
+    mask = torch.arange(6)[None, :] < torch.tensor([[6], [1], [3], [5], [2]])
+    case = make_case(cfg, seed=seed, mask=mask, old=True, per_token_adv=per_token_adv, drift=0.3, zero_adv=True)
+    ref = trl_metrics(cfg, case)
+    got = build(cfg)(batch_from_trl_inputs(case.inputs, case.logps, case.entropies)).metrics
+    keys = ["cispo_clip_ratio"] if loss_type == "cispo" else [
+        "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
+    for key in keys:
+        assert got[key].item() == pytest.approx(ref[key], abs=REFERENCE_ATOL), key

@@ -225,6 +225,26 @@ def test_clip_metrics_by_definition(batch, eps, dual):
         torch.testing.assert_close(out.metrics["clip_ratio/dual_mean"], mean((adv < 0) & (loss > -dual * adv)), **F64)
 
 
+@given(batch=policy_batches(log_ratio_scale=0.5, per_token_advantages=False), eps=st.floats(0.0, 0.3),
+       name=st.sampled_from(["gspo", "gspo_token", "luspo"]))
+def test_sequence_level_clip_metrics_count_each_sequence_once(batch, eps, name):
+    """A sequence-level ratio s_i with per-sequence advantages makes one clip decision per sequence, counted once
+    (TRL's definition): clip_ratio/low_mean = #{i: s_i < 1 - eps_low, A_i < 0} / S, high_mean with
+    s_i > 1 + eps_high and A_i > 0, region_mean either; S = sequences with a counted token (a long sequence does
+    not weigh more than a short one)."""
+    el, eh = eps, eps + 0.01
+    out = rlzoo.get_loss(name, epsilon_low=el, epsilon_high=eh)(fresh(batch))
+    d = _dense(batch)
+    live = d["n"].squeeze(-1) > 0
+    s = torch.exp(_row_mean(d["lr"], d)).squeeze(-1)
+    adv = batch.advantages.detach()
+    low, high = (s < 1 - el) & (adv < 0) & live, (s > 1 + eh) & (adv > 0) & live
+    count = max(int(live.sum()), 1)
+    for key, flag in (("low", low), ("high", high), ("region", low | high)):
+        torch.testing.assert_close(out.metrics[f"clip_ratio/{key}_mean"],
+                                   flag.sum().to(torch.float64) / count, **F64, msg=key)
+
+
 @given(batch=policy_batches(log_ratio_scale=0.5, ref=True), beta=st.floats(0.0, 1.0), old=st.booleans(),
        aggregation=st.sampled_from(AGGREGATIONS))
 def test_first_iteration_ppo_clip_at_the_edges(batch, beta, old, aggregation):
