@@ -26,8 +26,10 @@ __all__ = ["bnpo", "grpo"]
     title="Group Relative Policy Optimization",
     paper="Shao et al. 2024, DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
     arxiv="2402.03300",
-    matches="TRL 1.16 loss_type='grpo' (beta=0.04); verl adv_estimator='grpo', loss_agg_mode='seq-mean-token-mean', "
-    "use_kl_loss=True, kl_loss_type='k3' (verl's 'low_var_kl' also clamps k3)",
+    matches="TRL 1.16 loss_type='grpo' with beta=0.04 and use_bias_correction_kl=False (TRL's default True "
+    "multiplies k3 by the ratio, DeepSeek-V3.2: pass use_bias_correction_kl=True); verl adv_estimator='grpo', "
+    "loss_agg_mode='seq-mean-token-mean', use_kl_loss=True, kl_loss_type='k3' up to verl's clamp (verl's 'k3' and "
+    "'low_var_kl' are one estimator, clamped to [-10, 10]: kl_estimator='low_var_kl' equals it)",
     advantage="grpo",
     notes="Paper eq. (3): per-sequence token mean, then mean over the group; KL (k3) in the loss with beta=0.04.",
 )

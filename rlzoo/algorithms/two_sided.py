@@ -24,7 +24,8 @@ __all__ = ["two_sided"]
     title="INTELLECT-2 two-sided clipping (delta cap on the unclipped ratio)",
     paper="Prime Intellect Team 2025, INTELLECT-2: A Reasoning Model Trained Through Globally Decentralized RL",
     arxiv="2505.07291",
-    matches="TRL 1.16 loss_type='grpo' with delta=4.0, beta=0.001",
+    matches="TRL 1.16 loss_type='grpo' with delta=4.0, beta=0.001 and use_bias_correction_kl=False (TRL's "
+    "default True multiplies k3 by the ratio: pass use_bias_correction_kl=True)",
     advantage="grpo",
     notes="delta=4, epsilon=0.2 and beta=0.001 as TRL's paper index reports from the paper's sec. 4.1; the "
     "paper's loss normalisation is unconfirmed, GRPO's per-sequence mean is used.",

@@ -8,6 +8,11 @@ with :math:`\delta = \log\pi_\theta - \log\pi_{ref}` per token:
 * ``k3``  = :math:`e^{-\delta} + \delta - 1`     (unbiased, low variance, >= 0; GRPO's choice)
 * ``abs`` = :math:`|\delta|`
 * ``k1+`` / ``k3+``: straight-through, the *value* of k1 / k3 with the *gradient* of k2.
+* ``low_var_kl`` / ``low_var_kl+``: verl 0.9.1's k3 (and its straight-through), clamped: the log-ratio
+  :math:`-\delta` to [-20, 20] before the exponential, the estimate to [-10, 10]. verl's ``kl_loss_type`` "k3"
+  and "low_var_kl" are this one estimator (``verl.trainer.ppo.core_algos.kl_penalty_forward``); rlzoo's "k3"
+  is TRL's, unclamped (TRL 1.16 ``GRPOTrainer._compute_loss``). The two agree while the estimate stays
+  below 10 and ``|delta| <= 20``.
 """
 
 from collections.abc import Callable
@@ -43,6 +48,12 @@ def _abs(logp: Tensor, ref: Tensor) -> Tensor:
     return (logp - ref).abs()
 
 
+def _low_var_kl(logp: Tensor, ref: Tensor) -> Tensor:
+    """verl's clamped k3: ``clamp(e^d - d - 1, -10, 10)`` with ``d = clamp(ref - logp, -20, 20)``."""
+    d = torch.clamp(ref - logp, min=-20.0, max=20.0)
+    return torch.clamp(torch.exp(d) - d - 1.0, min=-10.0, max=10.0)
+
+
 def _straight_through(value_fn: KLFn) -> KLFn:
     def estimator(logp: Tensor, ref: Tensor) -> Tensor:
         grad_term = _k2(logp, ref)
@@ -52,7 +63,8 @@ def _straight_through(value_fn: KLFn) -> KLFn:
 
 
 for _name, _fn in (("k1", _k1), ("k2", _k2), ("k3", _k3), ("abs", _abs),
-                   ("k1+", _straight_through(_k1)), ("k3+", _straight_through(_k3))):
+                   ("k1+", _straight_through(_k1)), ("k3+", _straight_through(_k3)),
+                   ("low_var_kl", _low_var_kl), ("low_var_kl+", _straight_through(_low_var_kl))):
     kl_estimators.register(_name)(_fn)
 
 
@@ -64,10 +76,12 @@ def kl_estimate(
     Args:
         logprobs: ``Float[B, T]`` current policy log-probs (nats), may carry a gradient.
         ref_logprobs: ``Float[B, T]`` reference log-probs (nats).
-        kl_estimator: one of ``rlzoo.losses.kl_estimators.names()``: "k1", "k2", "k3", "abs", "k1+", "k3+".
+        kl_estimator: one of ``rlzoo.losses.kl_estimators.names()``: "k1", "k2", "k3", "abs", "k1+", "k3+",
+            "low_var_kl", "low_var_kl+".
 
     Returns:
-        ``Float[B, T]`` in nats. k3 is not clamped (TRL); verl's "low_var_kl" clamps it to [-10, 10].
+        ``Float[B, T]`` in nats. "k3" is not clamped (TRL); "low_var_kl" is verl's k3, clamped to [-10, 10]
+        (verl's "k3" and "low_var_kl" are both that one; see the module docstring).
 
     Raises:
         UnknownNameError: for an unknown estimator name, listing the valid ones.
@@ -85,7 +99,8 @@ class KLPenalty(Penalty, name="kl"):
     Args:
         beta: finite, >= 0, the coefficient (default 0.0: disables the penalty and the need for
             ``ref_logprobs``).
-        kl_estimator: "k1", "k2", "k3" (default), "abs", "k1+", "k3+".
+        kl_estimator: "k1", "k2", "k3" (default; TRL's, unclamped), "abs", "k1+", "k3+", "low_var_kl",
+            "low_var_kl+" (verl's clamped k3, which verl calls "k3" too).
         use_bias_correction_kl: a bool: multiply the estimate by ``w`` (default False).
 
     Metrics: ``kl`` (masked mean of the per-token estimate, after the bias correction).
@@ -98,8 +113,9 @@ class KLPenalty(Penalty, name="kl"):
     References:
         Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. (3)-(4) (k3 in the loss);
         DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, sec. 3.1 (bias correction).
-        Matches TRL 1.16 ``beta`` / ``use_bias_correction_kl`` (TRL always uses k3) and verl
-        ``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``.
+        Matches TRL 1.16 ``beta`` / ``use_bias_correction_kl`` (TRL always uses the unclamped k3; its
+        ``use_bias_correction_kl`` defaults to True, this part's to False) and verl ``use_kl_loss``,
+        ``kl_loss_coef``, ``kl_loss_type`` (verl's "k3" / "low_var_kl" is ``kl_estimator="low_var_kl"``).
     """
 
     example_options = MappingProxyType({"beta": 0.04})

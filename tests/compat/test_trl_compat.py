@@ -738,3 +738,40 @@ def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss
         "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
     for key in keys:
         assert got[key].item() == pytest.approx(ref[key], abs=REFERENCE_ATOL), key
+
+
+# -------------------------------------------------------------------------------- the cards' TRL claims
+@pytest.mark.parametrize("name", rlzoo.list_losses())
+def test_cards_state_where_they_leave_trls_kl_default(name: str) -> None:
+    """A card claiming TRL for a preset with a KL penalty says which use_bias_correction_kl it uses when that
+    differs from TRL 1.16's default (True: the k3 estimate times the ratio), and attributes verl's k3 clamp
+    to both of verl's names ("k3" and "low_var_kl" are one clamped estimator)."""
+    card = rlzoo.losses.presets.get(name)
+    kl = [p for p in rlzoo.get_loss(name).penalties if isinstance(p, rlzoo.losses.KLPenalty) and p.active]
+    if "TRL" not in card.matches or not kl:
+        return
+    if kl[0].use_bias_correction_kl != GRPO_LOSS_DEFAULTS["use_bias_correction_kl"]:
+        assert f"use_bias_correction_kl={kl[0].use_bias_correction_kl}" in card.matches
+    assert "'low_var_kl' also clamps" not in card.matches
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg"),
+    [("grpo", {"loss_type": "grpo", "beta": 0.04}),
+     ("two_sided", {"loss_type": "grpo", "delta": 4.0, "beta": 0.001})],
+)
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_kl_presets_equal_trl_as_their_cards_say(name: str, cfg: dict[str, Any], bias_correction: bool) -> None:
+    """get_loss(name) equals TRL 1.16 with use_bias_correction_kl=False, as the card says; with
+    use_bias_correction_kl=True (TRL's default) it equals TRL's default. No fully masked row: TRL's "grpo"
+    divides by every row, the preset by the rows with a counted token."""
+    cfg = {**cfg, "use_bias_correction_kl": bias_correction}
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    case = make_case(cfg, seed=1, mask=mask, old=True, per_token_adv=False, drift=0.4, zero_adv=False)
+    ref = trl_loss_and_grads(cfg, case)
+    loss_fn = rlzoo.get_loss(name) if not bias_correction else rlzoo.get_loss(name, use_bias_correction_kl=True)
+    logps = case.logps.clone().requires_grad_(True)
+    out = loss_fn(batch_from_trl_inputs(case.inputs, logps, case.entropies))
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    torch.testing.assert_close(out.loss.detach(), ref[0], atol=REFERENCE_ATOL, rtol=0.0)
+    torch.testing.assert_close(grad, ref[1], atol=REFERENCE_ATOL, rtol=0.0)

@@ -74,12 +74,13 @@ def test_unknown_part_name_lists_the_valid_names(option, registry):
 
 
 def test_unknown_kl_estimator_lists_the_estimators():
-    """kl_estimator='k4' raises a ValueError naming kl_estimator and listing k1, k2, k3, abs, k1+, k3+."""
+    """kl_estimator='k4' raises a ValueError naming kl_estimator and listing every estimator (k1, k2, k3, abs,
+    k1+, k3+, low_var_kl, low_var_kl+)."""
     with pytest.raises(ValueError, match="kl_estimator") as err:
         rlzoo.get_loss("grpo", kl_estimator="k4")
     assert _names_all(str(err.value), kl_estimators.names())
     with pytest.raises(UnknownNameError) as err2:
-        rlzoo.losses.kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "low_var_kl")
+        rlzoo.losses.kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "low_var_k3")
     assert _names_all(str(err2.value), kl_estimators.names())
 
 
