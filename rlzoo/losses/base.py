@@ -109,6 +109,13 @@ def _zero_masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _at_most_zero(x: Tensor) -> Tensor:
+    """``x`` with values above 0 (log-probs rounded up, :func:`rlzoo.batch.logprob_tolerance`) read as 0; the
+    gradient passes unchanged (straight-through), so a token of probability ~1 keeps its gradient. Values
+    <= 0 are returned bit for bit."""
+    return x - (x - torch.clamp(x, max=0.0)).detach() if x.requires_grad else torch.clamp(x, max=0.0)
+
+
 def require(x: Tensor | None, field: str, owner: str) -> Tensor:
     """``x``, or a :class:`~rlzoo.batch.BatchError` naming the missing batch field and who needs it."""
     if x is None:
@@ -122,7 +129,12 @@ class LossInputs:
     """The per-token tensors every part reads, sanitized and broadcast once per call (frozen).
 
     Masked positions hold 0 in every tensor (whatever the batch held there), so parts can compute freely
-    and only the aggregation looks at ``mask``; gradients at masked positions are exactly 0.
+    and only the aggregation looks at ``mask``; gradients at masked positions are exactly 0. ``logprobs`` and
+    ``old_logprobs`` rounded above 0 (accepted by :class:`PolicyBatch` within
+    :func:`rlzoo.batch.logprob_tolerance`) are read as 0, ``logprobs`` keeping its gradient, so that
+    ``p = exp(logp) <= 1`` where a part reads probabilities (DPPO's ``1 - p``); ``ref_logprobs`` and
+    ``rollout_logprobs`` enter only as log-ratios and are used as given (an integration may pass synthetic
+    sampler log-probs that encode IS weights, e.g. ``rlzoo.integrations.verl``).
 
     Attributes:
         logprobs: ``Float[B, T]``, carries the gradient.
@@ -159,17 +171,17 @@ class LossInputs:
     def from_batch(cls, batch: PolicyBatch) -> "LossInputs":
         """Sanitize and broadcast a :class:`PolicyBatch` (no device sync)."""
         mask = batch.completion_mask
-        logprobs = _zero_masked(batch.logprobs, mask)
+        logprobs = _at_most_zero(_zero_masked(batch.logprobs, mask))
         if batch.old_logprobs is None:
             old = logprobs.detach()
         else:
-            old = _zero_masked(batch.old_logprobs.detach().to(logprobs.dtype), mask)
+            old = _at_most_zero(_zero_masked(batch.old_logprobs.detach().to(logprobs.dtype), mask))
         adv = batch.advantages.detach().to(logprobs.dtype)
         if adv.ndim == 1:
             adv = adv.unsqueeze(-1).expand_as(logprobs)
         adv = _zero_masked(adv, mask)
 
-        def aux(x: Tensor | None) -> Tensor | None:
+        def aux(x: Tensor | None) -> Tensor | None:  # enter only as log-ratios: used as given
             return None if x is None else _zero_masked(x.detach().to(logprobs.dtype), mask)
 
         entropies = batch.entropies
