@@ -358,3 +358,17 @@ def test_exhaustive(check, name, data):
     if check is test_first_iteration_is_reinforce:
         kwargs["old"] = data.draw(st.sampled_from(["none", "equal"]), label="old")
     check.hypothesis.inner_test(name=name, data=data, **kwargs)
+
+
+def test_every_algorithm_file_registers_presets_with_a_doctest():
+    """rlzoo/algorithms/ holds every built-in preset (its card's source), each module registers at least one, has
+    a doctest in its docstring, and is listed in the package's table (docs stay true without a hand list in
+    the tests)."""
+    import importlib
+
+    sources = {presets.get(name).source for name in PRESETS}
+    assert all(source.startswith("rlzoo/algorithms/") for source in sources), sources
+    for module in rlzoo.algorithms.modules():
+        assert f"rlzoo/algorithms/{module}.py" in sources, f"{module}.py registers no preset"
+        assert ">>>" in (importlib.import_module(f"rlzoo.algorithms.{module}").__doc__ or ""), f"{module}: doctest"
+        assert f"{module}.py" in (rlzoo.algorithms.__doc__ or ""), f"{module}.py is missing from the package table"
