@@ -7,7 +7,7 @@ Notation (used in every docstring of rlzoo):
 * ``r = exp(logprobs - old_logprobs)`` - the importance ratio pi_theta / pi_old.
 
 Every tensor a loss sees is ``[B, T]`` (or ``[B]`` for sequence-level advantages); log-probs are natural-log
-probabilities (nats), so they are <= 0.
+probabilities (nats), so they are <= 0 (up to rounding: :func:`logprob_tolerance`).
 """
 
 import dataclasses
@@ -18,10 +18,29 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["BatchError", "LossOutput", "Normalizer", "PolicyBatch"]
+__all__ = ["BatchError", "LossOutput", "Normalizer", "PolicyBatch", "logprob_tolerance"]
 
 _TOKEN_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
 _LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+
+
+def logprob_tolerance(dtype: torch.dtype) -> float:
+    """How far above 0 a log-prob may be and still count as rounding, in nats: ``max(1e-5, 4 eps(dtype))``.
+
+    A token of probability ~1 can come out slightly positive: vLLM's float32 log-probs (``logit - logsumexp``
+    of logits in the tens, so +1e-7 .. +1e-6), or bf16 / fp16 arithmetic (a few ulps). :class:`PolicyBatch`
+    accepts such values; the losses read ``logprobs`` and ``old_logprobs`` as ``min(x, 0)`` (the gradient
+    passes), so a probability ``exp(logp)`` never exceeds 1, and use the reference and sampler log-probs,
+    which enter only as log-ratios, as given. Larger positive values are a bug (probabilities or logits passed
+    as log-probs) and raise.
+
+    Args:
+        dtype: a floating-point dtype.
+
+    Returns:
+        1e-5 for float32 and float64, 2^-8 (0.0039) for float16, 2^-5 (0.03125) for bfloat16.
+    """
+    return max(1e-5, 4.0 * torch.finfo(dtype).eps)
 
 
 class BatchError(ValueError):
@@ -37,8 +56,10 @@ class PolicyBatch:
 
     Validated on construction: shapes agree, ``completion_mask`` is bool, the other tensors are floating
     point, every tensor is on the device of ``logprobs``, ``B >= 1`` and ``T >= 1``, and every value at a
-    counted position (``completion_mask`` True) is finite, with log-probs <= 0. Values at masked positions
-    are never read: they may be anything, NaN and inf included (padding is inert).
+    counted position (``completion_mask`` True) is finite, with log-probs <= 0 up to rounding
+    (:func:`logprob_tolerance`: 1e-5 in float32 / float64, 2^-5 in bf16; the losses read such a current or
+    old log-prob as 0).
+    Values at masked positions are never read: they may be anything, NaN and inf included (padding is inert).
 
     Args:
         logprobs: ``Float[B, T]``, log pi_theta(o_t | q, o_<t) in nats; carries the gradient.
@@ -57,8 +78,8 @@ class PolicyBatch:
 
     Raises:
         BatchError: naming the offending field: wrong type, dtype, shape or device (the message names both
-            devices), ``B == 0`` or ``T == 0``, a non-bool mask, or a NaN/inf/positive log-prob at a counted
-            position.
+            devices), ``B == 0`` or ``T == 0``, a non-bool mask, or a NaN/inf at a counted position, or a
+            log-prob above 0 by more than the rounding tolerance there.
 
     Example:
         >>> import torch, rlzoo
@@ -137,7 +158,7 @@ class PolicyBatch:
             v = value.detach()
             bad = ~torch.isfinite(v)
             if name in _LOGPROB_FIELDS:
-                bad = bad | (v > 0)
+                bad = bad | (v > logprob_tolerance(v.dtype))
             checks.append((name, (bad & mask).any()))
         adv = self.advantages.detach()
         adv_mask = mask if adv.ndim == 2 else mask.any(dim=-1)
@@ -147,7 +168,11 @@ class PolicyBatch:
             return
         for (name, _), flag in zip(checks, flags.tolist(), strict=True):
             if flag:
-                what = "NaN/inf" if name in ("advantages", "entropies") else "NaN/inf or a positive log-prob"
+                value = getattr(self, name)
+                what = "NaN/inf" if name in ("advantages", "entropies") else (
+                    f"NaN/inf or a log-prob above 0 beyond the rounding tolerance "
+                    f"{logprob_tolerance(value.dtype):g} ({value.dtype})"
+                )
                 raise BatchError(
                     f"{name} holds {what} at a counted position (completion_mask True); "
                     "only masked positions may hold arbitrary values"

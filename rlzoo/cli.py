@@ -129,7 +129,8 @@ def _config_and_dotted(argv: Sequence[str], prog: str) -> tuple[dict[str, Any], 
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from rlzoo.advantages import advantage_estimators
-    from rlzoo.losses import aggregations, kl_estimators, presets, ratio_levels, surrogates
+    from rlzoo.losses import kl_estimators, presets
+    from rlzoo.losses.policy_loss import SLOTS
 
     print("loss presets (rlzoo.get_loss / --algorithm):")
     for name, card in presets.items():
@@ -139,10 +140,16 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name, cls in advantage_estimators.items():
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         print(f"  {name:<22} {summary}")
-    print("\nparts (compose your own: rlzoo.losses.PolicyLoss):")
-    print(f"  ratio levels (importance_sampling_level): {', '.join(ratio_levels.names())}")
-    print(f"  surrogates: {', '.join(surrogates.names())}")
-    print(f"  aggregations: {', '.join(aggregations.names())}")
+        for option, registry in cls.choices().items():
+            print(f"  {'':<22}   {option}: {', '.join(registry.names())}")
+    print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART):")
+    for slot in SLOTS:
+        how = f" ({slot.swap_option})" if slot.swap_option else ""
+        print(f"  {slot.field}{how}: {', '.join(slot.base.registry.names())}")
+        for cls in slot.base.registry.values():
+            for option, registry in cls.choices().items():
+                if registry is not kl_estimators:
+                    print(f"    {option}: {', '.join(registry.names())}")
     print(f"  kl estimators (kl_estimator): {', '.join(kl_estimators.names())}")
     return 0
 
@@ -160,16 +167,25 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if not args.name:
         print("rlzoo explain: give a preset name or --all", file=sys.stderr)
         return 2
-    if args.name in presets or args.name not in advantage_estimators:
-        print(presets.get(args.name).card())  # case-insensitive; an unknown name raises with a did-you-mean
+    import inspect
+
+    from rlzoo.losses.policy_loss import SLOTS
+
+    if args.name in presets:
+        print(presets.get(args.name).card())
         return 0
     if args.name in advantage_estimators:
-        import inspect
-
         print(f"{args.name} (advantage estimator)\n")
         print(inspect.cleandoc(advantage_estimators.get(args.name).__doc__ or ""))
         return 0
-    return 2
+    for slot in SLOTS:
+        if args.name in slot.base.registry:
+            cls = slot.base.registry.get(args.name)
+            print(f"{args.name} ({slot.base.__name__}, PolicyLoss.{slot.field}; {cls.__module__}.{cls.__qualname__})\n")
+            print(inspect.cleandoc(cls.__doc__ or ""))
+            return 0
+    print(presets.get(args.name).card())  # any case (DAPO); else UnknownNameError with a did-you-mean
+    return 0
 
 
 def _cmd_train(argv: Sequence[str]) -> int:
@@ -357,7 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"rlzoo {rlzoo.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="presets, advantage estimators and parts")
-    explain = sub.add_parser("explain", help="a preset's card (formula, components, defaults, paper)")
+    explain = sub.add_parser("explain", help="a preset's card (formula, components, defaults, paper), or a part's "
+                             "or advantage estimator's documentation")
     explain.add_argument("name", nargs="?")
     explain.add_argument("--all", action="store_true", help="every preset")
     explain.add_argument("--markdown", action="store_true", help="markdown (docs/algorithms.md)")

@@ -1,17 +1,33 @@
-"""One generic name -> object registry, used for every slot of the zoo.
+"""One generic name -> object registry, and :class:`Component`, the base of every registered part.
 
-Slots: ratio levels, surrogates, KL estimators, aggregations, token weights, penalties, advantage
-estimators and presets each have one :class:`Registry`. Choosing an algorithm is choosing a name
-(as in verl's ``@register_policy_loss("gspo")``); users register their own parts the same way.
+Every slot of the zoo (ratio levels, IS corrections, surrogates, token weights, penalties, aggregations,
+advantage estimators, loss presets) has one :class:`Registry`. Choosing an algorithm is choosing a name (as
+in verl's ``@register_policy_loss("gspo")``).
+
+Loss parts and advantage estimators are :class:`Component` subclasses: subclassing with ``name=``
+registers the class in its slot's registry and makes it a frozen keyword-only dataclass whose fields are
+its options::
+
+    class PPOClip(Surrogate, name="ppo_clip"):     # registered in Surrogate.registry as "ppo_clip"
+        epsilon_low: float = 0.2                   # an option: a dataclass field
+
+A subclass without ``name=`` is an abstract or shared base (a dataclass too, registered nowhere).
 """
 
 import contextlib
 import dataclasses
 import difflib
-from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
 
-__all__ = ["Configurable", "Registry", "UnknownNameError"]
+if sys.version_info >= (3, 12):  # pragma: no cover - depends on the interpreter
+    from typing import dataclass_transform
+else:  # pragma: no cover
+    from typing_extensions import dataclass_transform
+
+__all__ = ["Component", "Registry", "UnknownNameError", "check_choice", "check_number", "choice"]
 
 T = TypeVar("T")
 
@@ -97,6 +113,10 @@ class Registry(Generic[T]):
         """``(name, object)`` pairs sorted by name."""
         return sorted(self._items.items())
 
+    def values(self) -> list[T]:
+        """The registered objects, sorted by name."""
+        return [obj for _, obj in self.items()]
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
@@ -119,15 +139,167 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, names={self.names()})"
 
 
-class Configurable:
-    """Mixin of the registered components that are dataclasses (loss parts, advantage estimators): their
-    keyword options are their dataclass fields."""
+# ----------------------------------------------------------------------------------------- validation
+def check_number(owner: str, name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, allow_none: bool = False, allow_inf: bool = False) -> None:
+    """Raise ``ValueError`` naming ``owner: name`` unless ``value`` is a real number in range.
 
+    Args:
+        owner: who owns the option (e.g. ``"ppo_clip"``), first in the message.
+        name: the option's name.
+        value: the value to check: an ``int`` or ``float`` (not a ``bool``), or None when ``allow_none``.
+        low, high: inclusive bounds (``low`` exclusive with ``low_open``); None = unbounded.
+        allow_inf: accept +-inf (NaN is never accepted).
+
+    Raises:
+        ValueError: ``"{owner}: {name} must be ..., got {value}"``.
+    """
+    if value is None:
+        if allow_none:
+            return
+        raise ValueError(f"{owner}: {name} must be a number, got None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{owner}: {name} must be a number, got {type(value).__name__} {value!r}")
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{owner}: {name} must be finite, got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{owner}: {name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{owner}: {name} must be <= {high}, got {value}")
+
+
+def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
+    """Raise ``ValueError`` naming ``owner: name`` and listing ``choices`` unless ``value`` is one of them."""
+    if value not in choices:
+        raise ValueError(f"{owner}: {name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def choice(default: str | None, registry: "Registry[Any]", *, allow_none: bool = False) -> Any:
+    """A :class:`Component` option whose value is a name registered in ``registry``.
+
+    A string switch becomes a registered alternative: the option holds the name (so configs stay JSON), the
+    component resolves it with ``registry.get(name)``, and anyone can register a new alternative. The value
+    is checked on construction against ``registry.names()`` (plus None with ``allow_none``).
+
+    Returns:
+        A ``dataclasses.field`` carrying the registry in its metadata (see :meth:`Component.choices`).
+    """
+    return dataclasses.field(default=default, metadata={"registry": registry, "allow_none": allow_none})
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if value == "inf":
+        return math.inf
+    if value == "-inf":
+        return -math.inf
+    return value
+
+
+# ------------------------------------------------------------------------------------------ component
+@dataclass_transform(kw_only_default=True, frozen_default=True)
+class Component:
+    """Base of every registered component: loss parts (one abstract base per slot) and advantage estimators.
+
+    A subclass is made a frozen, keyword-only dataclass when it is defined; its fields are its keyword
+    options. ``name=`` in the class statement registers it in ``cls.registry`` (set by the slot's abstract
+    base)::
+
+        class Surrogate(Part, abc.ABC):          # a slot: declares its registry and call signature
+            registry: ClassVar[Registry[type]] = surrogates
+
+        class PPOClip(Surrogate, name="ppo_clip"):
+            epsilon_low: float = 0.2
+
+    Validation: :meth:`check` (override it, not ``__post_init__``) raises ``ValueError`` naming a bad option;
+    options declared with :func:`choice` are checked against their registry first.
+
+    Raises:
+        ValueError: on subclassing with a ``name`` already registered in the slot (registries never
+            overwrite), or when ``name`` is given to a class whose slot declares no registry.
+    """
+
+    registry: ClassVar[Registry[Any]]
+
+    def __init_subclass__(cls, *, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True, kw_only=True)(cls)  # in place: no slots, so the same class
+        cls._registered_name = name
+        if name is not None:
+            if getattr(cls, "registry", None) is None:
+                raise ValueError(f"{cls.__name__} names itself {name!r} but its base declares no registry")
+            cls.registry.register(name)(cls)
+
+    def __post_init__(self) -> None:
+        owner = self.label()
+        for field in dataclasses.fields(self):
+            registry = field.metadata.get("registry")
+            value = getattr(self, field.name)
+            if registry is None or (value is None and field.metadata.get("allow_none")):
+                continue
+            check_choice(owner, field.name, value, registry.names())
+        self.check()
+
+    def check(self) -> None:
+        """Validate the options; raise ``ValueError`` naming the bad one. Default: nothing to check."""
+
+    # ------------------------------------------------------------------------------------------ names
+    @classmethod
+    def registered_name(cls) -> str:
+        """The name this class is registered under.
+
+        Raises:
+            LookupError: the class was defined without ``name=`` (an abstract or shared base).
+        """
+        name = cls.__dict__.get("_registered_name")
+        if name is None:
+            raise LookupError(f"{cls.__name__} is not registered (define it with name=...)")
+        return name
+
+    @classmethod
+    def label(cls) -> str:
+        """The registered name, or the class name for an unregistered class (used in messages)."""
+        return cls.__dict__.get("_registered_name") or cls.__name__
+
+    # ---------------------------------------------------------------------------------------- options
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
         """The keyword options (dataclass fields) of this component."""
         return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
 
+    @classmethod
+    def choices(cls) -> dict[str, Registry[Any]]:
+        """Options declared with :func:`choice`: option name -> the registry of its alternatives."""
+        return {f.name: f.metadata["registry"] for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if "registry" in f.metadata}
+
     def options(self) -> dict[str, Any]:
         """Current option values, by name."""
         return {name: getattr(self, name) for name in self.option_names()}
+
+    # ----------------------------------------------------------------------------------------- config
+    def to_config(self) -> dict[str, Any]:
+        """JSON-able ``{"name": registered name, **options}`` (infinities as ``"inf"`` / ``"-inf"``)."""
+        return {"name": self.registered_name(), **{k: _jsonable(v) for k, v in self.options().items()}}
+
+    @staticmethod
+    def from_config(registry: "Registry[Any]", config: Mapping[str, Any]) -> "Component":
+        """Inverse of :meth:`to_config` for a component of ``registry``.
+
+        Raises:
+            UnknownNameError: the name is not registered (lists the valid names).
+            KeyError: ``config`` has no ``"name"``.
+        """
+        config = dict(config)
+        cls = registry.get(config.pop("name"))
+        return cls(**{k: _from_jsonable(v) for k, v in config.items()})
+
+    def describe(self) -> str:
+        """``name(option=value, ...)``, as printed by ``rlzoo explain``."""
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{self.registered_name()}({opts})"

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+", "low_var_kl", "low_var_kl+")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # What padding may hold: anything.
 GARBAGE = (math.nan, math.inf, -math.inf, 1e300, -1e300, 7.0, 0.0, -3.0)
@@ -352,11 +352,18 @@ def kl_closed_form(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> tup
     """``(value, d value / d logp)`` of a per-token KL estimator, with ``d = logp - ref`` (Schulman's note).
 
     k1 = d (grad 1); k2 = d^2 / 2 (grad d); k3 = e^-d + d - 1 (grad 1 - e^-d); abs = |d| (grad sgn d);
-    k1+ / k3+ = value of k1 / k3, gradient of k2 (d).
+    k1+ / k3+ = value of k1 / k3, gradient of k2 (d); low_var_kl = k3 of clamp(-d, -20, 20), clamped to
+    [-10, 10] (verl's; grad 1 - e^-d where neither clamp binds, else 0); low_var_kl+ = its value, k2's gradient.
     """
     d = logp - ref
     k1, k2, k3 = d, 0.5 * d * d, torch.exp(-d) + d - 1.0
+    u = torch.clamp(-d, -20.0, 20.0)
+    raw = torch.exp(u) - u - 1.0
+    low_var = torch.clamp(raw, -10.0, 10.0)
+    free = ((-d).abs() <= 20.0) & (raw <= 10.0)
     table = {
+        "low_var_kl": (low_var, torch.where(free, 1.0 - torch.exp(-d), torch.zeros_like(d))),
+        "low_var_kl+": (low_var, d),
         "k1": (k1, torch.ones_like(d)),
         "k2": (k2, d),
         "k3": (k3, 1.0 - torch.exp(-d)),
@@ -369,10 +376,10 @@ def kl_closed_form(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> tup
 
 def supported_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with a sequence-level IS mode replaced by its token-level twin when preset ``name``'s surrogate
-    only takes token modes (VESPO folds token IS weights into its sequence weight, as TRL requires)."""
-    modes = getattr(rlzoo.get_loss(name).surrogate, "is_correction_modes", None)
+    only takes token-level IS weights (``sequence_is_weight`` False: VESPO folds token IS weights into its
+    sequence weight, as TRL requires)."""
     mode = options.get("is_correction")
-    if mode is not None and modes is not None and mode not in modes:
+    if mode is not None and not rlzoo.get_loss(name).surrogate.sequence_is_weight:
         options = {**options, "is_correction": mode.replace("sequence", "token")}
     return options
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import masks, policy_batches, runtime_type_checker_off
+from tolerances import tol
 
 import rlzoo
 from rlzoo import BatchError, LossOutput, Normalizer, PolicyBatch
@@ -171,3 +172,73 @@ def test_public_names():
                  "PolicyLoss", "Registry", "UnknownNameError"):
         assert hasattr(rlzoo, name)
     assert issubclass(BatchError, ValueError)
+
+
+# ------------------------------------------------------------------------------ log-probs rounded above 0
+LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+
+
+@pytest.mark.parametrize("field", LOGPROB_FIELDS)
+@pytest.mark.parametrize(("dtype", "excess"), [(torch.float32, 1e-7), (torch.float32, 3e-6), (torch.float64, 1e-7),
+                                               (torch.bfloat16, 0.0078125), (torch.float16, 0.0009765625)])
+def test_log_probs_rounded_above_zero_are_accepted_and_clamped(field, dtype, excess):
+    """A log-prob that exceeds 0 by rounding (vLLM's float32 log-probs of a certain token, bf16 arithmetic) is
+    accepted up to rlzoo.batch.logprob_tolerance(dtype). The current and old log-probs are read as 0: the
+    loss, its gradient and its metrics equal those of the batch holding exactly 0 there, and the token keeps
+    its gradient. The reference and sampler log-probs (only in log-ratios) are used as given: the result is
+    finite and within the excess (the data moved by it) of the 0 batch."""
+    assert excess <= rlzoo.batch.logprob_tolerance(dtype)
+    g = torch.Generator().manual_seed(0)
+    base = {f: (-torch.rand(2, 3, generator=g, dtype=torch.float64) - 0.1).to(dtype) for f in LOGPROB_FIELDS}
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+
+    def run(fields):
+        lp = fields["logprobs"].clone().requires_grad_(True)
+        batch = PolicyBatch(**{**fields, "logprobs": lp}, advantages=torch.tensor([1.0, -0.5], dtype=dtype),
+                            completion_mask=mask)
+        out = rlzoo.get_loss("grpo", beta=0.1, is_correction="token_truncate", is_max=2.0)(batch)
+        out.loss.backward()
+        return out, lp.grad
+
+    rounded, at_zero = dict(base), dict(base)
+    rounded[field] = base[field].clone()
+    rounded[field][1, 0] = excess
+    at_zero[field] = base[field].clone()
+    at_zero[field][1, 0] = 0.0
+    got, got_grad = run(rounded)
+    want, want_grad = run(at_zero)
+    if field in ("logprobs", "old_logprobs"):
+        assert torch.equal(got.loss, want.loss) and torch.equal(got_grad, want_grad)
+        assert all(torch.equal(got.metrics[k], want.metrics[k]) for k in want.metrics)
+    else:
+        assert torch.isfinite(got.loss) and torch.isfinite(got_grad).all()
+        close = {"atol": max(tol(dtype)["atol"], excess), "rtol": tol(dtype)["rtol"]}  # the data moved by `excess`
+        torch.testing.assert_close(got.loss, want.loss, **close)
+        torch.testing.assert_close(got_grad, want_grad, **close)
+    if field == "logprobs":
+        assert got_grad[1, 0] != 0
+
+
+@pytest.mark.parametrize("loss", ["dppo_kl", "dppo_tv"])
+def test_rounded_log_probs_keep_probabilities_at_most_one(loss):
+    """DPPO reads p = exp(logp) and 1 - p: a current or old log-prob of +1e-7 (float32 rounding) must not make
+    1 - p negative (binary KL of a negative number: NaN); read as 0 it gives p = 1 exactly."""
+    lp = torch.tensor([[1e-7, -0.5, -1.0]], dtype=torch.float32, requires_grad=True)
+    batch = PolicyBatch(logprobs=lp, old_logprobs=torch.tensor([[1e-7, -0.4, -1.2]]), advantages=torch.tensor([1.0]),
+                        completion_mask=torch.ones(1, 3, dtype=torch.bool))
+    out = rlzoo.get_loss(loss, max_completion_length=3)(batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(lp.grad).all()
+    assert all(torch.isfinite(v) for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_a_log_prob_beyond_the_rounding_tolerance_still_raises(dtype):
+    """Beyond the documented tolerance a positive log-prob is a bug (probabilities or logits passed as
+    log-probs): a BatchError naming the field and the tolerance."""
+    tolerance = rlzoo.batch.logprob_tolerance(dtype)
+    assert tolerance == max(1e-5, 4 * torch.finfo(dtype).eps)
+    lp = torch.full((1, 2), -0.5, dtype=dtype)
+    lp[0, 1] = 2 * tolerance
+    with pytest.raises(BatchError, match=r"logprobs .*rounding tolerance"):
+        PolicyBatch(logprobs=lp, advantages=torch.ones(1, dtype=dtype), completion_mask=torch.ones(1, 2, dtype=torch.bool))

@@ -3,7 +3,6 @@ preset work through rlzoo.get_loss and PolicyLoss composition, and disappear whe
 
 import dataclasses
 import json
-from typing import ClassVar
 
 import pytest
 import torch
@@ -12,15 +11,19 @@ from strategies import runtime_type_checker_off
 import rlzoo
 from rlzoo import PolicyBatch, Registry, UnknownNameError
 from rlzoo.losses import (
-    Part,
+    PartOutput,
     PolicyLoss,
+    Surrogate,
+    TokenWeight,
     aggregations,
     kl_estimators,
     preset,
     presets,
     ratio_levels,
     surrogates,
+    token_weights,
 )
+from rlzoo.registry import Component, choice
 
 
 def test_register_get_names_contains_len():
@@ -100,16 +103,13 @@ def _batch() -> PolicyBatch:
 
 
 def _scaled_reinforce_class():
-    @surrogates.register("scaled_reinforce")
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class ScaledReinforce(Part):
+    class ScaledReinforce(Surrogate, name="scaled_reinforce"):
         """l = -scale * A * logp."""
 
-        registry: ClassVar = surrogates
         scale: float = 2.0
 
         def __call__(self, x):
-            return -self.scale * x.advantages * x.logprobs, {}
+            return PartOutput(-self.scale * x.advantages * x.logprobs, {})
 
     return ScaledReinforce
 
@@ -170,3 +170,84 @@ def test_user_kl_estimator_and_aggregation():
         batch = dataclasses.replace(batch, ref_logprobs=batch.logprobs.detach() - 1.0)
         torch.testing.assert_close(loss_fn(batch).loss, rlzoo.get_loss("grpo", beta=0.0)(batch).loss)
     assert "zero" not in kl_estimators
+
+
+# ------------------------------------------------------------------------------------------ Component
+def test_subclassing_with_a_name_registers_a_frozen_keyword_only_dataclass():
+    """class X(Slot, name=...) registers X in the slot's registry and makes it a frozen kw-only dataclass whose
+    fields are its options; a subclass without a name is registered nowhere; names never overwrite."""
+    with token_weights.scoped():
+
+        class Halve(TokenWeight, name="halve"):
+            """w = factor (a constant weight)."""
+
+            factor: float = 0.5
+
+            def __call__(self, x):
+                return PartOutput(torch.full_like(x.logprobs, self.factor), {})
+
+        assert token_weights.get("halve") is Halve and Halve.registered_name() == "halve"
+        part = Halve(factor=0.25)
+        assert part.options() == {"factor": 0.25} and part.to_config() == {"name": "halve", "factor": 0.25}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            part.factor = 1.0
+        with pytest.raises(TypeError):
+            Halve(0.25)  # keyword-only
+        assert PolicyLoss(surrogate="ppo_clip", weights=(part,)).with_options(factor=2.0).weights[0].factor == 2.0
+
+        class Shared(TokenWeight):
+            """An unnamed shared base: a dataclass, registered nowhere."""
+
+            scale: float = 1.0
+
+        assert dataclasses.is_dataclass(Shared) and Shared.label() == "Shared"
+        with pytest.raises(LookupError, match="not registered"):
+            Shared.registered_name()
+        with pytest.raises(ValueError, match="'halve' is already registered"):
+
+            class Again(TokenWeight, name="halve"):
+                """A second class under a taken name."""
+
+    assert "halve" not in token_weights
+
+
+def test_choice_options_are_checked_against_their_registry():
+    """An option declared with choice(default, registry) must name a registered alternative; registering a new
+    alternative makes it valid without touching the part."""
+    reg = Registry[type]("widget kind")
+
+    class Kind(Component):
+        """An alternative (the base of the registry's members)."""
+
+        registry = reg
+
+    class Round(Kind, name="round"):
+        """A round widget."""
+
+    class Widget(Component):
+        """A component with a choice option."""
+
+        kind: str = choice("round", reg)
+        other: str | None = choice(None, reg, allow_none=True)
+
+    assert Widget().kind == "round" and Widget.choices() == {"kind": reg, "other": reg}
+    with pytest.raises(ValueError, match="Widget: kind must be one of 'round'; got 'square'"):
+        Widget(kind="square")
+
+    class Square(Kind, name="square"):
+        """A square widget."""
+
+    assert Widget(kind="square", other="square").kind == "square"
+
+
+def test_slots_are_typed():
+    """A part given to another slot's field is a TypeError naming the field and the expected base."""
+    from rlzoo.losses import KLPenalty, PPOClip
+
+    with runtime_type_checker_off():
+        with pytest.raises(TypeError, match="weights must be a TokenWeight"):
+            PolicyLoss(surrogate="ppo_clip", weights=(KLPenalty(beta=0.1),))
+        with pytest.raises(TypeError, match="surrogate must be a Surrogate"):
+            PolicyLoss(surrogate=KLPenalty(beta=0.1))
+        with pytest.raises(TypeError, match="penalties must be a Penalty"):
+            PolicyLoss(surrogate="ppo_clip", penalties=(PPOClip(),))

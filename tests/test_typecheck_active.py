@@ -17,4 +17,5 @@ def test_checker_rejects_a_wrong_shape_annotation():
 
 
 def test_checker_accepts_int_for_float():
-    assert rlzoo.get_loss("grpo", beta=0).penalties == ()
+    """beta=0 (an int where float is annotated) is accepted and switches the KL penalty off (kept, inactive)."""
+    assert [p.active for p in rlzoo.get_loss("grpo", beta=0).penalties] == [False]

@@ -24,17 +24,33 @@ Singleton and zero-variance groups get advantage 0 in every group-relative estim
 compares every convention with TRL and verl.
 """
 
-from rlzoo.advantages._core import (
+from rlzoo.advantages.base import (
     INPUTS,
     AdvantageEstimator,
     AdvantageInputs,
+    EstimatorChoice,
     advantage_estimators,
     get_advantage,
     list_advantages,
 )
 from rlzoo.advantages.groups import WHITEN_EPS, GroupIds, GroupIndex, whiten
 from rlzoo.advantages.multi import MULTI_REWARD_MODES, combine_rewards
-from rlzoo.advantages.outcome import GPG, GRPO, OPO, RLOO, DrGRPO, GRPOPassK, MaxRL, ReinforcePPBaseline
+from rlzoo.advantages.outcome import (
+    GPG,
+    GRPO,
+    OPO,
+    RLOO,
+    AdvantageScale,
+    BaselineWhitening,
+    DrGRPO,
+    GPGAlpha,
+    GRPOPassK,
+    MaxRL,
+    ReinforcePPBaseline,
+    advantage_scales,
+    baseline_whitenings,
+    gpg_alphas,
+)
 from rlzoo.advantages.token import GAE, ReinforcePP, ReMax, token_level_rewards, value_loss
 
 __all__ = [
@@ -48,7 +64,11 @@ __all__ = [
     "WHITEN_EPS",
     "AdvantageEstimator",
     "AdvantageInputs",
+    "AdvantageScale",
+    "BaselineWhitening",
     "DrGRPO",
+    "EstimatorChoice",
+    "GPGAlpha",
     "GRPOPassK",
     "GroupIds",
     "GroupIndex",
@@ -57,8 +77,11 @@ __all__ = [
     "ReinforcePP",
     "ReinforcePPBaseline",
     "advantage_estimators",
+    "advantage_scales",
+    "baseline_whitenings",
     "combine_rewards",
     "get_advantage",
+    "gpg_alphas",
     "list_advantages",
     "token_level_rewards",
     "value_loss",

@@ -21,10 +21,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.advantages._core import check_rewards
+from rlzoo.advantages.base import check_rewards
 from rlzoo.advantages.groups import GroupIds, GroupIndex
 from rlzoo.advantages.outcome import group_normalized
-from rlzoo.losses._core import check_choice, check_number
+from rlzoo.registry import check_choice, check_number
 
 __all__ = ["MULTI_REWARD_MODES", "combine_rewards"]
 

@@ -16,20 +16,34 @@ Conventions shared by every estimator here (the frameworks disagree; see docs/ad
   0.1); rlzoo returns an exact 0 and never divides by a zero std.
 """
 
-import dataclasses
+import abc
 from typing import ClassVar
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
-from rlzoo.advantages._core import AdvantageEstimator, AdvantageInputs, advantage_estimators
+from rlzoo.advantages.base import AdvantageEstimator, AdvantageInputs, EstimatorChoice
 from rlzoo.advantages.groups import GroupIndex, whiten
-from rlzoo.losses._core import check_choice, check_number
+from rlzoo.registry import Registry, check_choice, check_number, choice
 
-__all__ = ["GPG", "GRPO", "OPO", "RLOO", "DrGRPO", "GRPOPassK", "MaxRL", "ReinforcePPBaseline"]
+__all__ = [
+    "GPG",
+    "GRPO",
+    "OPO",
+    "RLOO",
+    "DrGRPO",
+    "GRPOPassK",
+    "MaxRL",
+    "ReinforcePPBaseline",
+    "advantage_scales",
+    "baseline_whitenings",
+    "gpg_alphas",
+]
 
-SCALES: tuple[str, ...] = ("group", "batch", "none")
+advantage_scales: Registry[type["AdvantageScale"]] = Registry("advantage scale (scale)")
+gpg_alphas: Registry[type["GPGAlpha"]] = Registry("GPG alpha (alpha)")
+baseline_whitenings: Registry[type["BaselineWhitening"]] = Registry("whitening (whiten)")
 
 
 def _zero(x: Tensor) -> Tensor:
@@ -48,6 +62,72 @@ def _batch_std(x: Tensor) -> Tensor:
     return x.std(correction=1)
 
 
+# ------------------------------------------------------------------------------- scale (GRPO's std)
+class AdvantageScale(EstimatorChoice, abc.ABC):
+    """What a group-relative advantage is divided by: an alternative of the ``scale`` option.
+
+    ``per_group``: True when the alternative also divides one value per group (:meth:`divide_groups`, used by
+    ``grpo_passk``).
+    """
+
+    registry: ClassVar[Registry[type["AdvantageScale"]]] = advantage_scales
+    per_group: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def divide(self, centered: Float[Tensor, " N"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+               live: Bool[Tensor, " N"], eps: float) -> tuple[Float[Tensor, " N"], Bool[Tensor, " N"]]:
+        """``(centered / scale, live)``: the scaled values and the items that keep them (the others get 0)."""
+
+    def divide_groups(self, values: Float[Tensor, " K"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+                      live: Bool[Tensor, " K"], eps: float) -> Float[Tensor, " K"]:
+        """One value per group divided by the group's scale (only where ``per_group``).
+
+        Raises:
+            NotImplementedError: the alternative has no per-group form.
+        """
+        raise NotImplementedError(f"scale {self.label()!r} has no per-group form")
+
+
+class GroupStd(AdvantageScale, name="group"):
+    """The unbiased std of the item's group plus ``eps`` (DeepSeekMath's GRPO)."""
+
+    per_group = True
+
+    def divide(self, centered: Float[Tensor, " N"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+               live: Bool[Tensor, " N"], eps: float) -> tuple[Float[Tensor, " N"], Bool[Tensor, " N"]]:
+        denominator = groups.expand(groups.std(rewards)) + eps
+        live = live & (denominator > 0)  # a spread so small that its std underflows counts as zero variance
+        return centered / _safe(denominator, live), live
+
+    def divide_groups(self, values: Float[Tensor, " K"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+                      live: Bool[Tensor, " K"], eps: float) -> Float[Tensor, " K"]:
+        return values / _safe(groups.std(rewards) + eps, live)
+
+
+class BatchStd(AdvantageScale, name="batch"):
+    """The unbiased std of all ``N`` rewards plus ``eps``, the mean staying per group (TRL
+    ``scale_rewards="batch"``; 0 when ``N = 1``)."""
+
+    def divide(self, centered: Float[Tensor, " N"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+               live: Bool[Tensor, " N"], eps: float) -> tuple[Float[Tensor, " N"], Bool[Tensor, " N"]]:
+        denominator = _batch_std(rewards) + eps
+        return centered / _safe(denominator, denominator > 0), live
+
+
+class NoScale(AdvantageScale, name="none"):
+    """No division: ``A = r - mean`` (Dr. GRPO)."""
+
+    per_group = True
+
+    def divide(self, centered: Float[Tensor, " N"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+               live: Bool[Tensor, " N"], eps: float) -> tuple[Float[Tensor, " N"], Bool[Tensor, " N"]]:
+        return centered, live
+
+    def divide_groups(self, values: Float[Tensor, " K"], rewards: Float[Tensor, " N"], groups: GroupIndex,
+                      live: Bool[Tensor, " K"], eps: float) -> Float[Tensor, " K"]:
+        return values
+
+
 def group_normalized(
     rewards: Float[Tensor, " N"], groups: GroupIndex, *, scale: str, eps: float
 ) -> Float[Tensor, " N"]:
@@ -56,30 +136,25 @@ def group_normalized(
     Args:
         rewards: ``Float[N]``, finite.
         groups: the grouping of the ``N`` items.
-        scale: ``"group"`` (std of the item's group), ``"batch"`` (std of all ``N`` rewards; 0 when ``N = 1``)
-            or ``"none"`` (no division). Stds are unbiased.
+        scale: a registered :class:`AdvantageScale` name: ``"group"`` (std of the item's group), ``"batch"``
+            (std of all ``N`` rewards; 0 when ``N = 1``) or ``"none"`` (no division). Stds are unbiased.
         eps: ``>= 0`` added to the std.
 
     Returns:
         ``Float[N]``; exactly 0 for items of singleton or zero-variance groups (no division by a zero std;
         with ``eps = 0`` a group whose std underflows to 0, e.g. rewards differing by 1e-303, counts as
         zero-variance).
+
+    Raises:
+        UnknownNameError: ``scale`` is not registered (lists the valid names).
     """
     live = ~groups.expand(groups.degenerate(rewards))
     centered = rewards - groups.expand(groups.mean(rewards))
-    if scale == "group":
-        denominator = groups.expand(groups.std(rewards)) + eps
-        live = live & (denominator > 0)  # a spread so small that its std underflows counts as zero variance
-        centered = centered / _safe(denominator, live)
-    elif scale == "batch":
-        denominator = _batch_std(rewards) + eps
-        centered = centered / _safe(denominator, denominator > 0)
+    centered, live = advantage_scales.get(scale)().divide(centered, rewards, groups, live, eps)
     return torch.where(live, centered, _zero(rewards))
 
 
-@advantage_estimators.register("grpo")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPO(AdvantageEstimator):
+class GRPO(AdvantageEstimator, name="grpo"):
     r"""GRPO's group-relative advantage ``A_i = (r_i - mean) / (std + eps)``.
 
     .. math:: A_i = \frac{r_i - \operatorname{mean}_g(r)}{\operatorname{std}_g(r) + \epsilon}
@@ -106,11 +181,10 @@ class GRPO(AdvantageEstimator):
         [1.1547, -0.5774, -0.5774, 0.0, 0.0, 0.0]
     """
 
-    scale: str = "group"
+    scale: str = choice("group", advantage_scales)
     eps: float = 1e-4
 
-    def __post_init__(self) -> None:
-        check_choice("grpo", "scale", self.scale, SCALES)
+    def check(self) -> None:
         check_number("grpo", "eps", self.eps, low=0.0)
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
@@ -118,9 +192,7 @@ class GRPO(AdvantageEstimator):
         return group_normalized(rewards, groups, scale=self.scale, eps=self.eps)
 
 
-@advantage_estimators.register("dr_grpo")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DrGRPO(AdvantageEstimator):
+class DrGRPO(AdvantageEstimator, name="dr_grpo"):
     r"""Dr. GRPO's advantage ``A_i = r_i - mean(group)``: GRPO without the std (``grpo`` with
     ``scale="none"``).
 
@@ -138,9 +210,7 @@ class DrGRPO(AdvantageEstimator):
         return group_normalized(rewards, groups, scale="none", eps=0.0)
 
 
-@advantage_estimators.register("rloo")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RLOO(AdvantageEstimator):
+class RLOO(AdvantageEstimator, name="rloo"):
     r"""REINFORCE leave-one-out: ``A_i = r_i - mean of the other G - 1 rewards of the group``.
 
     .. math:: A_i = r_i - \frac{1}{G-1}\sum_{j \ne i} r_j = \frac{G}{G-1}\,(r_i - \operatorname{mean})
@@ -162,9 +232,7 @@ class RLOO(AdvantageEstimator):
         return torch.where(live, advantage, _zero(rewards))
 
 
-@advantage_estimators.register("opo")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OPO(AdvantageEstimator):
+class OPO(AdvantageEstimator, name="opo"):
     r"""OPO's length-weighted baseline: ``A_i = r_i - sum_j |o_j| r_j / sum_j |o_j|`` over the group.
 
     The variance-optimal baseline, approximating ``||grad log pi(o)||^2`` by the length ``|o|`` of the
@@ -175,7 +243,7 @@ class OPO(AdvantageEstimator):
     ``adv_estimator="opo"`` on groups of two or more (verl gives ``A = r`` to singletons).
     """
 
-    _needs: ClassVar[frozenset[str]] = frozenset({"completion_mask"})
+    needs = frozenset({"completion_mask"})
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
         assert groups is not None and inputs.lengths is not None
@@ -187,9 +255,7 @@ class OPO(AdvantageEstimator):
         return torch.where(live, rewards - groups.expand(baseline), _zero(rewards))
 
 
-@advantage_estimators.register("grpo_passk")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GRPOPassK(AdvantageEstimator):
+class GRPOPassK(AdvantageEstimator, name="grpo_passk"):
     r"""Pass@k-style advantage: only the best completion of each group is credited, with ``r_max - r_second``.
 
     .. math:: A_i = [i = \arg\max_g r]\;\frac{r_{(1)} - r_{(2)}}{\operatorname{std}_g(r) + \epsilon}
@@ -211,11 +277,12 @@ class GRPOPassK(AdvantageEstimator):
     ``adv_estimator="grpo_passk"``.
     """
 
-    scale: str = "group"
+    scale: str = choice("group", advantage_scales)
     eps: float = 1e-4
 
-    def __post_init__(self) -> None:
-        check_choice("grpo_passk", "scale", self.scale, ("group", "none"))
+    def check(self) -> None:
+        per_group = [name for name, cls in advantage_scales.items() if cls.per_group]
+        check_choice("grpo_passk", "scale", self.scale, per_group)
         check_number("grpo_passk", "eps", self.eps, low=0.0)
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
@@ -230,21 +297,49 @@ class GRPOPassK(AdvantageEstimator):
         live_k = ~groups.degenerate(rewards)
         second = groups.max(torch.where(chosen, torch.full_like(rewards, -torch.inf), rewards))
         gap = best - torch.where(live_k, second, best)
-        if self.scale == "group":
-            gap = gap / _safe(groups.std(rewards) + self.eps, live_k)
+        gap = advantage_scales.get(self.scale)().divide_groups(gap, rewards, groups, live_k, self.eps)
         return torch.where(chosen & groups.expand(live_k), groups.expand(gap), _zero(rewards))
 
 
-GPG_ALPHAS: tuple[str, ...] = ("nonzero_rewards", "informative", "one")
+# ------------------------------------------------------------------------------------------ GPG's alpha
+class GPGAlpha(EstimatorChoice, abc.ABC):
+    """GPG's batch rescaling factor ``alpha``: an alternative of the ``alpha`` option."""
+
+    registry: ClassVar[Registry[type["GPGAlpha"]]] = gpg_alphas
+
+    @abc.abstractmethod
+    def __call__(self, rewards: Float[Tensor, " N"], live: Bool[Tensor, " N"]) -> Float[Tensor, ""]:
+        """``alpha`` for ``N`` rewards, ``live`` marking the items of informative groups."""
 
 
-@advantage_estimators.register("gpg")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GPG(AdvantageEstimator):
+class NonzeroRewards(GPGAlpha, name="nonzero_rewards"):
+    """``N / #{i: r_i != 0}`` (1 when no reward is non-zero), as verl computes it."""
+
+    def __call__(self, rewards: Float[Tensor, " N"], live: Bool[Tensor, " N"]) -> Float[Tensor, ""]:
+        return float(rewards.shape[0]) / (rewards != 0).sum().clamp(min=1).to(rewards.dtype)
+
+
+class Informative(GPGAlpha, name="informative"):
+    """``N / (N - M)``, ``M`` the items of singleton or zero-variance groups (1 when ``M = N``)."""
+
+    def __call__(self, rewards: Float[Tensor, " N"], live: Bool[Tensor, " N"]) -> Float[Tensor, ""]:
+        return float(rewards.shape[0]) / live.sum().clamp(min=1).to(rewards.dtype)
+
+
+class One(GPGAlpha, name="one"):
+    """``alpha = 1``: Dr. GRPO's advantage."""
+
+    def __call__(self, rewards: Float[Tensor, " N"], live: Bool[Tensor, " N"]) -> Float[Tensor, ""]:
+        return torch.ones((), dtype=rewards.dtype, device=rewards.device)
+
+
+class GPG(AdvantageEstimator, name="gpg"):
     r"""GPG's corrected group advantage ``A_i = alpha (r_i - mean(group))`` (``F_norm = 1``, no std).
 
     ``alpha`` rescales the batch so that completions without a learning signal do not dilute the gradient
     (the paper's "accurate gradient estimation"):
+
+    ``alpha`` is a registered alternative (``rlzoo.advantages.gpg_alphas``):
 
     * ``"nonzero_rewards"`` (default): ``alpha = N / #{i: r_i != 0}`` (1 when no reward is non-zero), as verl
       computes it. For 0/1 rewards this counts the *correct* completions.
@@ -260,28 +355,17 @@ class GPG(AdvantageEstimator):
     default ``alpha`` on groups of two or more.
     """
 
-    alpha: str = "nonzero_rewards"
-
-    def __post_init__(self) -> None:
-        check_choice("gpg", "alpha", self.alpha, GPG_ALPHAS)
+    alpha: str = choice("nonzero_rewards", gpg_alphas)
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
         assert groups is not None
-        n = float(rewards.shape[0])
         live = ~groups.expand(groups.degenerate(rewards))
-        if self.alpha == "nonzero_rewards":
-            alpha = n / (rewards != 0).sum().clamp(min=1).to(rewards.dtype)
-        elif self.alpha == "informative":
-            alpha = n / live.sum().clamp(min=1).to(rewards.dtype)
-        else:
-            alpha = torch.ones((), dtype=rewards.dtype, device=rewards.device)
+        alpha = gpg_alphas.get(self.alpha)()(rewards, live)
         advantage = alpha * (rewards - groups.expand(groups.mean(rewards)))
         return torch.where(live, advantage, _zero(rewards))
 
 
-@advantage_estimators.register("maxrl")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaxRL(AdvantageEstimator):
+class MaxRL(AdvantageEstimator, name="maxrl"):
     r"""MaxRL's advantage ``A_i = (r_i - mean) / mean``: the group mean replaces the std as normaliser.
 
     .. math:: A_i = \frac{r_i - \bar r}{\bar r}
@@ -312,9 +396,7 @@ class MaxRL(AdvantageEstimator):
         return torch.where(live, advantage, _zero(rewards))
 
 
-@advantage_estimators.register("reinforce_pp_baseline")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReinforcePPBaseline(AdvantageEstimator):
+class ReinforcePPBaseline(AdvantageEstimator, name="reinforce_pp_baseline"):
     r"""REINFORCE++-baseline: subtract the group mean, then whiten over the whole batch.
 
     .. math:: A_i = \operatorname{whiten}(r_i - \operatorname{mean}(r_{\text{group}}))
@@ -323,7 +405,8 @@ class ReinforcePPBaseline(AdvantageEstimator):
     normalisation REINFORCE++ uses instead of GRPO's per-group std.
 
     Options:
-        whiten: ``"token"`` (default): statistics over every counted token, as verl does (each completion's
+        whiten: a registered alternative (``rlzoo.advantages.baseline_whitenings``). ``"token"`` (default):
+            statistics over every counted token, as verl does (each completion's
             value repeated over its tokens, so long completions weigh more); needs ``completion_mask``.
             ``"sequence"``: statistics over the ``N`` completions, each counted once (unlike ``grpo`` with
             ``scale="batch"``, the std is that of the group-centred rewards, not of the raw rewards).
@@ -337,21 +420,39 @@ class ReinforcePPBaseline(AdvantageEstimator):
     on groups of two or more, at counted tokens.
     """
 
-    whiten: str = "token"
-
-    def __post_init__(self) -> None:
-        check_choice("reinforce_pp_baseline", "whiten", self.whiten, ("token", "sequence"))
-
-    @property
-    def needs(self) -> frozenset[str]:
-        """``{"completion_mask"}`` with ``whiten="token"``, else nothing."""
-        return frozenset({"completion_mask"}) if self.whiten == "token" else frozenset()
+    whiten: str = choice("token", baseline_whitenings)
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
         assert groups is not None
         centered = group_normalized(rewards, groups, scale="none", eps=0.0)
-        if self.whiten == "token":
-            assert inputs.lengths is not None
-            lengths = inputs.lengths
-            return torch.where(lengths > 0, whiten(centered, lengths), _zero(rewards))
+        return baseline_whitenings.get(self.whiten)()(centered, inputs)
+
+
+# ------------------------------------------------------------------------ REINFORCE++-baseline's whitening
+class BaselineWhitening(EstimatorChoice, abc.ABC):
+    """Over what ``reinforce_pp_baseline`` whitens the group-centred rewards: an alternative of ``whiten``."""
+
+    registry: ClassVar[Registry[type["BaselineWhitening"]]] = baseline_whitenings
+
+    @abc.abstractmethod
+    def __call__(self, centered: Float[Tensor, " N"], inputs: AdvantageInputs) -> Float[Tensor, " N"]:
+        """The whitened ``centered`` values."""
+
+
+class TokenWhitening(BaselineWhitening, name="token"):
+    """Statistics over every counted token (each value weighted by its completion's length; verl); 0 for a
+    completion with no counted token. Needs ``completion_mask``."""
+
+    needs = frozenset({"completion_mask"})
+
+    def __call__(self, centered: Float[Tensor, " N"], inputs: AdvantageInputs) -> Float[Tensor, " N"]:
+        assert inputs.lengths is not None  # completion_mask is in `needs`
+        lengths = inputs.lengths
+        return torch.where(lengths > 0, whiten(centered, lengths), _zero(centered))
+
+
+class SequenceWhitening(BaselineWhitening, name="sequence"):
+    """Statistics over the ``N`` completions, each counted once."""
+
+    def __call__(self, centered: Float[Tensor, " N"], inputs: AdvantageInputs) -> Float[Tensor, " N"]:
         return whiten(centered, torch.ones_like(centered))

@@ -12,24 +12,17 @@ Notation: ``N`` completions, ``T`` completion tokens (right padded), ``r_t`` the
 ``V_t`` the critic's value, ``gamma`` the discount and ``lambda`` the GAE parameter.
 """
 
-import dataclasses
 import math
-from typing import ClassVar
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from rlzoo.advantages._core import (
-    AdvantageEstimator,
-    AdvantageInputs,
-    advantage_estimators,
-    build_inputs,
-    check_rewards,
-)
+from rlzoo.advantages.base import AdvantageEstimator, AdvantageInputs, build_inputs, check_rewards
 from rlzoo.advantages.groups import GroupIndex, whiten
 from rlzoo.batch import LossOutput, Normalizer
-from rlzoo.losses._core import aggregations, check_number, masked_mean
+from rlzoo.losses import aggregations, masked_mean
+from rlzoo.registry import check_number
 
 __all__ = ["GAE", "ReMax", "ReinforcePP", "token_level_rewards", "value_loss"]
 
@@ -94,9 +87,7 @@ def _gae(r: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> T
     return torch.stack(out[::-1], dim=1)
 
 
-@advantage_estimators.register("reinforce_pp")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReinforcePP(AdvantageEstimator):
+class ReinforcePP(AdvantageEstimator, name="reinforce_pp"):
     r"""REINFORCE++: the discounted return-to-go of each token, whitened over every counted token of the
     batch.
 
@@ -115,12 +106,12 @@ class ReinforcePP(AdvantageEstimator):
 
     gamma: float = 1.0
 
-    _needs: ClassVar[frozenset[str]] = frozenset({"completion_mask"})
-    _accepts: ClassVar[frozenset[str]] = frozenset({"token_rewards"})
-    uses_groups: ClassVar[bool] = False
-    token_level: ClassVar[bool] = True
+    needs = frozenset({"completion_mask"})
+    accepts = frozenset({"token_rewards"})
+    uses_groups = False
+    token_level = True
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("reinforce_pp", "gamma", self.gamma, low=0.0, high=1.0)
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
@@ -131,9 +122,7 @@ class ReinforcePP(AdvantageEstimator):
         return torch.where(mask, whiten(returns, mask.to(rewards.dtype)), _zero(rewards))
 
 
-@advantage_estimators.register("remax")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ReMax(AdvantageEstimator):
+class ReMax(AdvantageEstimator, name="remax"):
     r"""ReMax: return-to-go minus the reward of the greedy response, ``A_t = sum_{t' >= t} r_{t'} - b``.
 
     The baseline ``b`` is the reward of the greedy-decoded (argmax) response to the same prompt, passed as
@@ -147,10 +136,10 @@ class ReMax(AdvantageEstimator):
     at counted tokens.
     """
 
-    _needs: ClassVar[frozenset[str]] = frozenset({"completion_mask", "baseline_rewards"})
-    _accepts: ClassVar[frozenset[str]] = frozenset({"token_rewards"})
-    uses_groups: ClassVar[bool] = False
-    token_level: ClassVar[bool] = True
+    needs = frozenset({"completion_mask", "baseline_rewards"})
+    accepts = frozenset({"token_rewards"})
+    uses_groups = False
+    token_level = True
 
     def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
         mask = inputs.mask
@@ -160,9 +149,7 @@ class ReMax(AdvantageEstimator):
         return torch.where(mask, returns - inputs.baseline_rewards.unsqueeze(-1), _zero(rewards))
 
 
-@advantage_estimators.register("gae")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GAE(AdvantageEstimator):
+class GAE(AdvantageEstimator, name="gae"):
     r"""Generalized Advantage Estimation from a critic's values (PPO).
 
     .. math:: \delta_t = r_t + \gamma V_{t+1} - V_t, \quad A_t = \sum_{l \ge 0} (\gamma\lambda)^l \delta_{t+l}
@@ -188,12 +175,12 @@ class GAE(AdvantageEstimator):
     lam: float = 1.0
     whiten: bool = True
 
-    _needs: ClassVar[frozenset[str]] = frozenset({"completion_mask", "values"})
-    _accepts: ClassVar[frozenset[str]] = frozenset({"token_rewards"})
-    uses_groups: ClassVar[bool] = False
-    token_level: ClassVar[bool] = True
+    needs = frozenset({"completion_mask", "values"})
+    accepts = frozenset({"token_rewards"})
+    uses_groups = False
+    token_level = True
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("gae", "gamma", self.gamma, low=0.0, high=1.0)
         check_number("gae", "lam", self.lam, low=0.0, high=1.0)
         if not isinstance(self.whiten, bool):

@@ -54,7 +54,6 @@ from torch import Tensor
 
 from rlzoo.batch import BatchError, LossOutput, Normalizer, PolicyBatch
 from rlzoo.losses import EntropyMask, LossInputs, PolicyLoss, get_loss
-from rlzoo.losses.weights import IS_MODES
 from rlzoo.registry import UnknownNameError
 
 __all__ = [
@@ -74,8 +73,9 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 """TRL 1.16 ``GRPOConfig.importance_sampling_level`` values."""
 
-VLLM_IS_MODES = IS_MODES
-"""TRL 1.16 ``GRPOConfig.vllm_importance_sampling_mode`` values (= rlzoo ``is_correction`` names)."""
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""TRL 1.16 ``GRPOConfig.vllm_importance_sampling_mode`` values (each is an rlzoo ``is_correction`` mode of the
+same name, :mod:`rlzoo.losses.correction`)."""
 
 _PPO_CLIP_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
@@ -258,7 +258,7 @@ class TRLGRPOLoss:
             )
         x = LossInputs.from_batch(batch)
         effective = x.mask
-        entropy_mask = next((p for p in self.loss.weights if isinstance(p, EntropyMask)), None)
+        entropy_mask = next((p for p in self.loss.weights if isinstance(p, EntropyMask) and p.active), None)
         if entropy_mask is not None:
             effective = effective & (entropy_mask(x)[0] > 0)
         entropies = x.entropies

@@ -1,18 +1,10 @@
-"""The loss zoo: parts (ratio levels, surrogates, token weights, penalties, aggregations), their
-composition :class:`PolicyLoss`, and the registered presets."""
+"""The loss zoo's shared layer: one abstract base per slot (:mod:`rlzoo.losses.base`), the parts several
+algorithms share, their composition :class:`PolicyLoss`, and the preset registry.
 
-from rlzoo.losses._core import (
-    LossInputs,
-    Part,
-    aggregations,
-    is_corrections,
-    kl_estimators,
-    masked_mean,
-    penalties,
-    ratio_levels,
-    surrogates,
-    token_weights,
-)
+The algorithms themselves (their cards, compositions and own parts) are in :mod:`rlzoo.algorithms`, one
+file per family; ``import rlzoo`` registers them.
+"""
+
 from rlzoo.losses.aggregation import (
     SeqMeanTokenMean,
     SeqMeanTokenSum,
@@ -20,63 +12,76 @@ from rlzoo.losses.aggregation import (
     TokenMean,
     TokenSum,
 )
+from rlzoo.losses.base import (
+    Aggregation,
+    Correction,
+    LossInputs,
+    OnPolicy,
+    Part,
+    PartOutput,
+    Penalty,
+    RatioLevel,
+    Surrogate,
+    TokenWeight,
+    aggregations,
+    is_corrections,
+    kl_estimators,
+    masked_max,
+    masked_mean,
+    masked_min,
+    penalties,
+    ratio_levels,
+    surrogates,
+    token_weights,
+)
+from rlzoo.losses.correction import ISCorrection, ISMode, is_modes
 from rlzoo.losses.penalty import EntropyBonus, KLPenalty, kl_estimate
 from rlzoo.losses.policy_loss import PolicyLoss
 from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
-from rlzoo.losses.ratio import GeometricRatio, SequenceRatio, SequenceTokenRatio, TokenRatio
-from rlzoo.losses.surrogate import (
-    CISPO,
-    DRO,
-    GMPO,
-    SAPO,
-    VESPO,
-    ClipCov,
-    DPPOBinaryKL,
-    DPPOBinaryTV,
-    KLCov,
-    PPOClip,
-    Reinforce,
-)
-from rlzoo.losses.weights import EntropyMask, ISCorrection, OffPolicySequenceMask, masked_quantile
+from rlzoo.losses.ratio import SequenceRatio, SequenceTokenRatio, TokenRatio
+from rlzoo.losses.surrogate import PPOClip, clip_metrics
+from rlzoo.losses.weights import EntropyMask, OffPolicySequenceMask, masked_quantile
 
 __all__ = [
-    "CISPO",
-    "DRO",
-    "GMPO",
-    "SAPO",
-    "VESPO",
-    "ClipCov",
-    "DPPOBinaryKL",
-    "DPPOBinaryTV",
+    "Aggregation",
+    "Correction",
     "EntropyBonus",
     "EntropyMask",
-    "GeometricRatio",
     "ISCorrection",
-    "KLCov",
+    "ISMode",
     "KLPenalty",
     "LossInputs",
     "OffPolicySequenceMask",
+    "OnPolicy",
     "PPOClip",
     "Part",
+    "PartOutput",
+    "Penalty",
     "PolicyLoss",
     "Preset",
-    "Reinforce",
+    "RatioLevel",
     "SeqMeanTokenMean",
     "SeqMeanTokenSum",
     "SeqMeanTokenSumNorm",
     "SequenceRatio",
     "SequenceTokenRatio",
+    "Surrogate",
     "TokenMean",
     "TokenRatio",
     "TokenSum",
+    "TokenWeight",
     "aggregations",
     "algorithms_markdown",
+    "clip_metrics",
     "get_loss",
     "is_corrections",
+    "is_modes",
     "kl_estimate",
     "kl_estimators",
     "list_losses",
+    "masked_max",
     "masked_mean",
+    "masked_min",
     "masked_quantile",
     "penalties",
     "preset",

@@ -8,26 +8,22 @@ with :math:`\delta = \log\pi_\theta - \log\pi_{ref}` per token:
 * ``k3``  = :math:`e^{-\delta} + \delta - 1`     (unbiased, low variance, >= 0; GRPO's choice)
 * ``abs`` = :math:`|\delta|`
 * ``k1+`` / ``k3+``: straight-through, the *value* of k1 / k3 with the *gradient* of k2.
+* ``low_var_kl`` / ``low_var_kl+``: verl 0.9.1's k3 (and its straight-through), clamped: the log-ratio
+  :math:`-\delta` to [-20, 20] before the exponential, the estimate to [-10, 10]. verl's ``kl_loss_type`` "k3"
+  and "low_var_kl" are this one estimator (``verl.trainer.ppo.core_algos.kl_penalty_forward``); rlzoo's "k3"
+  is TRL's, unclamped (TRL 1.16 ``GRPOTrainer._compute_loss``). The two agree while the estimate stays
+  below 10 and ``|delta| <= 20``.
 """
 
-import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from types import MappingProxyType
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses._core import (
-    LossInputs,
-    Metrics,
-    Part,
-    check_choice,
-    check_number,
-    kl_estimators,
-    penalties,
-    require,
-)
+from rlzoo.losses.base import LossInputs, PartOutput, Penalty, kl_estimators, require
+from rlzoo.registry import check_number, choice
 
 __all__ = ["EntropyBonus", "KLPenalty", "kl_estimate"]
 
@@ -52,6 +48,12 @@ def _abs(logp: Tensor, ref: Tensor) -> Tensor:
     return (logp - ref).abs()
 
 
+def _low_var_kl(logp: Tensor, ref: Tensor) -> Tensor:
+    """verl's clamped k3: ``clamp(e^d - d - 1, -10, 10)`` with ``d = clamp(ref - logp, -20, 20)``."""
+    d = torch.clamp(ref - logp, min=-20.0, max=20.0)
+    return torch.clamp(torch.exp(d) - d - 1.0, min=-10.0, max=10.0)
+
+
 def _straight_through(value_fn: KLFn) -> KLFn:
     def estimator(logp: Tensor, ref: Tensor) -> Tensor:
         grad_term = _k2(logp, ref)
@@ -61,7 +63,8 @@ def _straight_through(value_fn: KLFn) -> KLFn:
 
 
 for _name, _fn in (("k1", _k1), ("k2", _k2), ("k3", _k3), ("abs", _abs),
-                   ("k1+", _straight_through(_k1)), ("k3+", _straight_through(_k3))):
+                   ("k1+", _straight_through(_k1)), ("k3+", _straight_through(_k3)),
+                   ("low_var_kl", _low_var_kl), ("low_var_kl+", _straight_through(_low_var_kl))):
     kl_estimators.register(_name)(_fn)
 
 
@@ -73,10 +76,12 @@ def kl_estimate(
     Args:
         logprobs: ``Float[B, T]`` current policy log-probs (nats), may carry a gradient.
         ref_logprobs: ``Float[B, T]`` reference log-probs (nats).
-        kl_estimator: one of ``rlzoo.losses.kl_estimators.names()``: "k1", "k2", "k3", "abs", "k1+", "k3+".
+        kl_estimator: one of ``rlzoo.losses.kl_estimators.names()``: "k1", "k2", "k3", "abs", "k1+", "k3+",
+            "low_var_kl", "low_var_kl+".
 
     Returns:
-        ``Float[B, T]`` in nats. k3 is not clamped (TRL); verl's "low_var_kl" clamps it to [-10, 10].
+        ``Float[B, T]`` in nats. "k3" is not clamped (TRL); "low_var_kl" is verl's k3, clamped to [-10, 10]
+        (verl's "k3" and "low_var_kl" are both that one; see the module docstring).
 
     Raises:
         UnknownNameError: for an unknown estimator name, listing the valid ones.
@@ -84,9 +89,7 @@ def kl_estimate(
     return kl_estimators.get(kl_estimator)(logprobs, ref_logprobs)
 
 
-@penalties.register("kl")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class KLPenalty(Part):
+class KLPenalty(Penalty, name="kl"):
     r"""KL-to-reference penalty :math:`\beta\,\hat{D}_{KL}` added per token (GRPO's in-loss KL).
 
     With ``use_bias_correction_kl`` the estimate is multiplied by the importance weight
@@ -96,7 +99,8 @@ class KLPenalty(Part):
     Args:
         beta: finite, >= 0, the coefficient (default 0.0: disables the penalty and the need for
             ``ref_logprobs``).
-        kl_estimator: "k1", "k2", "k3" (default), "abs", "k1+", "k3+".
+        kl_estimator: "k1", "k2", "k3" (default; TRL's, unclamped), "abs", "k1+", "k3+", "low_var_kl",
+            "low_var_kl+" (verl's clamped k3, which verl calls "k3" too).
         use_bias_correction_kl: a bool: multiply the estimate by ``w`` (default False).
 
     Metrics: ``kl`` (masked mean of the per-token estimate, after the bias correction).
@@ -109,18 +113,18 @@ class KLPenalty(Part):
     References:
         Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. (3)-(4) (k3 in the loss);
         DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, sec. 3.1 (bias correction).
-        Matches TRL 1.16 ``beta`` / ``use_bias_correction_kl`` (TRL always uses k3) and verl
-        ``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type``.
+        Matches TRL 1.16 ``beta`` / ``use_bias_correction_kl`` (TRL always uses the unclamped k3; its
+        ``use_bias_correction_kl`` defaults to True, this part's to False) and verl ``use_kl_loss``,
+        ``kl_loss_coef``, ``kl_loss_type`` (verl's "k3" / "low_var_kl" is ``kl_estimator="low_var_kl"``).
     """
 
-    registry: ClassVar = penalties
+    example_options = MappingProxyType({"beta": 0.04})
     beta: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: str = choice("k3", kl_estimators)
     use_bias_correction_kl: bool = False
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("kl penalty", "beta", self.beta, low=0.0)
-        check_choice("kl penalty", "kl_estimator", self.kl_estimator, kl_estimators.names())
         if not isinstance(self.use_bias_correction_kl, bool):
             raise ValueError(f"kl penalty: use_bias_correction_kl must be a bool, got {self.use_bias_correction_kl!r}")
 
@@ -131,17 +135,15 @@ class KLPenalty(Part):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"ref_logprobs"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         ref = require(x.ref_logprobs, "ref_logprobs", f"the KL penalty (beta={self.beta})")
         kl = kl_estimate(x.logprobs, ref, self.kl_estimator)
         if self.use_bias_correction_kl:
             kl = kl * x.weight
-        return self.beta * kl, {"kl": x.mean(kl.detach())}
+        return PartOutput(self.beta * kl, {"kl": x.mean(kl.detach())})
 
 
-@penalties.register("entropy")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EntropyBonus(Part):
+class EntropyBonus(Penalty, name="entropy"):
     r"""Entropy bonus :math:`-c\,H_t` added per token (maximises entropy for ``c > 0``).
 
     Needs ``PolicyBatch.entropies`` that carry a gradient (rlzoo's kernels return one).
@@ -159,10 +161,10 @@ class EntropyBonus(Part):
     References: Williams & Peng 1991; verl ``actor.entropy_coeff``; TRL 1.16 ``entropy_coef``.
     """
 
-    registry: ClassVar = penalties
+    example_options = MappingProxyType({"entropy_coef": 0.01})
     entropy_coef: float = 0.0
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("entropy bonus", "entropy_coef", self.entropy_coef)
 
     @property
@@ -172,6 +174,6 @@ class EntropyBonus(Part):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"entropies"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         entropies = require(x.entropies, "entropies", f"the entropy bonus (entropy_coef={self.entropy_coef})")
-        return -self.entropy_coef * entropies, {}
+        return PartOutput(-self.entropy_coef * entropies, {})

@@ -1,127 +1,24 @@
-r"""Token weights and masks: detached per-token multipliers of the policy loss.
+r"""Token weights and masks (slot :class:`~rlzoo.losses.TokenWeight`): detached per-token multipliers of the
+policy loss, applied after the IS correction weight (:mod:`rlzoo.losses.correction`).
 
-* :class:`ISCorrection` - the sampler/trainer mismatch weight ``pi_old / pi_sampler`` (truncated or masked,
-  per token or per sequence). Handed to the surrogate as ``LossInputs.is_weight``.
 * :class:`OffPolicySequenceMask` - DeepSeek-V3.2's OPSM: drop negative-advantage sequences that drifted.
 * :class:`EntropyMask` - keep only the top-quantile entropy tokens in the policy term.
 
 Penalties (KL, entropy bonus) are added after these multipliers, so they are not masked.
 """
 
-import dataclasses
-from typing import ClassVar
+from types import MappingProxyType
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from rlzoo.losses._core import (
-    LossInputs,
-    Metrics,
-    Part,
-    check_choice,
-    check_number,
-    is_corrections,
-    masked_max,
-    masked_mean,
-    masked_min,
-    require,
-    token_weights,
-)
+from rlzoo.losses.base import LossInputs, PartOutput, TokenWeight, require
+from rlzoo.registry import check_number
 
-__all__ = ["EntropyMask", "ISCorrection", "OffPolicySequenceMask", "masked_quantile"]
+__all__ = ["EntropyMask", "OffPolicySequenceMask", "masked_quantile"]
 
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-@is_corrections.register("is")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ISCorrection(Part):
-    r"""Sampler/trainer importance-sampling correction (truncated or masked IS, per token or sequence).
-
-    .. math::
-        \rho_t = \frac{\pi_{old}(o_t)}{\pi_{sampler}(o_t)}\ \text{(token)}, \qquad
-        \rho_i = \prod_t \rho_{i,t}\ \text{(sequence, broadcast)}
-
-    ``*_truncate`` clamps rho to ``[is_min, is_max]``; ``*_mask`` sets it to 0 outside that range.
-    ``pi_old`` is ``old_logprobs`` (``logprobs.detach()`` when None) and ``pi_sampler`` is
-    ``rollout_logprobs``. The weight is detached.
-
-    Args:
-        is_correction: "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", or None (off,
-            default).
-        is_min: finite, >= 0, the lower bound, or None (no lower bound; default).
-        is_max: > 0 (inf allowed), the upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``),
-            or None (no upper bound). The truncate modes need is_max or is_min (as TRL), and
-            ``is_min <= is_max`` when both are set. The bounds are checked only when is_correction is set.
-
-    Metrics: ``sampling/importance_sampling_ratio/{min,mean,max}`` (of rho *after* truncation/masking, as
-    TRL; the raw ratio is not reported) and ``sampling/sampling_logp_difference/{mean,max}``.
-
-    Raises:
-        ValueError: on construction, naming the option: an unknown is_correction mode (the message lists
-            the four), a bound outside its range above, NaN or not a number, a truncate mode with neither
-            bound, or ``is_min > is_max``.
-        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while is_correction is set.
-
-    References:
-        Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
-        (truncated IS); Liu et al. 2025, "When Speed Kills Stability" (masked / sequence-level IS).
-        Matches TRL 1.16 ``vllm_importance_sampling_correction`` with ``vllm_importance_sampling_mode``,
-        ``..._clip_min``, ``..._clip_max``; verl ``rollout_is`` / ``rollout_rs``.
-    """
-
-    registry: ClassVar = is_corrections
-    is_correction: str | None = None
-    is_min: float | None = None
-    is_max: float | None = 3.0
-
-    def __post_init__(self) -> None:
-        if self.is_correction is None:
-            return
-        check_choice("is correction", "is_correction", self.is_correction, IS_MODES)
-        check_number("is correction", "is_min", self.is_min, low=0.0, allow_none=True)
-        check_number("is correction", "is_max", self.is_max, low=0.0, low_open=True, allow_none=True, allow_inf=True)
-        if self.is_correction.endswith("truncate") and self.is_max is None and self.is_min is None:
-            raise ValueError(f"is correction: {self.is_correction!r} needs is_max or is_min (the truncation bounds)")
-        if self.is_min is not None and self.is_max is not None and self.is_min > self.is_max:
-            raise ValueError(f"is correction: is_min ({self.is_min}) must be <= is_max ({self.is_max})")
-
-    @property
-    def active(self) -> bool:
-        return self.is_correction is not None
-
-    def required_fields(self) -> frozenset[str]:
-        return frozenset({"rollout_logprobs"}) if self.active else frozenset()
-
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
-        mode = self.is_correction
-        rollout = require(x.rollout_logprobs, "rollout_logprobs", f"IS correction ({mode})")
-        diff = x.old_logprobs - rollout  # both 0 at masked positions
-        sequence = mode.startswith("sequence")
-        log_rho = x.seq_sum(diff).expand_as(diff) if sequence else diff
-        rho = torch.exp(log_rho)
-        if mode.endswith("truncate"):
-            rho = torch.clamp(rho, min=self.is_min, max=self.is_max)
-        else:
-            low = -torch.inf if self.is_min is None else self.is_min
-            high = torch.inf if self.is_max is None else self.is_max
-            rho = torch.where((rho < low) | (rho > high), torch.zeros_like(rho), rho)
-        stat_mask = x.mask if not sequence else (x.mask & (torch.cumsum(x.mask, -1) == 1))  # one per sequence
-        abs_diff = diff.abs()
-        metrics = {
-            "sampling/importance_sampling_ratio/min": masked_min(rho, stat_mask),
-            "sampling/importance_sampling_ratio/mean": masked_mean(rho, stat_mask),
-            "sampling/importance_sampling_ratio/max": masked_max(rho, stat_mask),
-            "sampling/sampling_logp_difference/mean": masked_mean(abs_diff, x.mask),
-            "sampling/sampling_logp_difference/max": masked_max(abs_diff, x.mask),
-        }
-        return rho.detach(), metrics
-
-
-@token_weights.register("off_policy_mask")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OffPolicySequenceMask(Part):
+class OffPolicySequenceMask(TokenWeight, name="off_policy_mask"):
     r"""Off-policy sequence masking (OPSM): drop sequences with A < 0 whose policy drifted too far.
 
     .. math::
@@ -146,10 +43,10 @@ class OffPolicySequenceMask(Part):
         Matches TRL 1.16 ``off_policy_mask_threshold``.
     """
 
-    registry: ClassVar = token_weights
+    example_options = MappingProxyType({"off_policy_mask_threshold": 0.05})
     off_policy_mask_threshold: float | None = None
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("off-policy mask", "off_policy_mask_threshold", self.off_policy_mask_threshold,
                      allow_none=True, allow_inf=True)
 
@@ -157,16 +54,21 @@ class OffPolicySequenceMask(Part):
     def active(self) -> bool:
         return self.off_policy_mask_threshold is not None
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         sampling = x.rollout_logprobs if x.rollout_logprobs is not None else x.old_logprobs
         drift = x.seq_mean(sampling - x.logprobs.detach())
         keep = (x.advantages >= 0) | (drift <= self.off_policy_mask_threshold)
         weight = keep.to(x.logprobs.dtype)
-        return weight, {"off_policy_mask/dropped_mean": x.mean(1.0 - weight)}
+        return PartOutput(weight, {"off_policy_mask/dropped_mean": x.mean(1.0 - weight)})
 
 
 def masked_quantile(values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], q: float) -> Float[Tensor, ""]:
     """``torch.quantile(values[mask], q)`` (linear interpolation) without a data-dependent shape.
+
+    Computed in float32 at least (``values`` of a lower precision are upcast, as TRL upcasts entropies with
+    ``.float()`` before ``torch.quantile``): in bf16 the index ``q * (N - 1)`` is not representable beyond 256
+    counted tokens (2048 in fp16), which picked the wrong element, NaN, or an index out of range. float64 stays
+    float64. In float32 the index is exact up to 2^24 counted tokens (as ``torch.quantile``'s).
 
     Args:
         values: ``Float[B, T]``; values at masked positions are ignored.
@@ -174,27 +76,28 @@ def masked_quantile(values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], q: 
         q: the quantile, a number in [0, 1] (0 = the minimum, 1 = the maximum of the counted values).
 
     Returns:
-        0-d tensor: the ``q``-quantile of the counted values, or 0 when no position is counted.
+        0-d tensor in ``promote_types(values.dtype, float32)``: the ``q``-quantile of the counted values, or 0
+        when no position is counted.
 
     Raises:
         ValueError: naming q if it is not a finite number in [0, 1].
     """
     check_number("masked_quantile", "q", q, low=0.0, high=1.0)
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    values = values.to(dtype)
     flat = torch.where(mask, values, torch.full_like(values, torch.inf)).flatten()
     ordered = torch.sort(flat).values
     n = mask.sum()
-    pos = q * (n - 1).clamp(min=0).to(values.dtype)
+    pos = q * (n - 1).clamp(min=0).to(dtype)
     lo = torch.floor(pos).long()
     hi = torch.ceil(pos).long()
     v_lo = ordered.gather(0, lo.reshape(1)).squeeze(0)
     v_hi = ordered.gather(0, hi.reshape(1)).squeeze(0)
-    out = v_lo + (pos - lo.to(values.dtype)) * (v_hi - v_lo)
+    out = v_lo + (pos - lo.to(dtype)) * (v_hi - v_lo)
     return torch.where(n > 0, out, torch.zeros_like(out))
 
 
-@token_weights.register("entropy_mask")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EntropyMask(Part):
+class EntropyMask(TokenWeight, name="entropy_mask"):
     r"""Keep only the highest-entropy tokens: those at or above the ``1 - q`` quantile of the batch.
 
     .. math:: M_t = \mathbb{1}[H_t \ge \mathrm{quantile}(\{H\}, 1 - q)]
@@ -203,7 +106,8 @@ class EntropyMask(Part):
         top_entropy_quantile: q in [0, 1]; 1.0 (default) disables (keeps every token); 0.0 keeps only the
             highest-entropy token(s) (as TRL); the paper uses 0.2.
 
-    Batch-coupled: the quantile is over the batch's counted tokens. Needs ``PolicyBatch.entropies``.
+    Batch-coupled: the quantile is over the batch's counted tokens, computed in float32 at least (bf16
+    entropies are compared with a float32 threshold, as TRL). Needs ``PolicyBatch.entropies``.
     Metrics: ``entropy_mask/kept_mean``.
 
     Raises:
@@ -215,11 +119,11 @@ class EntropyMask(Part):
         LLM Reasoning", arXiv:2506.01939. Matches TRL 1.16 ``top_entropy_quantile`` (one process).
     """
 
-    registry: ClassVar = token_weights
-    batch_coupled: ClassVar[bool] = True
+    example_options = MappingProxyType({"top_entropy_quantile": 0.2})
+    batch_coupled = True
     top_entropy_quantile: float = 1.0
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         check_number("entropy mask", "top_entropy_quantile", self.top_entropy_quantile, low=0.0,
                      high=1.0)
 
@@ -230,9 +134,10 @@ class EntropyMask(Part):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"entropies"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Metrics]:
+    def __call__(self, x: LossInputs) -> PartOutput:
         entropies = require(x.entropies, "entropies", "the entropy mask (top_entropy_quantile)").detach()
         threshold = masked_quantile(entropies, x.mask, 1.0 - self.top_entropy_quantile)
-        keep = (entropies >= threshold) & x.mask
+        keep = (entropies.to(threshold.dtype) >= threshold) & x.mask  # in float32 at least (a 0-d threshold
+        # would otherwise be rounded to the entropies' bf16)
         weight = keep.to(x.logprobs.dtype)
-        return weight, {"entropy_mask/kept_mean": x.mean(weight)}
+        return PartOutput(weight, {"entropy_mask/kept_mean": x.mean(weight)})

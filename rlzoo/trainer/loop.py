@@ -74,7 +74,7 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
         ValueError: an estimator that needs inputs the trainer does not provide (a value model, token
             rewards); names the usable ones.
     """
-    from rlzoo.advantages import get_advantage, list_advantages
+    from rlzoo.advantages import advantage_estimators, get_advantage
 
     if loss is None:
         card = presets.get(config.algorithm)
@@ -92,7 +92,7 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
     estimator = get_advantage(advantage_name, **advantage_options)
     unsupported = set(estimator.needs) - {"completion_mask"}
     if unsupported:
-        usable = [n for n in list_advantages() if set(get_advantage(n).needs) <= {"completion_mask"}]
+        usable = [n for n, cls in advantage_estimators.items() if cls.needs <= {"completion_mask"}]
         raise ValueError(
             f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
             f"provide (no value model / token rewards); choose one of {', '.join(usable)}"

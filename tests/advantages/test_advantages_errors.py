@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlzoo.advantages import GroupIndex, get_advantage
-from rlzoo.advantages._core import build_inputs, check_rewards
+from rlzoo.advantages.base import build_inputs, check_rewards
 
 F64 = torch.float64
 REWARDS = torch.tensor([1.0, 0.0, 0.5, 0.25], dtype=F64)

@@ -52,12 +52,12 @@ def test_unknown_name_lists_valid_names() -> None:
 @pytest.mark.parametrize(
     ("name", "options", "field", "valid"),
     [
-        ("grpo", {"scale": "std"}, "scale", "'group', 'batch', 'none'"),
+        ("grpo", {"scale": "std"}, "scale", "'batch', 'group', 'none'"),
         ("grpo", {"eps": -1e-4}, "eps", ">= 0"),
         ("grpo", {"eps": float("nan")}, "eps", "finite"),
         ("grpo_passk", {"scale": "batch"}, "scale", "'group', 'none'"),
-        ("gpg", {"alpha": "two"}, "alpha", "'nonzero_rewards', 'informative', 'one'"),
-        ("reinforce_pp_baseline", {"whiten": "batch"}, "whiten", "'token', 'sequence'"),
+        ("gpg", {"alpha": "two"}, "alpha", "'informative', 'nonzero_rewards', 'one'"),
+        ("reinforce_pp_baseline", {"whiten": "batch"}, "whiten", "'sequence', 'token'"),
         ("reinforce_pp", {"gamma": 1.5}, "gamma", "<= 1"),
         ("gae", {"lam": -0.1}, "lam", ">= 0"),
     ],
@@ -202,3 +202,45 @@ def test_zero_variance_groups_give_exact_zero(name: str, value: float, size: int
     out = est(rewards, group_ids=ids, **extra)
     assert bool((out[:size] == 0).all())
     assert bool((out[size:] != 0).any())
+
+
+ALTERNATIVES = [
+    (name, option, alternative)
+    for name, cls in advantage_estimators.items()
+    for option, registry in cls.choices().items()
+    for alternative in registry.names()
+]
+
+
+@pytest.mark.parametrize(("name", "option", "alternative"), ALTERNATIVES,
+                         ids=[f"{n}.{o}={a}" for n, o, a in ALTERNATIVES])
+@given(case=token_case())
+def test_every_registered_alternative_works(name: str, option: str, alternative: str,
+                                            case: dict[str, torch.Tensor]) -> None:
+    """Every registered alternative of an estimator option (scale, alpha, whiten, ...) builds an estimator that
+    gives finite advantages of the right shape with inert padding, or is refused with a ValueError naming the
+    option (grpo_passk takes the per-group scales only). The instance needs what its class and its chosen
+    alternative need."""
+    try:
+        est = get_advantage(name, **{option: alternative})
+    except ValueError as err:
+        assert option in str(err)
+        return
+    alt = type(est).choices()[option].get(alternative)
+    assert est.needs == type(est).needs | alt.needs and est.needs <= est.accepts
+    n, t = case["completion_mask"].shape
+    inputs = _inputs_for(est, case)
+    out = est(_rewards_for(name, case), group_size=1 if n == 1 else n, **inputs)
+    assert out.shape == ((n, t) if est.token_level else (n,)) and bool(torch.isfinite(out).all())
+
+
+def test_needs_is_declared_on_the_class() -> None:
+    """``needs`` / ``accepts`` are public class attributes (what a trainer reads to list usable estimators); an
+    instance adds what its chosen alternatives need."""
+    assert advantage_estimators.get("gae").needs == frozenset({"completion_mask", "values"})
+    assert advantage_estimators.get("remax").accepts >= advantage_estimators.get("remax").needs
+    usable = [n for n, cls in advantage_estimators.items() if cls.needs <= {"completion_mask"}]
+    assert "grpo" in usable and "gae" not in usable and "remax" not in usable
+    assert advantage_estimators.get("reinforce_pp_baseline").needs == frozenset()
+    assert get_advantage("reinforce_pp_baseline").needs == frozenset({"completion_mask"})
+    assert get_advantage("reinforce_pp_baseline", whiten="sequence").needs == frozenset()

@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from tolerances import REFERENCE_ATOL
+from tolerances import REFERENCE_ATOL, tol
 
 import rlzoo
 from rlzoo.compat.trl import (
@@ -265,12 +265,18 @@ def grpo_configs(draw: st.DrawFn) -> dict[str, Any]:
         hi = 2.0
     cfg["vllm_importance_sampling_clip_min"] = lo
     cfg["vllm_importance_sampling_clip_max"] = hi
-    cfg["sapo_temperature_pos"] = draw(st.floats(0.1, 3.0))
-    cfg["sapo_temperature_neg"] = draw(st.floats(0.1, 3.0))
+    # TRL builds the per-token temperatures, k and lambda with torch.where on two Python floats, which rounds
+    # them to float32 (rlzoo keeps the batch's float64); values exact in float32 make the two computations
+    # the same (VESPO's exp(k log W) amplifies a float32 rounding of k beyond REFERENCE_ATOL). lambda >= 0.25
+    # keeps phi(W) = e^lambda W^k e^(-lambda W) below ~1e7, where float64 rounding stays far below
+    # REFERENCE_ATOL (a lambda near 0 lets phi reach W^k ~ 1e26); a lambda below the 1e-4 floor is
+    # test_vespo_lambda_below_the_floor_is_clamped.
+    cfg["sapo_temperature_pos"] = draw(st.floats(0.125, 3.0, width=32))
+    cfg["sapo_temperature_neg"] = draw(st.floats(0.125, 3.0, width=32))
     for name in ("vespo_k_pos", "vespo_k_neg"):
-        cfg[name] = draw(st.floats(0.0, 5.0))
+        cfg[name] = draw(st.floats(0.0, 5.0, width=32))
     for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
-        cfg[name] = draw(st.floats(0.0, 5.0))
+        cfg[name] = draw(st.floats(0.25, 5.0, width=32))
     cfg["max_completion_length"] = draw(st.integers(8, 64))
     return cfg
 
@@ -321,6 +327,19 @@ def test_loss_and_grad_equal_trl_many(data: st.DataObject) -> None:
 def _fixed_case(cfg: dict[str, Any], seed: int = 0) -> Case:
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
     return make_case(cfg, seed=seed, mask=mask, old=True, per_token_adv=False, drift=0.5, zero_adv=False)
+
+
+@pytest.mark.parametrize("k", [0.0, 1.0, 2.5])
+def test_vespo_lambda_below_the_floor_is_clamped(k: float) -> None:
+    """lambda = 0 is used as 1e-4 by both. TRL clamps a float32 tensor, so its floor is float32(1e-4), 2.5e-12
+    below 1e-4: phi differs by a factor exp(2.5e-12 (W - 1)), about 5e-11 relative for this case's W < 20,
+    so the comparison is float64's relative row, not the absolute REFERENCE_ATOL (phi reaches W^k)."""
+    cfg = {"loss_type": "vespo", "vespo_k_pos": k, "vespo_k_neg": k, "vespo_lambda_pos": 0.0, "vespo_lambda_neg": 0.0}
+    case = _fixed_case(cfg)
+    ref = trl_loss_and_grads(cfg, case)
+    got = rlzoo_loss_and_grads(build(cfg), case)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float64))
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -667,7 +686,8 @@ def test_docs_map_every_trl_and_verl_option() -> None:
 def test_parts_accept_what_trl_accepts() -> None:
     """The part ranges widened for TRL: a CISPO cap below 1 (but >= the lower bound), truncation with only a
     lower bound, and top_entropy_quantile 0 (keep the highest-entropy token)."""
-    from rlzoo.losses import CISPO, EntropyMask, ISCorrection
+    from rlzoo.algorithms.cispo import CISPO
+    from rlzoo.losses import EntropyMask, ISCorrection
 
     assert CISPO(epsilon_low=1.0, epsilon_high=-0.8).epsilon_high == -0.8
     with pytest.raises(ValueError, match="epsilon_high"):
@@ -689,3 +709,69 @@ def test_parts_accept_what_trl_accepts() -> None:
     )
     kept, _ = EntropyMask(top_entropy_quantile=0.0)(x)
     assert torch.equal(kept.bool(), torch.tensor([[False, True, False], [True, False, False]]))
+
+
+# --------------------------------------------------------------------------------------------- metrics
+def trl_metrics(cfg: dict[str, Any], case: Case) -> dict[str, float]:
+    """The metrics TRL 1.16's ``_compute_loss`` logs for one batch (its ``_metrics["train"]``)."""
+    trainer = trl_trainer(cfg, case.logps.clone(), case.entropies.clone())
+    GRPOTrainer._compute_loss(trainer, None, dict(case.inputs))
+    return {key: values[-1] for key, values in trainer._metrics["train"].items()}
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("per_token_adv", [False, True])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), loss_type=st.sampled_from(["grpo", "bnpo", "dapo", "luspo", "cispo"]))
+def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss_type: str) -> None:
+    """clip_ratio/{low,high,region}_mean (and cispo_clip_ratio) equal TRL's logged values, for both
+    importance-sampling levels: with the sequence level and per-sequence advantages TRL counts each sequence
+    once (its indicator is [B, 1]), otherwise each token. (No fully masked row: TRL counts those in the
+    denominator of its per-sequence mean, rlzoo does not.)"""
+    cfg = {"loss_type": loss_type, "importance_sampling_level": level, "epsilon": 0.05,
+           "epsilon_high": 1.05 if loss_type == "cispo" else 0.08}
+    mask = torch.arange(6)[None, :] < torch.tensor([[6], [1], [3], [5], [2]])
+    case = make_case(cfg, seed=seed, mask=mask, old=True, per_token_adv=per_token_adv, drift=0.3, zero_adv=True)
+    ref = trl_metrics(cfg, case)
+    got = build(cfg)(batch_from_trl_inputs(case.inputs, case.logps, case.entropies)).metrics
+    keys = ["cispo_clip_ratio"] if loss_type == "cispo" else [
+        "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
+    for key in keys:
+        assert got[key].item() == pytest.approx(ref[key], abs=REFERENCE_ATOL), key
+
+
+# -------------------------------------------------------------------------------- the cards' TRL claims
+@pytest.mark.parametrize("name", rlzoo.list_losses())
+def test_cards_state_where_they_leave_trls_kl_default(name: str) -> None:
+    """A card claiming TRL for a preset with a KL penalty says which use_bias_correction_kl it uses when that
+    differs from TRL 1.16's default (True: the k3 estimate times the ratio), and attributes verl's k3 clamp
+    to both of verl's names ("k3" and "low_var_kl" are one clamped estimator)."""
+    card = rlzoo.losses.presets.get(name)
+    kl = [p for p in rlzoo.get_loss(name).penalties if isinstance(p, rlzoo.losses.KLPenalty) and p.active]
+    if "TRL" not in card.matches or not kl:
+        return
+    if kl[0].use_bias_correction_kl != GRPO_LOSS_DEFAULTS["use_bias_correction_kl"]:
+        assert f"use_bias_correction_kl={kl[0].use_bias_correction_kl}" in card.matches
+    assert "'low_var_kl' also clamps" not in card.matches
+
+
+@pytest.mark.parametrize(
+    ("name", "cfg"),
+    [("grpo", {"loss_type": "grpo", "beta": 0.04}),
+     ("two_sided", {"loss_type": "grpo", "delta": 4.0, "beta": 0.001})],
+)
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_kl_presets_equal_trl_as_their_cards_say(name: str, cfg: dict[str, Any], bias_correction: bool) -> None:
+    """get_loss(name) equals TRL 1.16 with use_bias_correction_kl=False, as the card says; with
+    use_bias_correction_kl=True (TRL's default) it equals TRL's default. No fully masked row: TRL's "grpo"
+    divides by every row, the preset by the rows with a counted token."""
+    cfg = {**cfg, "use_bias_correction_kl": bias_correction}
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    case = make_case(cfg, seed=1, mask=mask, old=True, per_token_adv=False, drift=0.4, zero_adv=False)
+    ref = trl_loss_and_grads(cfg, case)
+    loss_fn = rlzoo.get_loss(name) if not bias_correction else rlzoo.get_loss(name, use_bias_correction_kl=True)
+    logps = case.logps.clone().requires_grad_(True)
+    out = loss_fn(batch_from_trl_inputs(case.inputs, logps, case.entropies))
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    torch.testing.assert_close(out.loss.detach(), ref[0], atol=REFERENCE_ATOL, rtol=0.0)
+    torch.testing.assert_close(grad, ref[1], atol=REFERENCE_ATOL, rtol=0.0)

@@ -74,12 +74,13 @@ def test_unknown_part_name_lists_the_valid_names(option, registry):
 
 
 def test_unknown_kl_estimator_lists_the_estimators():
-    """kl_estimator='k4' raises a ValueError naming kl_estimator and listing k1, k2, k3, abs, k1+, k3+."""
+    """kl_estimator='k4' raises a ValueError naming kl_estimator and listing every estimator (k1, k2, k3, abs,
+    k1+, k3+, low_var_kl, low_var_kl+)."""
     with pytest.raises(ValueError, match="kl_estimator") as err:
         rlzoo.get_loss("grpo", kl_estimator="k4")
     assert _names_all(str(err.value), kl_estimators.names())
     with pytest.raises(UnknownNameError) as err2:
-        rlzoo.losses.kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "low_var_kl")
+        rlzoo.losses.kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "low_var_k3")
     assert _names_all(str(err2.value), kl_estimators.names())
 
 
@@ -442,3 +443,36 @@ def test_error_messages_say_what_was_expected():
         _batch(old_logprobs=torch.zeros(B, T + 1, dtype=torch.float64))
     with pytest.raises(BatchError, match="torch.bool"):
         _batch(completion_mask=torch.ones(B, T))
+
+
+# ------------------------------------------------------------------------------- options of inactive parts
+@pytest.mark.parametrize(
+    ("first", "then", "kept"),
+    [
+        ({"kl_estimator": "k1"}, {"beta": 0.1}, ("penalties", "kl_estimator", "k1")),
+        ({"use_bias_correction_kl": True}, {"beta": 0.1}, ("penalties", "use_bias_correction_kl", True)),
+        ({"beta": 0.0, "kl_estimator": "k2"}, {"beta": 0.3}, ("penalties", "kl_estimator", "k2")),
+        ({"is_max": 2.0}, {"is_correction": "token_truncate"}, ("is_correction", "is_max", 2.0)),
+        ({"is_min": 0.5, "is_max": None}, {"is_correction": "token_mask"}, ("is_correction", "is_min", 0.5)),
+        ({"is_correction": "token_mask", "is_max": 5.0}, {"is_correction": None}, ("is_correction", "is_max", 5.0)),
+    ],
+)
+def test_with_options_keeps_the_options_of_an_inactive_part(first, then, kept):
+    """An option of a part that is inactive at the time (kl_estimator before beta, is_max before the IS mode,
+    an IS mode switched off) is kept, not dropped, and applies once the part is switched on; it survives a
+    config round trip; an inactive part does not run, is not required, and is not described."""
+    slot, option, value = kept
+
+    def part_of(loss):
+        part = getattr(loss, slot)
+        return part[0] if isinstance(part, tuple) else part
+
+    for name in ("ppo", "grpo"):
+        loss = rlzoo.get_loss(name, **first)
+        rebuilt = PolicyLoss.from_config(loss.to_config())
+        for candidate in (loss.with_options(**then), rebuilt.with_options(**then)):
+            assert getattr(part_of(candidate), option) == value
+    for loss in (rlzoo.get_loss("ppo", **first), rlzoo.get_loss("ppo", **first).with_options(**then)):
+        if not part_of(loss).active:
+            assert loss.required_fields() == frozenset() and loss.describe() == rlzoo.get_loss("ppo").describe()
+            assert loss.options()[option] == getattr(part_of(loss), option)

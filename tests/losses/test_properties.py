@@ -32,8 +32,8 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo import Normalizer, PolicyBatch
+from rlzoo.algorithms.sapo import SAPO
 from rlzoo.losses import (
-    SAPO,
     LossInputs,
     PolicyLoss,
     aggregations,
@@ -109,7 +109,7 @@ def _ppo_token_loss(w, adv, el, eh, dual=None, delta=None):
 def _part_output(loss_fn: PolicyLoss, batch: PolicyBatch):
     """(per-token surrogate loss, metrics) of loss_fn's ratio level + surrogate, for part-level checks."""
     x = LossInputs.from_batch(batch)
-    x.log_weight, _ = loss_fn.ratio(x)
+    x = x.with_weights(loss_fn.ratio(x).value)
     return loss_fn.surrogate(x)
 
 
@@ -223,6 +223,26 @@ def test_clip_metrics_by_definition(batch, eps, dual):
     if dual is not None:
         loss, _ = _ppo_token_loss(w, adv, el, eh)
         torch.testing.assert_close(out.metrics["clip_ratio/dual_mean"], mean((adv < 0) & (loss > -dual * adv)), **F64)
+
+
+@given(batch=policy_batches(log_ratio_scale=0.5, per_token_advantages=False), eps=st.floats(0.0, 0.3),
+       name=st.sampled_from(["gspo", "gspo_token", "luspo"]))
+def test_sequence_level_clip_metrics_count_each_sequence_once(batch, eps, name):
+    """A sequence-level ratio s_i with per-sequence advantages makes one clip decision per sequence, counted once
+    (TRL's definition): clip_ratio/low_mean = #{i: s_i < 1 - eps_low, A_i < 0} / S, high_mean with
+    s_i > 1 + eps_high and A_i > 0, region_mean either; S = sequences with a counted token (a long sequence does
+    not weigh more than a short one)."""
+    el, eh = eps, eps + 0.01
+    out = rlzoo.get_loss(name, epsilon_low=el, epsilon_high=eh)(fresh(batch))
+    d = _dense(batch)
+    live = d["n"].squeeze(-1) > 0
+    s = torch.exp(_row_mean(d["lr"], d)).squeeze(-1)
+    adv = batch.advantages.detach()
+    low, high = (s < 1 - el) & (adv < 0) & live, (s > 1 + eh) & (adv > 0) & live
+    count = max(int(live.sum()), 1)
+    for key, flag in (("low", low), ("high", high), ("region", low | high)):
+        torch.testing.assert_close(out.metrics[f"clip_ratio/{key}_mean"],
+                                   flag.sum().to(torch.float64) / count, **F64, msg=key)
 
 
 @given(batch=policy_batches(log_ratio_scale=0.5, ref=True), beta=st.floats(0.0, 1.0), old=st.booleans(),
@@ -801,3 +821,45 @@ def test_clip_cov_first_iteration_removes_a_random_subset(batch, ratio, seed):
     assert int(removed.sum()) <= k
     kept = mask & ~removed
     _check(out, grad, d, "token-mean", -adv * kept, -adv * kept)
+
+
+def _distinct_low_precision(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """``n`` distinct positive values exactly representable in ``dtype`` (consecutive bit patterns), shuffled."""
+    base = 0x3C00 if dtype == torch.bfloat16 else 0x2000  # 2^-7 (bf16), 2^-7 (fp16)
+    bits = (base + torch.randperm(n, generator=torch.Generator().manual_seed(seed))).to(torch.int16)
+    return bits.view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [257, 300, 1000, 2500])
+@pytest.mark.parametrize("q", [0.0, 0.2, 0.5, 0.8, 1.0])
+def test_masked_quantile_of_low_precision_values_is_the_float32_quantile(dtype, n, q):
+    """bf16 / fp16 entropies (more than 256 / 2048 counted tokens: N - 1 is not representable there): the
+    quantile is computed in float32, as TRL upcasts (``entropies[mask].float()``, then ``torch.quantile``), so
+    the index is right and the value is torch.quantile's (not NaN, not an index error at q = 1)."""
+    values = _distinct_low_precision(n, dtype, seed=n).view(1, n)
+    values = torch.cat([values, torch.full((1, 5), 7.0, dtype=dtype)], dim=1)  # padding
+    mask = torch.ones(values.shape, dtype=torch.bool)
+    mask[0, -5:] = False
+    got = masked_quantile(values, mask, q)
+    expected = torch.quantile(values[mask].float(), q)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("q", [0.0, 0.2, 0.5])
+def test_entropy_mask_with_bf16_entropies_keeps_trls_tokens(q):
+    """top_entropy_quantile on a bf16 loss with 600 counted tokens keeps exactly TRL's tokens: entropies (as
+    float32) >= torch.quantile(entropies[mask].float(), 1 - q); q = 0 keeps the single highest-entropy token."""
+    n = 600
+    ent = _distinct_low_precision(n, torch.bfloat16, seed=3).view(2, n // 2)
+    mask = torch.ones(2, n // 2, dtype=torch.bool)
+    lp = torch.full((2, n // 2), -0.5, dtype=torch.bfloat16, requires_grad=True)
+    batch = PolicyBatch(logprobs=lp, advantages=torch.ones(2, dtype=torch.bfloat16), completion_mask=mask,
+                        entropies=ent)
+    rlzoo.get_loss("gpg", top_entropy_quantile=q)(batch).loss.backward()
+    threshold = torch.quantile(ent[mask].float(), 1 - q)
+    kept = (ent.float() >= threshold) & mask
+    assert torch.equal(lp.grad != 0, kept)  # GPG: d loss / d logp = -A M / N, 0 exactly where M = 0
+    if q == 0.0:
+        assert int(kept.sum()) == 1

@@ -27,7 +27,8 @@ ATOL = {"atol": REFERENCE_ATOL, "rtol": 0.0}
 # Half the profile's examples per comparison (20 with ci); HYPOTHESIS_PROFILE=thorough scales it up.
 REFERENCE_BUDGET = budget(0.5)
 VERL_KL_NAMES = {"k1": ("kl", "k1"), "k2": ("mse", "k2"), "k3": ("low_var_kl", "k3"), "abs": ("abs",),
-                 "k1+": ("k1+", "kl+"), "k3+": ("k3+", "low_var_kl+")}
+                 "k1+": ("k1+", "kl+"), "k3+": ("k3+", "low_var_kl+"), "low_var_kl": ("low_var_kl", "k3"),
+                 "low_var_kl+": ("low_var_kl+", "k3+")}
 _POLICY_LOSS_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 
 
@@ -184,6 +185,32 @@ def test_actor_loss_with_kl_and_entropy(verl, data, agg, estimator, beta, coeff)
              + beta * verl.agg_loss(kld, mask, agg, **verl_info))
     (v_grad,) = torch.autograd.grad(total, log_prob)
     _compare(out, grad, total.detach(), v_grad)
+
+
+@REFERENCE_BUDGET
+@given(d=st.lists(st.floats(-40.0, 40.0), min_size=1, max_size=40), base=st.floats(-5.0, 0.0),
+       estimator=st.sampled_from(["low_var_kl", "low_var_kl+"]))
+def test_low_var_kl_is_verls_clamped_k3(verl, d, base, estimator):
+    """verl 0.9.1's kl_penalty "k3" and "low_var_kl" are one estimator, clamped (the log-ratio ref - logp to
+    [-20, 20], the estimate to [-10, 10]); "k3+" / "low_var_kl+" take its value with k2's gradient. rlzoo's
+    "low_var_kl" / "low_var_kl+" equal them in value and gradient, clamps active (|ref - logp| up to 40; k3
+    beyond 10), while rlzoo's "k3" (TRL's) is not clamped."""
+    delta = torch.tensor(d, dtype=torch.float64).unsqueeze(0)
+    logp = torch.minimum(torch.full_like(delta, base), -delta.clamp(min=0)).requires_grad_(True)
+    ref = logp.detach() - delta
+    got = kl_estimate(logp, ref, estimator)
+    (g_got,) = torch.autograd.grad(got.sum(), logp)
+    for verl_name in ((estimator, estimator.replace("low_var_kl", "k3"))):
+        lp = logp.detach().clone().requires_grad_(True)
+        want = verl.kl_penalty(lp, ref, verl_name)
+        (g_want,) = torch.autograd.grad(want.sum(), lp)
+        torch.testing.assert_close(got.detach(), want.detach(), **ATOL)
+        torch.testing.assert_close(g_got, g_want, **ATOL)
+    unclamped = kl_estimate(logp.detach(), ref, "k3")
+    clamped = (ref - logp.detach()).abs() > 20
+    assert (got.detach() <= 10).all()
+    if bool((unclamped > 10).any()) or bool(clamped.any()):
+        assert not torch.allclose(unclamped, got.detach())
 
 
 # ------------------------------------------------------------------------------------------ other losses

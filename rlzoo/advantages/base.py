@@ -1,21 +1,29 @@
-"""What every advantage estimator shares: the registry, the uniform call path, input validation.
+"""What every advantage estimator shares: the base class, the registry, the uniform call path, input validation.
 
-An estimator is a frozen keyword-only dataclass whose fields are its options (validated in ``__post_init__``),
-registered by name in :data:`advantage_estimators`. Every estimator is called the same way::
+An estimator is a :class:`~rlzoo.registry.Component`: a frozen keyword-only dataclass whose fields are its
+options (validated in ``check``), registered by subclassing with a name
+(``class GRPO(AdvantageEstimator, name="grpo")``). Every estimator is called the same way::
 
     estimator(rewards, group_size=G)                      # or group_ids=[N] labels
     estimator(rewards, group_size=G, completion_mask=m, values=v, ...)   # the inputs it declares
 
-and declares what it needs, so a trainer checks support without special-casing names:
+and declares what it needs, as class attributes, so a trainer checks support without special-casing names:
 
-* ``needs`` - inputs it cannot run without, among :data:`INPUTS`;
+* ``needs`` - inputs it cannot run without, among :data:`INPUTS` (read on the class: what it needs with
+  any options; on an instance: plus what its chosen alternatives need, e.g. ``reinforce_pp_baseline`` with
+  ``whiten="token"`` needs ``completion_mask``);
 * ``accepts`` - every input it uses (a superset of ``needs``); passing any other input raises, so a signal
   such as per-token KL rewards is never dropped silently;
 * ``uses_groups`` - whether it compares the completions of one prompt (then ``group_size`` or ``group_ids`` is
   required);
 * ``token_level`` - whether it returns ``Float[N, T]`` (one advantage per token) instead of ``Float[N]``.
+
+String options that select a behaviour (GRPO's ``scale``, GPG's ``alpha``, ``whiten``) are registered
+alternatives (:class:`EstimatorChoice` subclasses, :func:`rlzoo.registry.choice` options): register a new
+one to add a behaviour without editing the estimator.
 """
 
+import abc
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -25,18 +33,21 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.advantages.groups import GroupIds, GroupIndex
-from rlzoo.registry import Configurable, Registry
+from rlzoo.registry import Component, Registry
 
 __all__ = [
     "INPUTS",
     "AdvantageEstimator",
     "AdvantageInputs",
+    "EstimatorChoice",
     "advantage_estimators",
+    "build_inputs",
+    "check_rewards",
     "get_advantage",
     "list_advantages",
 ]
 
-advantage_estimators: Registry[type] = Registry("advantage estimator")
+advantage_estimators: Registry[type["AdvantageEstimator"]] = Registry("advantage estimator")
 
 INPUTS: tuple[str, ...] = ("completion_mask", "token_rewards", "values", "baseline_rewards")
 """Optional inputs an estimator may declare in ``needs`` / ``accepts``:
@@ -172,27 +183,46 @@ def build_inputs(owner: str, rewards: Tensor, given: Mapping[str, Any]) -> Advan
     return AdvantageInputs(**fields)
 
 
-class AdvantageEstimator(Configurable):
-    """Base of every advantage estimator (abstract; each registered subclass is a frozen kw-only dataclass).
+class EstimatorChoice(Component, abc.ABC):
+    """Base of the registered alternatives of an estimator option (advantage scale, GPG alpha, whitening).
 
-    Subclasses set the class attributes ``_needs``, ``_accepts``, ``uses_groups``, ``token_level`` and
-    implement ``_compute(rewards, groups, inputs)``. See the module docstring for the calling convention.
+    ``needs``: the inputs (among :data:`INPUTS`) an estimator needs when this alternative is chosen.
     """
 
-    _needs: ClassVar[frozenset[str]] = frozenset()
-    _accepts: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+
+class AdvantageEstimator(Component, abc.ABC):
+    """Base of every advantage estimator (abstract; subclass with ``name=`` to register one).
+
+    Subclasses set the class attributes ``needs``, ``accepts``, ``uses_groups``, ``token_level`` and
+    implement ``_compute(rewards, groups, inputs)``. See the module docstring for the calling convention.
+
+    Class attributes:
+        needs: inputs (among :data:`INPUTS`) it cannot run without, whatever its options; an instance's
+            ``needs`` adds those of its chosen alternatives (:class:`EstimatorChoice`).
+        accepts: every input it may use, a superset of ``needs`` (``needs`` is added to it on subclassing).
+        uses_groups: whether ``group_size`` / ``group_ids`` is required.
+        token_level: whether it returns ``Float[N, T]``.
+    """
+
+    registry: ClassVar[Registry[type["AdvantageEstimator"]]] = advantage_estimators
+    needs: ClassVar[frozenset[str]] = frozenset()
+    accepts: ClassVar[frozenset[str]] = frozenset()
     uses_groups: ClassVar[bool] = True
     token_level: ClassVar[bool] = False
 
-    @property
-    def needs(self) -> frozenset[str]:
-        """Inputs (among :data:`INPUTS`) this estimator cannot run without."""
-        return self._needs
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.accepts = frozenset(cls.accepts) | cls.needs
 
-    @property
-    def accepts(self) -> frozenset[str]:
-        """Every input (among :data:`INPUTS`) this estimator uses; a superset of :attr:`needs`."""
-        return self._accepts | self.needs
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        chosen = [registry.get(getattr(self, option)) for option, registry in self.choices().items()]
+        needs = type(self).needs.union(*(alt.needs for alt in chosen))
+        # the instance's own declarations (frozen dataclass: set once, here)
+        object.__setattr__(self, "needs", needs)
+        object.__setattr__(self, "accepts", type(self).accepts | needs)
 
     def __call__(
         self,
@@ -223,11 +253,10 @@ class AdvantageEstimator(Configurable):
 
         Raises:
             ValueError: naming the field: non-finite rewards (or inputs at counted positions), wrong shape or
-            dtype,
-                a missing needed input, an input the estimator does not use, or bad grouping (see
+                dtype, a missing needed input, an input the estimator does not use, or bad grouping (see
                 :meth:`GroupIndex.build`).
         """
-        owner = f"advantage estimator {self.registered_name()!r}"
+        owner = f"advantage estimator {self.label()!r}"
         rewards = check_rewards(rewards, owner)
         given = {
             "completion_mask": completion_mask,
@@ -255,24 +284,10 @@ class AdvantageEstimator(Configurable):
             )
         return self._compute(rewards, groups, inputs)
 
-    def _compute(self, rewards: Tensor, groups: GroupIndex | None, inputs: AdvantageInputs) -> Tensor:
-        raise NotImplementedError  # pragma: no cover
-
-    @classmethod
-    def registered_name(cls) -> str:
-        """The name this class is registered under in :data:`advantage_estimators`."""
-        for name, obj in advantage_estimators.items():
-            if obj is cls:
-                return name
-        return cls.__name__
-
-    def to_config(self) -> dict[str, Any]:
-        """JSON-able ``{"name": ..., **options}``; ``get_advantage(**config)`` rebuilds it."""
-        return {"name": self.registered_name(), **self.options()}
-
-    def describe(self) -> str:
-        """``name(option=value, ...)``."""
-        return f"{self.registered_name()}({', '.join(f'{k}={v!r}' for k, v in self.options().items())})"
+    @abc.abstractmethod
+    def _compute(self, rewards: Float[Tensor, " N"], groups: GroupIndex | None,
+                 inputs: AdvantageInputs) -> Float[Tensor, " N"] | Float[Tensor, "N T"]:
+        """The advantages from validated inputs (``groups`` is None unless ``uses_groups``)."""
 
 
 def get_advantage(name: str, **options: Any) -> AdvantageEstimator:
