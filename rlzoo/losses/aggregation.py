@@ -135,12 +135,12 @@ class PromptMean(Aggregation, name="prompt-mean"):
         rows = mask.any(dim=-1)
         ids = torch.where(rows, group_index.to(counts.device).long(), torch.zeros((), dtype=torch.long,
                                                                                   device=counts.device))
-        if ids.device.type == "cpu" and not torch.compiler.is_compiling() and ids.numel():
-            if bool(((ids < 0) | (ids >= counts.numel())).any()):
-                raise ValueError(
-                    f"aggregation 'prompt-mean': a group_index is outside [0, {counts.numel()}), the groups counted "
-                    "by Normalizer.group_num_tokens (build the normalizer from the same batches)"
-                )
+        if (ids.device.type == "cpu" and not torch.compiler.is_compiling() and ids.numel()
+                and bool(((ids < 0) | (ids >= counts.numel())).any())):
+            raise ValueError(
+                f"aggregation 'prompt-mean': a group_index is outside [0, {counts.numel()}), the groups counted "
+                "by Normalizer.group_num_tokens (build the normalizer from the same batches)"
+            )
         n_g = counts.to(loss.dtype).index_select(0, ids).to(loss.device)
         per_row = loss.sum(-1) / n_g.clamp(min=1)
         num_groups = normalizer.num_groups

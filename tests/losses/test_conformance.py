@@ -30,8 +30,8 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo.algorithms.cov import ClipCov
-from rlzoo.batch import BatchError
 from rlzoo.algorithms.vapo import PositiveNLL
+from rlzoo.batch import BatchError
 from rlzoo.losses import EntropyBonus, KLPenalty, LossInputs, OnPolicy, PolicyLoss, presets
 
 PRESETS = rlzoo.list_losses()

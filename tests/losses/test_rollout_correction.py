@@ -20,7 +20,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from oracles import verl_core_algos
-from strategies import AGGREGATIONS, RS_EXAMPLES, budget, loss_and_grads, policy_batches, runtime_type_checker_off
+from strategies import (
+    AGGREGATIONS,
+    RS_EXAMPLES,
+    budget,
+    loss_and_grads,
+    policy_batches,
+    runtime_type_checker_off,
+)
 from tolerances import REFERENCE_ATOL
 
 import rlzoo
@@ -115,7 +122,7 @@ def test_decoupled_mode_equals_verl(verl, helper, data, agg, options):
     rlzoo reports (PolicyLoss.loss_mask) is verl's modified response mask."""
     batch = data.draw(policy_batches(old=True, rollout=True, min_counted=1, certain_tokens=False,
                                      log_ratio_scale=data.draw(st.sampled_from((0.05, 0.3)))))
-    b, t = batch.shape
+    t = batch.shape[1]
     mask = batch.completion_mask
     weights, modified, _ = helper.compute_rollout_correction_and_rejection_mask(
         old_log_prob=batch.old_logprobs, rollout_log_prob=batch.rollout_logprobs, response_mask=mask.to(torch.float64),
