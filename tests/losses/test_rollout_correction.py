@@ -246,3 +246,43 @@ def test_rollout_rs_needs_its_threshold():
     """verl raises when rollout_rs is set without rollout_rs_threshold; so does rlzoo, naming the option."""
     with pytest.raises(ValueError, match="rollout_rs_threshold"):
         rlzoo.get_loss("ppo", rollout_rs="token_k1")
+
+
+# ------------------------------------------------------------------------------------------ SkyRL's masks
+@budget(0.5)
+@given(batch=policy_batches(old=True, rollout=True, min_counted=1),
+       bounds=st.sampled_from([(None, 1.1), (0.9, None), (0.9, 1.1), (0.5, 2.0), (0.0, 1.3)]))
+def test_skyrl_outlier_veto_and_geometric_mask_by_definition(batch, bounds):
+    """SkyRL's masks (not installed; its definitions written out per sequence, in Python): the outlier veto
+    zeroes a sequence if any counted token's rho = exp(old - rollout) is outside [low, high]; the geometric
+    mask if exp(mean_t log rho) is. Both are weights of the policy term (the counts keep the tokens): the loss
+    is ppo's per-token loss times the weight, token-mean over every counted token."""
+    low, high = bounds
+    mask = batch.completion_mask
+    log_rho = batch.old_logprobs - batch.rollout_logprobs
+
+    def outside(value: float) -> bool:
+        return (low is not None and value < low) or (high is not None and value > high)
+
+    veto, geo = torch.ones(batch.shape[0]), torch.ones(batch.shape[0])
+    for i in range(batch.shape[0]):
+        tokens = [float(log_rho[i, t]) for t in range(batch.shape[1]) if mask[i, t]]
+        if tokens and any(outside(float(torch.tensor(v).exp())) for v in tokens):
+            veto[i] = 0.0
+        if tokens and outside(float(torch.tensor(sum(tokens) / len(tokens)).exp())):
+            geo[i] = 0.0
+    for options, weight in (({"outlier_token_is_threshold_low": low, "outlier_token_is_threshold_high": high}, veto),
+                            ({"geo_mask_low": low, "geo_mask_high": high}, geo)):
+        loss_fn = rlzoo.get_loss("ppo", **{k: v for k, v in options.items() if v is not None})
+        x = rlzoo.losses.LossInputs.from_batch(batch)
+        (part,) = [p for p in loss_fn.weights if p.active]
+        got, _ = part(x)
+        rows = mask.any(-1)
+        torch.testing.assert_close(got[rows, 0], weight.to(got.dtype)[rows], **ATOL)
+        lp = batch.logprobs.detach()
+        u = torch.exp(lp - batch.old_logprobs)
+        adv = _token_adv(batch)
+        per_token = torch.maximum(-adv * u, -adv * u.clamp(0.8, 1.2)) * weight.to(lp.dtype).unsqueeze(-1)
+        want = torch.where(mask, per_token, 0.0).sum() / mask.sum()
+        out, _, _ = loss_and_grads(loss_fn, batch)
+        torch.testing.assert_close(out.loss.detach(), want, **ATOL)
