@@ -12,13 +12,14 @@ probabilities (nats), so they are <= 0 (up to rounding: :func:`logprob_tolerance
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["BatchError", "LossOutput", "Normalizer", "PolicyBatch", "logprob_tolerance"]
+__all__ = ["BatchError", "LossMasker", "LossOutput", "Normalizer", "PolicyBatch", "logprob_tolerance"]
 
 _TOKEN_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
 _LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
@@ -75,11 +76,22 @@ class PolicyBatch:
         check_values: when True (default) check finiteness and the sign of log-probs at counted
             positions. This costs one device synchronisation; set False inside ``torch.compile``-d code
             or when the producer already guarantees it.
+        group_index: ``Int[B]`` or None; the prompt (group of ``num_generations`` completions) each sequence
+            answers, an id >= 0 shared by every micro-batch and rank of one optimizer step (ids index
+            :attr:`Normalizer.group_num_tokens`); needed by ``aggregation="prompt-mean"``.
+        rewards: ``Float[B]`` or None; each sequence's scalar reward. VAPO's positive-example NLL term
+            (``positive_nll_coef``) treats a sequence with reward > 0 as positive (a correct answer).
+        versions: ``Int[B]`` or ``Int[B, T]`` or None; the policy version that generated each sequence (or
+            token), AReaL's ``versions``; needed by ``prox_logp_method="loglinear"``.
+        current_version: int or None; the version of the policy being trained (AReaL's ``current_version``,
+            the proximal policy is ``current_version - 1``); needed by ``prox_logp_method="loglinear"``.
 
     Raises:
         BatchError: naming the offending field: wrong type, dtype, shape or device (the message names both
             devices), ``B == 0`` or ``T == 0``, a non-bool mask, or a NaN/inf at a counted position, or a
-            log-prob above 0 by more than the rounding tolerance there.
+            log-prob above 0 by more than the rounding tolerance there; a non-integer or negative
+            ``group_index`` (of a sequence with a counted token), a NaN/inf reward of such a sequence, a
+            non-integer ``versions`` or a ``current_version`` that is not an int.
 
     Example:
         >>> import torch, rlzoo
@@ -98,6 +110,12 @@ class PolicyBatch:
     rollout_logprobs: Float[Tensor, "B T"] | None = None
     entropies: Float[Tensor, "B T"] | None = None
     check_values: bool = True
+    # Inputs of the prompt-mean aggregation, VAPO's NLL term and AReaL's log-linear proximal policy (checked by
+    # _check_structure_fields; kept apart from the log-prob fields above).
+    group_index: Int[Tensor, " B"] | None = None
+    rewards: Float[Tensor, " B"] | None = None
+    versions: Int[Tensor, " B"] | Int[Tensor, "B T"] | None = None
+    current_version: int | None = None
 
     def __post_init__(self) -> None:
         lp = self.logprobs
@@ -144,8 +162,34 @@ class PolicyBatch:
             )
         if adv.device != lp.device:
             raise BatchError(f"advantages is on {adv.device} but logprobs is on {lp.device}")
+        self._check_structure_fields()
         if self.check_values:
             self._check_values()
+
+    def _check_structure_fields(self) -> None:
+        """Type, dtype, shape and device of ``group_index``, ``rewards``, ``versions``, ``current_version``."""
+        b, t = self.shape
+        device = self.logprobs.device
+        for name, shapes, integer in (("group_index", ((b,),), True), ("rewards", ((b,),), False),
+                                      ("versions", ((b,), (b, t)), True)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                raise BatchError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+            kind = "an integer" if integer else "a floating-point"
+            ok = (not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool) if integer \
+                else value.is_floating_point()
+            if not ok:
+                raise BatchError(f"{name} must be {kind} tensor, got dtype {value.dtype}")
+            if tuple(value.shape) not in shapes:
+                want = " or ".join(str(s) for s in shapes)
+                raise BatchError(f"{name} must have shape {want}, got {tuple(value.shape)}")
+            if value.device != device:
+                raise BatchError(f"{name} is on {value.device} but logprobs is on {device}")
+        cv = self.current_version
+        if cv is not None and (isinstance(cv, bool) or not isinstance(cv, int)):
+            raise BatchError(f"current_version must be an int or None, got {type(cv).__name__} {cv!r}")
 
     def _check_values(self) -> None:
         """Raise if a counted position holds NaN/inf, or a log-prob > 0. One device sync in total."""
@@ -163,13 +207,20 @@ class PolicyBatch:
         adv = self.advantages.detach()
         adv_mask = mask if adv.ndim == 2 else mask.any(dim=-1)
         checks.append(("advantages", (~torch.isfinite(adv) & adv_mask).any()))
+        counted_rows = mask.any(dim=-1)
+        if self.rewards is not None:
+            checks.append(("rewards", (~torch.isfinite(self.rewards.detach()) & counted_rows).any()))
+        if self.group_index is not None:
+            checks.append(("group_index", ((self.group_index < 0) & counted_rows).any()))
         flags = torch.stack([flag for _, flag in checks]).cpu()
         if not bool(flags.any()):
             return
         for (name, _), flag in zip(checks, flags.tolist(), strict=True):
             if flag:
                 value = getattr(self, name)
-                what = "NaN/inf" if name in ("advantages", "entropies") else (
+                if name == "group_index":
+                    raise BatchError("group_index holds a negative id for a sequence with a counted token; ids are >= 0")
+                what = "NaN/inf" if name in ("advantages", "entropies", "rewards") else (
                     f"NaN/inf or a log-prob above 0 beyond the rounding tolerance "
                     f"{logprob_tolerance(value.dtype):g} ({value.dtype})"
                 )
@@ -230,6 +281,39 @@ def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
     return float(value)
 
 
+@runtime_checkable
+class LossMasker(Protocol):
+    """What :meth:`Normalizer.from_batch` asks of a loss: the tokens it counts (:meth:`rlzoo.losses.PolicyLoss.loss_mask`)."""
+
+    def loss_mask(
+        self,
+        completion_mask: Bool[Tensor, "B T"],
+        *,
+        logprobs: Float[Tensor, "B T"] | None = None,
+        old_logprobs: Float[Tensor, "B T"] | None = None,
+        rollout_logprobs: Float[Tensor, "B T"] | None = None,
+        versions: Int[Tensor, " B"] | Int[Tensor, "B T"] | None = None,
+        current_version: int | None = None,
+    ) -> Bool[Tensor, "B T"]: ...
+
+
+def _check_group_counts(value: object) -> Tensor | None:
+    if value is None:
+        return None
+    if not isinstance(value, Tensor):
+        raise BatchError(f"Normalizer.group_num_tokens must be a 1-D tensor or None, got {type(value).__name__}")
+    if value.ndim != 1 or value.dtype == torch.bool or value.is_complex():
+        raise BatchError(
+            f"Normalizer.group_num_tokens must be a real 1-D tensor (counted tokens per group id), got a "
+            f"{value.dtype} tensor of shape {tuple(value.shape)}"
+        )
+    if value.device.type == "cpu" and not torch.compiler.is_compiling():
+        bad = ~torch.isfinite(value.detach().double()) | (value.detach() < 0)
+        if bool(bad.any()):
+            raise BatchError("Normalizer.group_num_tokens must hold finite counts >= 0")
+    return value
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Normalizer:
     """Counts of the whole optimizer-step batch, so that micro-batch losses sum to the full-batch loss.
@@ -237,13 +321,24 @@ class Normalizer:
     A loss called on a micro-batch divides by these global counts instead of the micro-batch's own, so
     ``sum(loss_fn(mb, normalizer=n).loss for mb in batch.split(k)) == loss_fn(batch).loss`` for every
     aggregation, in value and gradient. Under data parallelism with gradient averaging (DDP/FSDP),
-    multiply each rank's loss by the world size.
+    multiply each rank's loss by the world size. Every count is a sum over sequences, so the counts of
+    micro-batches and of ranks add up (all-reduce each field with a sum).
+
+    The counts are of the tokens the loss counts: the completion mask minus the tokens a rollout rejection
+    removes (verl's modified response mask). Build them with :meth:`from_batch` (``loss=loss_fn``) or, before
+    the forward pass, with :meth:`from_masks` over ``loss_fn.loss_mask(completion_mask, old_logprobs=...,
+    rollout_logprobs=...)`` of every micro-batch (:meth:`rlzoo.losses.PolicyLoss.loss_mask`).
 
     Args:
         num_tokens: counted tokens (``completion_mask.sum()``) of the whole optimizer-step batch, finite and
             >= 0. Used by "token-mean". A count of 0 gives a loss of 0 (it is clamped to 1).
         num_sequences: sequences with at least one counted token in the whole optimizer-step batch, finite
             and >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
+        group_num_tokens: ``Int[G]`` (or ``Float[G]``) or None; the counted tokens of each group (prompt) of the optimizer-step
+            batch, indexed by :attr:`PolicyBatch.group_index`. Used by "prompt-mean"; groups with 0 counted
+            tokens are inert (see :attr:`num_groups`).
+        num_positive_tokens: counted tokens of the sequences with reward > 0 (:attr:`PolicyBatch.rewards`) in
+            the optimizer-step batch, or None. VAPO's positive-example NLL term divides by it.
 
     A count is a Python number or a one-element tensor (kept as a 0-d tensor, on its device). The value of
     a tensor count is checked only when it is on the CPU (outside ``torch.compile`` tracing): checking a
@@ -252,30 +347,62 @@ class Normalizer:
 
     Raises:
         BatchError: naming the count: negative, NaN or inf (a number, or a tensor on the CPU), neither a
-            number nor a real-valued tensor, or not a scalar.
+            number nor a real-valued tensor, or not a scalar (``group_num_tokens``: not a real 1-D tensor).
     """
 
     num_tokens: int | float | Tensor
     num_sequences: int | float | Tensor
+    group_num_tokens: Int[Tensor, " G"] | Float[Tensor, " G"] | None = None
+    num_positive_tokens: int | float | Tensor | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_tokens", _as_count("num_tokens", self.num_tokens))
         object.__setattr__(self, "num_sequences", _as_count("num_sequences", self.num_sequences))
+        object.__setattr__(self, "group_num_tokens", _check_group_counts(self.group_num_tokens))
+        if self.num_positive_tokens is not None:
+            object.__setattr__(self, "num_positive_tokens", _as_count("num_positive_tokens", self.num_positive_tokens))
+
+    @property
+    def num_groups(self) -> Int[Tensor, ""] | None:
+        """Groups (prompts) with at least one counted token, a 0-d tensor; None without ``group_num_tokens``.
+
+        A prompt whose completions are all masked is inert, as fully masked sequences are in the seq-mean
+        aggregations (SkyRL's ``prompt_mean`` counts it in the number of prompts; see "prompt-mean").
+        """
+        if self.group_num_tokens is None:
+            return None
+        return (self.group_num_tokens > 0).sum()
 
     @classmethod
-    def from_masks(cls, *masks: Bool[Tensor, "_ _"]) -> "Normalizer":
-        """Counts over one or more completion masks (e.g. all micro-batches of one optimizer step).
+    def from_masks(
+        cls,
+        *masks: Bool[Tensor, "_ _"],
+        group_index: Sequence[Int[Tensor, " _"]] | None = None,
+        num_groups: int | None = None,
+        rewards: Sequence[Float[Tensor, " _"]] | None = None,
+    ) -> "Normalizer":
+        """Counts over one or more loss masks (e.g. all micro-batches of one optimizer step).
 
         Args:
-            *masks: ``Bool[B_k, T_k]`` completion masks, all on one device (``B_k`` and ``T_k`` may differ).
+            *masks: ``Bool[B_k, T_k]`` masks of the tokens the loss counts (the completion masks, or
+                ``loss_fn.loss_mask(...)`` when the loss rejects tokens), all on one device (``B_k`` and
+                ``T_k`` may differ).
+            group_index: one ``Int[B_k]`` per mask, the group id of each row (:attr:`PolicyBatch.group_index`),
+                to count :attr:`group_num_tokens` (for "prompt-mean"); None: not counted.
+            num_groups: the length of ``group_num_tokens`` (> every id); default: the largest id + 1 (one
+                device sync). Under data parallelism pass the number of group ids of the whole step, so every
+                rank's vector has the same length for the all-reduce.
+            rewards: one ``Float[B_k]`` per mask (:attr:`PolicyBatch.rewards`), to count
+                :attr:`num_positive_tokens` (tokens of rows with reward > 0); None: not counted.
 
         Returns:
-            A :class:`Normalizer` holding 0-d tensors on the masks' device (no device sync).
+            A :class:`Normalizer` holding 0-d tensors (and ``group_num_tokens``) on the masks' device.
 
         Raises:
             ValueError: if no mask is given.
             BatchError: naming the mask's position if one is not a tensor, not ``torch.bool``, not 2-D, or
-                on another device than the first.
+                on another device than the first; naming ``group_index`` / ``rewards`` when their number or
+                a shape does not match the masks, or an id of a counted row is negative or >= num_groups.
         """
         if not masks:
             raise ValueError("Normalizer.from_masks needs at least one completion mask")
@@ -297,14 +424,82 @@ class Normalizer:
                 raise BatchError(
                     f"Normalizer.from_masks: mask {i} is on {m.device} but mask 0 is on {masks[0].device}"
                 )
+        for name, per_row in (("group_index", group_index), ("rewards", rewards)):
+            if per_row is None:
+                continue
+            if len(per_row) != len(masks):
+                raise BatchError(f"Normalizer.from_masks: {name} needs one tensor per mask ({len(masks)}), "
+                                 f"got {len(per_row)}")
+            for i, (m, v) in enumerate(zip(masks, per_row, strict=True)):
+                if not isinstance(v, Tensor) or tuple(v.shape) != (m.shape[0],):
+                    shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                    raise BatchError(f"Normalizer.from_masks: {name} {i} must be a tensor of shape "
+                                     f"{(m.shape[0],)} (one per row of mask {i}), got {shape}")
         num_tokens = sum(m.sum() for m in masks)
         num_sequences = sum(m.any(dim=-1).sum() for m in masks)
-        return cls(num_tokens=num_tokens, num_sequences=num_sequences)
+        group_num_tokens = None
+        if group_index is not None:
+            group_num_tokens = _group_token_counts(masks, group_index, num_groups)
+        num_positive_tokens = None
+        if rewards is not None:
+            num_positive_tokens = sum((m & (r > 0).unsqueeze(-1).to(m.device)).sum()
+                                      for m, r in zip(masks, rewards, strict=True))
+        return cls(num_tokens=num_tokens, num_sequences=num_sequences, group_num_tokens=group_num_tokens,
+                   num_positive_tokens=num_positive_tokens)
 
     @classmethod
-    def from_batch(cls, batch: PolicyBatch) -> "Normalizer":
-        """The counts of ``batch`` itself: what a loss uses when no normalizer is given."""
-        return cls.from_masks(batch.completion_mask)
+    def from_batch(cls, *batches: PolicyBatch, loss: LossMasker | None = None) -> "Normalizer":
+        """The counts of ``batches`` (one batch: what a loss uses when no normalizer is given).
+
+        Args:
+            *batches: one or more :class:`PolicyBatch` (e.g. every micro-batch of an optimizer step).
+            loss: the loss the counts are for; its :meth:`~rlzoo.losses.PolicyLoss.loss_mask` removes the tokens
+                its rollout rejection drops (verl's modified response mask). None: the completion masks.
+                Pass it whenever the loss has a rejection part (``rollout_rs``, ``m2_threshold``).
+
+        ``group_num_tokens`` is counted when every batch has ``group_index`` (one device sync for the number of
+        group ids), ``num_positive_tokens`` when every batch has ``rewards``.
+
+        Raises:
+            ValueError: if no batch is given.
+        """
+        if not batches:
+            raise ValueError("Normalizer.from_batch needs at least one PolicyBatch")
+        if loss is None:
+            masks = [b.completion_mask for b in batches]
+        else:
+            masks = [loss.loss_mask(b.completion_mask, logprobs=b.logprobs, old_logprobs=b.old_logprobs,
+                                    rollout_logprobs=b.rollout_logprobs, versions=b.versions,
+                                    current_version=b.current_version) for b in batches]
+        groups = [b.group_index for b in batches]
+        rewards = [b.rewards for b in batches]
+        return cls.from_masks(
+            *masks,
+            group_index=groups if all(g is not None for g in groups) else None,
+            rewards=rewards if all(r is not None for r in rewards) else None,
+        )
+
+
+def _group_token_counts(masks: Sequence[Tensor], group_index: Sequence[Tensor], num_groups: int | None) -> Tensor:
+    """``Int[G]``: counted tokens per group id over every mask (rows without a counted token are skipped)."""
+    device = masks[0].device
+    lengths = [m.sum(dim=-1) for m in masks]
+    ids = [torch.where(n > 0, g.to(device).long(), torch.zeros((), dtype=torch.long, device=device))
+           for n, g in zip(lengths, group_index, strict=True)]
+    if num_groups is None:
+        num_groups = int(max(int(i.max()) if i.numel() else -1 for i in ids)) + 1
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise BatchError(f"Normalizer.from_masks: num_groups must be an int >= 0, got {num_groups!r}")
+    counts = torch.zeros(num_groups, dtype=torch.long, device=device)
+    for i, n in zip(ids, lengths, strict=True):
+        if i.numel() and device.type == "cpu" and not torch.compiler.is_compiling():
+            counted = n > 0
+            if bool(((i < 0) & counted).any()) or bool(((i >= num_groups) & counted).any()):
+                raise BatchError(f"Normalizer.from_masks: group_index holds an id outside [0, {num_groups}) "
+                                 "for a row with a counted token")
+        if num_groups:
+            counts = counts.index_add(0, i, n.to(counts.dtype))
+    return counts
 
 
 @dataclasses.dataclass(frozen=True)

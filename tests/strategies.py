@@ -6,7 +6,8 @@ Strategies
   optionally with holes inside a completion (tool masks).
 * :func:`policy_batches` - valid :class:`rlzoo.PolicyBatch` objects (log-probs <= 0, bool masks, advantages
   of both signs and exact zeros, optional fields on demand), with ``logprobs`` a leaf that requires grad.
-* :func:`loss_options` - keyword options for the optional parts (KL, IS correction, OPSM, entropy bonus).
+* :func:`loss_options` - keyword options for the optional parts (KL, IS correction, OPSM, entropy bonus, verl's
+  rollout correction).
 
 Helpers
 -------
@@ -18,6 +19,8 @@ Helpers
 * :func:`kl_closed_form` - value and d/dlogp of every KL estimator, from Schulman's note.
 * :func:`runtime_type_checker_off` - test the error path users see, without the jaxtyping checker.
 * :func:`budget` - a fraction of the profile's max_examples, for tests repeated per preset.
+* :func:`batch_options_for` - the :func:`policy_batches` flags a loss needs (its ``required_fields()``).
+* :func:`example_field` - a valid value of an optional PolicyBatch field, for hand-built batches.
 
 Values are drawn from a hypothesis-drawn seed (fast, reproducible); shapes, masks, scales and the
 special cases (zero advantages, empty and single-token rows, per-token advantages) are drawn by hypothesis.
@@ -44,7 +47,9 @@ __all__ = [
     "KL_ESTIMATORS",
     "aggregate",
     "aggregation_weights",
+    "batch_options_for",
     "budget",
+    "example_field",
     "fresh",
     "kl_closed_form",
     "loss_and_grads",
@@ -59,10 +64,17 @@ __all__ = [
 AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+", "low_var_kl", "low_var_kl+")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# rollout_rs criteria with thresholds that reject some, not all, of policy_batches' tokens
+RS_EXAMPLES = (("token_k1", "0.7_1.4"), ("token_k2", "0.05"), ("token_k3", "0.05"), ("seq_sum_k1", "0.5_2.0"),
+               ("seq_sum_k3", "0.2"), ("seq_mean_k1", "0.85_1.15"), ("seq_mean_k2", "0.03"), ("seq_max_k2", "0.1"),
+               ("seq_max_k3", "0.1"))
 # What padding may hold: anything.
 GARBAGE = (math.nan, math.inf, -math.inf, 1e300, -1e300, 7.0, 0.0, -3.0)
 
-_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages")
+_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages", "rewards")
+# policy_batches flag -> the optional PolicyBatch field it adds
+_FLAG_FIELDS = (("ref", "ref_logprobs"), ("rollout", "rollout_logprobs"), ("entropies", "entropies"),
+                ("groups", "group_index"), ("rewards", "rewards"), ("versions", "versions"))
 
 
 def _maybe(draw: st.DrawFn, flag: bool | None) -> bool:
@@ -145,6 +157,9 @@ def policy_batches(
     entropies_grad: bool = False,
     advantage_sign: int | None = None,
     certain_tokens: bool | None = None,
+    groups: bool | None = None,
+    rewards: bool | None = None,
+    versions: bool | None = None,
 ) -> PolicyBatch:
     """A valid :class:`rlzoo.PolicyBatch` with ``logprobs`` a leaf tensor requiring grad.
 
@@ -159,6 +174,10 @@ def policy_batches(
         entropies_grad: make ``entropies`` a leaf that requires grad too.
         certain_tokens: some log-probs exactly 0 (probability 1; None = draw). These tie with each other, which
             matters for tests of top-k selections against an oracle with another tie order.
+        groups: add ``group_index`` (groups of 1-3 rows, contiguous or shuffled; None = draw).
+        rewards: add ``rewards`` (both signs and exact zeros; None = draw).
+        versions: add ``versions`` (per sequence or per token, up to 4 versions stale, some negative) and
+            ``current_version`` (None = draw).
         mask, b, t, holes, min_len, equal_lengths, min_counted: see :func:`masks`.
     """
     if mask is None:
@@ -198,6 +217,22 @@ def policy_batches(
     else:
         adv = advantage_sign * (adv.abs() + 0.05)
 
+    reward = None
+    if _maybe(draw, rewards):
+        reward = torch.where(torch.rand(b, generator=g, dtype=torch.float64) < 0.3, 0.0, randn(b))
+    extra: dict[str, Any] = {}
+    if _maybe(draw, groups):
+        size = draw(st.integers(1, 3), label="group size")
+        index = torch.arange(b) // size
+        if draw(st.booleans(), label="shuffled groups"):
+            index = index[torch.randperm(b, generator=g)]
+        extra["group_index"] = index
+    if _maybe(draw, versions):
+        current = draw(st.integers(1, 6), label="current_version")
+        shape = (b, t) if draw(st.booleans(), label="token versions") else (b,)
+        extra["versions"] = torch.randint(-1, current + 1, shape, generator=g)
+        extra["current_version"] = current
+
     fields: dict[str, Any] = {
         "logprobs": logprobs,
         "old_logprobs": old_lp,
@@ -205,6 +240,7 @@ def policy_batches(
         "rollout_logprobs": rollout_lp,
         "entropies": ent,
         "advantages": adv,
+        "rewards": reward,
     }
     fields = {k: (None if v is None else v.to(dtype)) for k, v in fields.items()}
     if garbage_padding:
@@ -217,7 +253,35 @@ def policy_batches(
     fields["logprobs"] = fields["logprobs"].requires_grad_(True)
     if entropies_grad and fields["entropies"] is not None:
         fields["entropies"] = fields["entropies"].requires_grad_(True)
-    return PolicyBatch(completion_mask=mask, **fields)
+    return PolicyBatch(completion_mask=mask, **fields, **extra)
+
+
+def batch_options_for(loss: Any) -> dict[str, Any]:
+    """:func:`policy_batches` flags for a loss: its ``required_fields()`` on (the others drawn), and no
+    ``old_logprobs`` when the loss derives them itself (bypass mode, the log-linear proximal policy)."""
+    need = loss.required_fields()
+    out: dict[str, Any] = {flag: True for flag, field in _FLAG_FIELDS if field in need}
+    if loss.bypass_mode or loss.prox_logp_method != "recompute":
+        out["old"] = False
+    return out
+
+
+def example_field(name: str, b: int, t: int, *, dtype: torch.dtype = torch.float64, seed: int = 0) -> Any:
+    """A valid value of the optional PolicyBatch field ``name`` for a ``[b, t]`` batch (hand-built tests)."""
+    g = torch.Generator().manual_seed(seed)
+    if name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
+        return -torch.rand(b, t, generator=g, dtype=torch.float64).to(dtype) - 0.01
+    if name == "entropies":
+        return torch.rand(b, t, generator=g, dtype=torch.float64).to(dtype)
+    if name == "group_index":
+        return torch.arange(b) // 2
+    if name == "rewards":
+        return torch.tensor([1.0, 0.0] * b, dtype=dtype)[:b]
+    if name == "versions":
+        return torch.full((b,), 1, dtype=torch.long)
+    if name == "current_version":
+        return 3
+    raise AssertionError(f"no example for PolicyBatch.{name}")
 
 
 def budget(fraction: float) -> settings:
@@ -260,7 +324,8 @@ def fresh(batch: PolicyBatch, **changes: Any) -> PolicyBatch:
 def with_garbage(batch: PolicyBatch, seed: int = 0) -> PolicyBatch:
     """``batch`` with NaN/inf/huge values at every masked position of every tensor field.
 
-    Counted positions keep their values; ``advantages`` of shape ``[B]`` get garbage on fully masked rows.
+    Counted positions keep their values; ``advantages`` and ``rewards`` of shape ``[B]`` get garbage on fully
+    masked rows, ``group_index`` any id there, ``versions`` huge values at masked positions.
     """
     mask = batch.completion_mask
     changes: dict[str, Any] = {}
@@ -273,6 +338,13 @@ def with_garbage(batch: PolicyBatch, seed: int = 0) -> PolicyBatch:
         if v.requires_grad:
             new = new.requires_grad_(True)
         changes[name] = new
+    rows = mask.any(dim=-1)
+    if batch.group_index is not None:  # any id for a fully masked row (negative, huge)
+        junk = torch.where(torch.arange(rows.numel()) % 2 == 0, -7, 10**6)
+        changes["group_index"] = torch.where(rows, batch.group_index, junk)
+    if batch.versions is not None:
+        where = ~mask if batch.versions.ndim == 2 else ~rows
+        changes["versions"] = torch.where(where, 10**6 + seed, batch.versions)
     fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
     fields.update(changes)
     return PolicyBatch(**fields)
@@ -392,12 +464,18 @@ def loss_options(
     is_correction: bool | None = None,
     off_policy_mask: bool | None = None,
     entropy_bonus: bool | None = None,
+    rollout_rs: bool | None = False,
 ) -> dict[str, Any]:
-    """Keyword options that add the optional (not batch-coupled) parts: KL, IS correction, OPSM, entropy bonus.
+    """Keyword options that add the optional (not batch-coupled) parts: KL, IS correction, OPSM, entropy bonus,
+    verl's rollout rejection (``rollout_rs``, off unless asked).
 
-    The batch then needs ``ref_logprobs`` (KL), ``rollout_logprobs`` (IS) and ``entropies`` (bonus).
+    The batch then needs ``ref_logprobs`` (KL), ``rollout_logprobs`` (IS, rejection) and ``entropies`` (bonus).
     """
     opts: dict[str, Any] = {}
+    if _maybe(draw, rollout_rs):
+        criteria = draw(st.lists(st.sampled_from(RS_EXAMPLES), min_size=1, max_size=2, unique=True))
+        opts["rollout_rs"] = ",".join(name for name, _ in criteria)
+        opts["rollout_rs_threshold"] = ",".join(spec for _, spec in criteria)
     if _maybe(draw, kl):
         opts["beta"] = draw(st.sampled_from((0.04, 0.5)))
         opts["kl_estimator"] = draw(st.sampled_from(KL_ESTIMATORS))

@@ -87,11 +87,11 @@ def test_zoo_registries_hold_the_documented_names():
     """The slots named in DESIGN section 2 are registered."""
     assert set(ratio_levels.names()) >= {"token", "sequence", "sequence_token"}
     assert set(aggregations.names()) == {"token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
-                                         "seq-mean-token-sum-norm"}
+                                         "seq-mean-token-sum-norm", "prompt-mean"}
     assert set(kl_estimators.names()) >= {"k1", "k2", "k3", "abs", "k1+", "k3+"}
     assert set(rlzoo.list_losses()) >= {
         "ppo", "grpo", "bnpo", "dr_grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gpg", "gmpo", "clip_cov",
-        "kl_cov", "two_sided", "luspo", "vespo", "dppo_tv", "dppo_kl", "dro"}
+        "kl_cov", "two_sided", "luspo", "vespo", "dppo_tv", "dppo_kl", "dro", "decoupled_ppo", "m2po", "vapo"}
     assert rlzoo.list_losses() == sorted(rlzoo.list_losses())
 
 

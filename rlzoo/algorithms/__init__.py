@@ -24,6 +24,9 @@ cov.py         clip_cov, kl_cov (surrogates ``clip_cov``, ``kl_cov``)
 vespo.py       vespo (surrogate ``vespo``)
 dppo.py        dppo_tv, dppo_kl (surrogates ``dppo_tv``, ``dppo_kl``)
 dro.py         dro (surrogate ``dro``)
+decoupled_ppo.py  decoupled_ppo (AReaL: PPO clip + the ``is_correction`` behaviour weight; ``prox_logp_method``)
+m2po.py        m2po (rejection ``m2po``: the second-moment mask)
+vapo.py        vapo (penalty ``positive_nll``)
 =============  ==========================================================================================
 """
 

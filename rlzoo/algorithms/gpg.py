@@ -20,10 +20,13 @@ class Reinforce(Surrogate, name="reinforce"):
 
     .. math:: \ell = -A\,\log\pi_\theta(o_t)
 
-    The ratio level is ignored (off-policy data is not re-weighted). No options.
+    The ratio level is ignored (off-policy data is not re-weighted; ``uses_ratio`` False): in bypass mode a
+    rollout IS weight multiplies it, verl's ``bypass_mode`` with ``loss_type="reinforce"``
+    (``core_algos.compute_policy_loss_reinforce``). No options.
     """
 
     on_policy = OnPolicy.MINUS_ADVANTAGE_LOGP
+    uses_ratio = False
 
     def __call__(self, x: LossInputs) -> PartOutput:
         return PartOutput(-x.advantages * x.logprobs, {})

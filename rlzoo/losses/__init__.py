@@ -6,6 +6,7 @@ file per family; ``import rlzoo`` registers them.
 """
 
 from rlzoo.losses.aggregation import (
+    PromptMean,
     SeqMeanTokenMean,
     SeqMeanTokenSum,
     SeqMeanTokenSumNorm,
@@ -21,6 +22,7 @@ from rlzoo.losses.base import (
     PartOutput,
     Penalty,
     RatioLevel,
+    Rejection,
     Surrogate,
     TokenWeight,
     aggregations,
@@ -31,35 +33,51 @@ from rlzoo.losses.base import (
     masked_min,
     penalties,
     ratio_levels,
+    rejections,
     surrogates,
     token_weights,
 )
 from rlzoo.losses.correction import ISCorrection, ISMode, is_modes
 from rlzoo.losses.penalty import EntropyBonus, KLPenalty, kl_estimate
-from rlzoo.losses.policy_loss import PolicyLoss
+from rlzoo.losses.policy_loss import PROX_LOGP_METHODS, PolicyLoss, loglinear_proximal_logprobs
 from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
 from rlzoo.losses.ratio import SequenceRatio, SequenceTokenRatio, TokenRatio
+from rlzoo.losses.rollout_correction import (
+    RS_CRITERIA,
+    GeometricSequenceMask,
+    OutlierTokenVeto,
+    RolloutCorrection,
+    RolloutRejection,
+)
 from rlzoo.losses.surrogate import PPOClip, clip_metrics
 from rlzoo.losses.weights import EntropyMask, OffPolicySequenceMask, masked_quantile
 
 __all__ = [
+    "PROX_LOGP_METHODS",
+    "RS_CRITERIA",
     "Aggregation",
     "Correction",
     "EntropyBonus",
     "EntropyMask",
+    "GeometricSequenceMask",
     "ISCorrection",
     "ISMode",
     "KLPenalty",
     "LossInputs",
     "OffPolicySequenceMask",
     "OnPolicy",
+    "OutlierTokenVeto",
     "PPOClip",
     "Part",
     "PartOutput",
     "Penalty",
     "PolicyLoss",
     "Preset",
+    "PromptMean",
     "RatioLevel",
+    "Rejection",
+    "RolloutCorrection",
+    "RolloutRejection",
     "SeqMeanTokenMean",
     "SeqMeanTokenSum",
     "SeqMeanTokenSumNorm",
@@ -79,6 +97,7 @@ __all__ = [
     "kl_estimate",
     "kl_estimators",
     "list_losses",
+    "loglinear_proximal_logprobs",
     "masked_max",
     "masked_mean",
     "masked_min",
@@ -87,6 +106,7 @@ __all__ = [
     "preset",
     "presets",
     "ratio_levels",
+    "rejections",
     "surrogates",
     "token_weights",
 ]

@@ -13,18 +13,24 @@ token-sum                  sum_it m l                                           
 seq-mean-token-mean        (1/S) sum_i (1/n_i) sum_t m l                               grpo, sapo
 seq-mean-token-sum         (1/S) sum_i sum_t m l                                       luspo
 seq-mean-token-sum-norm    (1/S) sum_i sum_t m l / max_completion_length               dr_grpo
+prompt-mean                (1/P) sum_g (1/N_g) sum_{i in g} sum_t m l                  - (SkyRL prompt_mean)
 =========================  ==========================================================  =====================
+
+For "prompt-mean", ``g`` runs over the groups (prompts: ``PolicyBatch.group_index``), ``N_g`` is the counted
+tokens of group ``g`` in the optimizer-step batch and ``P`` the groups with ``N_g > 0``
+(``Normalizer.group_num_tokens``, :attr:`~rlzoo.Normalizer.num_groups`).
 
 Counts of 0 are clamped to 1 (an all-masked batch has loss 0).
 """
 
-from jaxtyping import Bool, Float
+import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import Normalizer
 from rlzoo.losses.base import Aggregation
 
-__all__ = ["SeqMeanTokenMean", "SeqMeanTokenSum", "SeqMeanTokenSumNorm", "TokenMean", "TokenSum"]
+__all__ = ["PromptMean", "SeqMeanTokenMean", "SeqMeanTokenSum", "SeqMeanTokenSumNorm", "TokenMean", "TokenSum"]
 
 
 def _at_least_one(count: float | Tensor) -> float | Tensor:
@@ -40,7 +46,7 @@ class TokenMean(Aggregation, name="token-mean"):
     """
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
-               max_completion_length: int | None) -> Float[Tensor, ""]:
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
         return loss.sum() / _at_least_one(normalizer.num_tokens)
 
 
@@ -52,7 +58,7 @@ class TokenSum(Aggregation, name="token-sum"):
     """
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
-               max_completion_length: int | None) -> Float[Tensor, ""]:
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
         return loss.sum()
 
 
@@ -65,7 +71,7 @@ class SeqMeanTokenMean(Aggregation, name="seq-mean-token-mean"):
     """
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
-               max_completion_length: int | None) -> Float[Tensor, ""]:
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
         per_seq = loss.sum(-1) / mask.sum(-1).clamp(min=1).to(loss.dtype)
         return per_seq.sum() / _at_least_one(normalizer.num_sequences)
 
@@ -79,7 +85,7 @@ class SeqMeanTokenSum(Aggregation, name="seq-mean-token-sum"):
     """
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
-               max_completion_length: int | None) -> Float[Tensor, ""]:
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
         return loss.sum() / _at_least_one(normalizer.num_sequences)
 
 
@@ -94,7 +100,49 @@ class SeqMeanTokenSumNorm(Aggregation, name="seq-mean-token-sum-norm"):
     needs_max_completion_length = True
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
-               max_completion_length: int | None) -> Float[Tensor, ""]:
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
         assert max_completion_length is not None  # Aggregation.__call__ checked it
         total = loss.sum()
         return total / (_at_least_one(normalizer.num_sequences) * float(max_completion_length))
+
+
+class PromptMean(Aggregation, name="prompt-mean"):
+    r"""Mean over prompts of each prompt's token mean: ``(1/P) sum_g (1/N_g) sum_{i in g} sum_t m l``.
+
+    .. math:: \mathcal{L} = \frac{1}{P}\sum_{g} \frac{1}{N_g}\sum_{i \in g}\sum_t m_{it}\,\ell_{it}
+
+    Every prompt weighs the same whatever its completions' lengths (a token mean within the group, as
+    DAPO's, then a mean over prompts). ``g`` is ``PolicyBatch.group_index``; ``N_g`` (the group's counted
+    tokens in the whole optimizer-step batch) and ``P`` (the groups with ``N_g > 0``) come from
+    ``Normalizer.group_num_tokens``, so the loss is exact under any split into micro-batches or ranks, even one
+    that splits a group: build it with ``Normalizer.from_batch(*micro_batches, loss=loss_fn)`` or
+    ``Normalizer.from_masks(*loss_masks, group_index=[...], num_groups=G)``.
+
+    Matches SkyRL's ``loss_reduction="prompt_mean"`` (skyrl/backends/skyrl_train/utils/ppo_utils.py,
+    ``apply_loss_reduction_to_advantages_minibatch``: token ``[i, t]`` of prompt ``p`` weighted
+    ``1 / (num_prompts * tokens_in_prompt_p)``) whenever every prompt has a counted token. SkyRL counts a prompt
+    whose completions are all masked in ``num_prompts`` (and clamps its tokens to 1); here such a prompt is
+    inert, as a fully masked sequence is in verl's seq-mean modes, so rejected or masked groups do not dilute
+    the others.
+    """
+
+    needs_group_index = True
+
+    def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
+               max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
+        assert group_index is not None and normalizer.group_num_tokens is not None  # Aggregation.__call__ checked
+        counts = normalizer.group_num_tokens
+        rows = mask.any(dim=-1)
+        ids = torch.where(rows, group_index.to(counts.device).long(), torch.zeros((), dtype=torch.long,
+                                                                                  device=counts.device))
+        if (ids.device.type == "cpu" and not torch.compiler.is_compiling() and ids.numel()
+                and bool(((ids < 0) | (ids >= counts.numel())).any())):
+            raise ValueError(
+                f"aggregation 'prompt-mean': a group_index is outside [0, {counts.numel()}), the groups counted "
+                "by Normalizer.group_num_tokens (build the normalizer from the same batches)"
+            )
+        n_g = counts.to(loss.dtype).index_select(0, ids).to(loss.device)
+        per_row = loss.sum(-1) / n_g.clamp(min=1)
+        num_groups = normalizer.num_groups
+        assert num_groups is not None
+        return per_row.sum() / _at_least_one(num_groups.to(loss.dtype))

@@ -2,18 +2,23 @@ r"""The loss slots: what every part of a :class:`~rlzoo.losses.PolicyLoss` recei
 
 A loss is a pipeline over ``[B, T]`` tensors with one abstract base per slot::
 
-    RatioLevel -> Correction -> Surrogate -> TokenWeight* -> + Penalty* -> Aggregation
+    Rejection* -> RatioLevel -> Correction -> Surrogate -> TokenWeight* -> + Penalty* -> Aggregation
 
 =============  =============================================  ======================  ===================
 slot (base)    call                                           registry                option that swaps it
 =============  =============================================  ======================  ===================
+Rejection      ``(x) -> PartOutput(keep Bool[B, T], m)``      ``rejections``          (added by its options)
 RatioLevel     ``(x) -> PartOutput(log_weight [B, T], m)``    ``ratio_levels``        importance_sampling_level
 Correction     ``(x) -> PartOutput(is_weight [B, T], m)``     ``is_corrections``      (added by its options)
 Surrogate      ``(x) -> PartOutput(loss [B, T], m)``          ``surrogates``          -
 TokenWeight    ``(x) -> PartOutput(weight [B, T], m)``        ``token_weights``       (added by its options)
 Penalty        ``(x) -> PartOutput(term [B, T], m)``          ``penalties``           (added by its options)
-Aggregation    ``(loss, mask, normalizer, L) -> loss []``     ``aggregations``        aggregation
+Aggregation    ``(loss, mask, normalizer, L, g) -> loss []``  ``aggregations``        aggregation
 =============  =============================================  ======================  ===================
+
+A rejection's dropped tokens leave the loss mask: every later stage, and the counts the
+:class:`~rlzoo.Normalizer` holds (:meth:`~rlzoo.losses.PolicyLoss.loss_mask`), as verl's modified response mask;
+in bypass mode (``bypass_mode=True``) they leave the policy term only (verl's ``bypass_mode``).
 
 ``x`` is a frozen :class:`LossInputs`; a stage returns what it computed (a :class:`PartOutput`) and the
 pipeline builds the next stage's inputs from it. A new member of a slot is a subclass with a name::
@@ -26,9 +31,11 @@ pipeline builds the next stage's inputs from it. A new member of a slot is a sub
             return PartOutput(-x.advantages * (1 + torch.tanh(self.scale * (x.weight - 1))), {})
 
 Capabilities are class attributes declared on the slot's base (read by the pipeline and by the zoo-wide
-conformance suite, never probed with ``getattr``): ``batch_coupled`` on every part;
-``example_options`` on optional parts; ``needs_max_completion_length`` on aggregations; ``mixes_tokens`` on
-ratio levels and surrogates, ``per_sequence`` on ratio levels; ``folds_is_weight``, ``sequence_is_weight`` and ``on_policy`` on surrogates.
+conformance suite, never probed with ``getattr``): ``batch_coupled`` on every part (and the instance-level
+``couples_batch``, for an option that couples); ``example_options`` on optional parts;
+``needs_max_completion_length`` and ``needs_group_index`` on aggregations; ``mixes_tokens`` on ratio levels and
+surrogates, ``per_sequence`` on ratio levels; ``folds_is_weight``, ``sequence_is_weight``, ``uses_ratio`` and
+``on_policy`` on surrogates; ``aggregated`` on penalties.
 """
 
 import abc
@@ -39,7 +46,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import BatchError, Normalizer, PolicyBatch
@@ -55,6 +62,7 @@ __all__ = [
     "PartOutput",
     "Penalty",
     "RatioLevel",
+    "Rejection",
     "Surrogate",
     "TokenWeight",
     "aggregations",
@@ -65,6 +73,7 @@ __all__ = [
     "masked_min",
     "penalties",
     "ratio_levels",
+    "rejections",
     "require",
     "surrogates",
     "token_weights",
@@ -72,6 +81,7 @@ __all__ = [
 
 Metrics = dict[str, Tensor]
 
+rejections: Registry[type["Rejection"]] = Registry("rollout rejection")
 ratio_levels: Registry[type["RatioLevel"]] = Registry("ratio level (importance_sampling_level)")
 is_corrections: Registry[type["Correction"]] = Registry("IS correction")
 surrogates: Registry[type["Surrogate"]] = Registry("surrogate")
@@ -138,10 +148,12 @@ class LossInputs:
 
     Attributes:
         logprobs: ``Float[B, T]``, carries the gradient.
-        old_logprobs: ``Float[B, T]``, detached; ``logprobs.detach()`` when the batch had None.
+        old_logprobs: ``Float[B, T]``, detached: the ratio's reference policy. ``PolicyBatch.old_logprobs``, or
+            ``logprobs.detach()`` when None; the sampler's log-probs in bypass mode; AReaL's log-linear
+            proximal policy with ``prox_logp_method="loglinear"``.
         log_ratio: ``Float[B, T]``, ``logprobs - old_logprobs`` (token level, carries the gradient).
         advantages: ``Float[B, T]``, detached, broadcast from ``[B]`` when per-sequence.
-        mask: ``Bool[B, T]``, the completion mask.
+        mask: ``Bool[B, T]``, the tokens the loss counts (the completion mask minus rejected tokens).
         lengths: ``Float[B]``, counted tokens per sequence.
         ref_logprobs, rollout_logprobs: ``Float[B, T]`` or None, detached.
         entropies: ``Float[B, T]`` or None (keeps its gradient, if any).
@@ -151,6 +163,12 @@ class LossInputs:
             :class:`Correction` stage.
         advantages_per_sequence: the batch's advantages were ``[B]`` (one per sequence).
         weight_per_sequence: ``log_weight`` is one value per sequence (``RatioLevel.per_sequence``).
+        bypass_mode: verl's bypass mode: the sampler's log-probs are the old log-probs, and the rollout
+            correction compares the current policy (detached) with the sampler (:attr:`trainer_logprobs`).
+        group_index: ``Int[B]`` or None, the group (prompt) id of each sequence (0 for a fully masked row).
+        rewards: ``Float[B]`` or None, detached (0 for a fully masked row).
+        normalizer: the counts of the optimizer-step batch the loss is called with (parts that normalise a
+            term of their own read it, e.g. VAPO's NLL term).
     """
 
     logprobs: Float[Tensor, "B T"]
@@ -166,16 +184,37 @@ class LossInputs:
     is_weight: Float[Tensor, "B T"] | None = None
     advantages_per_sequence: bool = False
     weight_per_sequence: bool = False
+    bypass_mode: bool = False
+    group_index: Int[Tensor, " B"] | None = None
+    rewards: Float[Tensor, " B"] | None = None
+    normalizer: Normalizer | None = None
 
     @classmethod
-    def from_batch(cls, batch: PolicyBatch) -> "LossInputs":
-        """Sanitize and broadcast a :class:`PolicyBatch` (no device sync)."""
+    def from_batch(
+        cls,
+        batch: PolicyBatch,
+        *,
+        old_logprobs: Float[Tensor, "B T"] | None = None,
+        bypass_mode: bool = False,
+        normalizer: Normalizer | None = None,
+    ) -> "LossInputs":
+        """Sanitize and broadcast a :class:`PolicyBatch` (no device sync).
+
+        Args:
+            batch: the batch.
+            old_logprobs: the ratio's reference log-probs when they are not ``batch.old_logprobs`` (bypass mode:
+                the sampler's; the log-linear proximal approximation); detached here.
+            bypass_mode: see :attr:`bypass_mode`.
+            normalizer: the counts to expose as :attr:`normalizer`; default: the batch's own (completion mask,
+                and ``num_positive_tokens`` when the batch has rewards).
+        """
         mask = batch.completion_mask
         logprobs = _at_most_zero(_zero_masked(batch.logprobs, mask))
-        if batch.old_logprobs is None:
+        old_source = batch.old_logprobs if old_logprobs is None else old_logprobs
+        if old_source is None:
             old = logprobs.detach()
         else:
-            old = _at_most_zero(_zero_masked(batch.old_logprobs.detach().to(logprobs.dtype), mask))
+            old = _at_most_zero(_zero_masked(old_source.detach().to(logprobs.dtype), mask))
         adv = batch.advantages.detach().to(logprobs.dtype)
         if adv.ndim == 1:
             adv = adv.unsqueeze(-1).expand_as(logprobs)
@@ -187,6 +226,17 @@ class LossInputs:
         entropies = batch.entropies
         if entropies is not None:
             entropies = _zero_masked(entropies.to(logprobs.dtype), mask)
+        rows = mask.any(dim=-1)
+        group_index = None
+        if batch.group_index is not None:
+            group_index = torch.where(rows, batch.group_index.long(), torch.zeros((), dtype=torch.long,
+                                                                                  device=mask.device))
+        rewards = None
+        if batch.rewards is not None:
+            rewards = torch.where(rows, batch.rewards.detach().to(logprobs.dtype),
+                                  torch.zeros((), dtype=logprobs.dtype, device=mask.device))
+        if normalizer is None:
+            normalizer = Normalizer.from_masks(mask, rewards=None if rewards is None else [rewards])
         return cls(
             logprobs=logprobs,
             old_logprobs=old,
@@ -198,7 +248,43 @@ class LossInputs:
             rollout_logprobs=aux(batch.rollout_logprobs),
             entropies=entropies,
             advantages_per_sequence=batch.advantages.ndim == 1,
+            bypass_mode=bypass_mode,
+            group_index=group_index,
+            rewards=rewards,
+            normalizer=normalizer,
         )
+
+    def with_mask(self, mask: Bool[Tensor, "B T"]) -> "LossInputs":
+        """A copy counting only ``mask`` (a subset of :attr:`mask`: rejected tokens removed): every per-token
+        tensor is 0 at the newly masked positions (gradients there exactly 0) and :attr:`lengths` recounted."""
+        mask = mask & self.mask
+
+        def zero(x: Tensor | None) -> Tensor | None:
+            return _zero_masked(x, mask)
+
+        return dataclasses.replace(
+            self, mask=mask, lengths=mask.sum(dim=-1).to(self.logprobs.dtype), logprobs=zero(self.logprobs),
+            old_logprobs=zero(self.old_logprobs), log_ratio=zero(self.log_ratio), advantages=zero(self.advantages),
+            ref_logprobs=zero(self.ref_logprobs), rollout_logprobs=zero(self.rollout_logprobs),
+            entropies=zero(self.entropies), log_weight=zero(self.log_weight), is_weight=zero(self.is_weight),
+        )
+
+    @property
+    def trainer_logprobs(self) -> Float[Tensor, "B T"]:
+        """The trainer-side log-probs a rollout correction compares with the sampler's (detached):
+        ``old_logprobs`` (verl's decoupled mode), or the current ``logprobs`` in bypass mode (where the old
+        log-probs *are* the sampler's)."""
+        return self.logprobs.detach() if self.bypass_mode else self.old_logprobs
+
+    def sampler_log_ratio(self, owner: str) -> Float[Tensor, "B T"]:
+        """``log(pi_trainer / pi_sampler)`` per token (:attr:`trainer_logprobs` - ``rollout_logprobs``),
+        detached, 0 at masked positions.
+
+        Raises:
+            BatchError: ``rollout_logprobs`` is None (names ``owner``, the part that needs them).
+        """
+        rollout = require(self.rollout_logprobs, "rollout_logprobs", owner)
+        return self.trainer_logprobs - rollout
 
     def with_weights(
         self,
@@ -292,6 +378,12 @@ class Part(Component):
     example_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
     @property
+    def couples_batch(self) -> bool:
+        """True when this part, with its current options, couples sequences of the batch: the class's
+        ``batch_coupled``, or an option that couples (verl's ``rollout_is_batch_normalize``)."""
+        return type(self).batch_coupled
+
+    @property
     def active(self) -> bool:
         """False when the part is a no-op with its current options (``beta=0``...): kept in the loss, so its
         other options are kept too, but skipped when the loss runs."""
@@ -300,6 +392,25 @@ class Part(Component):
     def required_fields(self) -> frozenset[str]:
         """Names of the optional :class:`PolicyBatch` fields this part needs (when active)."""
         return frozenset()
+
+
+class Rejection(Part, abc.ABC):
+    """Slot 0: rollout rejection: the tokens the loss keeps (verl's modified response mask).
+
+    Returns a detached ``keep`` mask ``Bool[B, T]`` (its values at already masked positions are ignored). It
+    reads only detached inputs known before the forward pass in verl's decoupled mode: the trainer-side
+    log-probs :attr:`LossInputs.trainer_logprobs` (``old_logprobs``), the sampler's ``rollout_logprobs``, the
+    mask. The pipeline then removes the rejected tokens from the loss mask of every later stage and from the
+    counts (:meth:`~rlzoo.losses.PolicyLoss.loss_mask`); in bypass mode (the comparison is with the current
+    policy, unknown before the forward pass) from the policy term only, the counts unchanged (verl's
+    ``bypass_mode``). Several rejections combine with AND (verl's comma-combined ``rollout_rs``).
+    """
+
+    registry: ClassVar[Registry[type["Rejection"]]] = rejections
+
+    @abc.abstractmethod
+    def __call__(self, x: LossInputs) -> PartOutput:
+        """``keep`` ``Bool[B, T]`` (detached) and metrics."""
 
 
 class RatioLevel(Part, abc.ABC):
@@ -354,6 +465,10 @@ class Surrogate(Part, abc.ABC):
       log-weights): the pipeline then rejects sequence-level corrections.
     * ``mixes_tokens`` - True when its value at a token reads other tokens of the sequence (GMPO's
       sequence-mean advantage).
+    * ``uses_ratio`` - False when it ignores the importance weight ``x.weight`` (REINFORCE): in bypass mode
+      the ratio of any other surrogate already is ``pi_theta / pi_sampler``, so the rollout IS weight is not
+      applied to it (reported only), as verl's ``bypass_mode`` with ``loss_type="ppo_clip"``; a surrogate that
+      ignores the ratio gets it, as verl's ``loss_type="reinforce"``.
     * ``on_policy`` - what it promises at ratio 1 (:class:`OnPolicy`).
     """
 
@@ -361,6 +476,7 @@ class Surrogate(Part, abc.ABC):
     folds_is_weight: ClassVar[bool] = False
     sequence_is_weight: ClassVar[bool] = True
     mixes_tokens: ClassVar[bool] = False
+    uses_ratio: ClassVar[bool] = True
     on_policy: ClassVar[OnPolicy] = OnPolicy.UNDECLARED
 
     @abc.abstractmethod
@@ -379,9 +495,15 @@ class TokenWeight(Part, abc.ABC):
 
 
 class Penalty(Part, abc.ABC):
-    """Slot 5: a per-token term added to the policy loss after the token weights (so they do not mask it)."""
+    """Slot 5: a per-token term added to the policy loss after the token weights (so they do not mask it).
+
+    ``aggregated``: True (default) when the term is aggregated like the policy term (the loss's aggregation);
+    False when the term is already normalised by counts of its own (read from ``x.normalizer``) and the
+    pipeline adds its sum over counted tokens (VAPO's NLL term, a mean over positive tokens).
+    """
 
     registry: ClassVar[Registry[type["Penalty"]]] = penalties
+    aggregated: ClassVar[bool] = True
 
     @abc.abstractmethod
     def __call__(self, x: LossInputs) -> PartOutput:
@@ -393,10 +515,16 @@ class Aggregation(Part, abc.ABC):
 
     ``needs_max_completion_length``: True when :meth:`reduce` divides by the loss's constant
     ``max_completion_length`` (the pipeline raises before the call when it is None).
+    ``needs_group_index``: True when :meth:`reduce` reads each row's group id (``PolicyBatch.group_index``) and
+    ``normalizer.group_num_tokens`` ("prompt-mean").
     """
 
     registry: ClassVar[Registry[type["Aggregation"]]] = aggregations
     needs_max_completion_length: ClassVar[bool] = False
+    needs_group_index: ClassVar[bool] = False
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"group_index"}) if self.needs_group_index else frozenset()
 
     def __call__(
         self,
@@ -404,25 +532,37 @@ class Aggregation(Part, abc.ABC):
         mask: Bool[Tensor, "B T"],
         normalizer: Normalizer,
         max_completion_length: int | None = None,
+        group_index: Int[Tensor, " B"] | None = None,
     ) -> Float[Tensor, ""]:
         """Aggregate ``loss`` over counted tokens with the global counts of ``normalizer``.
 
         Args:
             loss: ``Float[B, T]`` per-token loss (values at masked positions are ignored, even NaN).
-            mask: ``Bool[B, T]`` completion mask.
+            mask: ``Bool[B, T]`` the tokens the loss counts.
             normalizer: counts of the whole optimizer-step batch.
             max_completion_length: needed when ``needs_max_completion_length``.
+            group_index: ``Int[B]`` group id of each row; needed when ``needs_group_index`` (ids of rows without a
+                counted token are ignored).
 
         Returns:
             0-d tensor.
 
         Raises:
-            ValueError: ``max_completion_length`` is None and the aggregation needs it.
+            ValueError: ``max_completion_length`` is None and the aggregation needs it; ``group_index`` or
+                ``normalizer.group_num_tokens`` is None and the aggregation needs them.
         """
         if self.needs_max_completion_length and max_completion_length is None:
             raise ValueError(f"aggregation {self.label()!r} needs max_completion_length")
+        if self.needs_group_index:
+            if group_index is None:
+                raise ValueError(f"aggregation {self.label()!r} needs the group id of each row (PolicyBatch.group_index)")
+            if normalizer.group_num_tokens is None:
+                raise ValueError(
+                    f"aggregation {self.label()!r} needs Normalizer.group_num_tokens: build the normalizer with "
+                    "Normalizer.from_batch(...) or Normalizer.from_masks(..., group_index=[...])"
+                )
         zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        return self.reduce(torch.where(mask, loss, zero), mask, normalizer, max_completion_length)
+        return self.reduce(torch.where(mask, loss, zero), mask, normalizer, max_completion_length, group_index)
 
     @abc.abstractmethod
     def reduce(
@@ -431,5 +571,6 @@ class Aggregation(Part, abc.ABC):
         mask: Bool[Tensor, "B T"],
         normalizer: Normalizer,
         max_completion_length: int | None,
+        group_index: Int[Tensor, " B"] | None,
     ) -> Float[Tensor, ""]:
         """The reduction of ``loss``, which is already 0 at masked positions."""

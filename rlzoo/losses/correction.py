@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses.base import Correction, LossInputs, PartOutput, masked_max, masked_mean, masked_min, require
+from rlzoo.losses.base import Correction, LossInputs, PartOutput, masked_max, masked_mean, masked_min
 from rlzoo.registry import Component, Registry, check_number, choice
 
 __all__ = ["ISCorrection", "ISMode", "SequenceMask", "SequenceTruncate", "TokenMask", "TokenTruncate", "is_modes"]
@@ -94,9 +94,16 @@ class ISCorrection(Correction, name="is"):
         \rho_t = \frac{\pi_{old}(o_t)}{\pi_{sampler}(o_t)}\ \text{(token)}, \qquad
         \rho_i = \prod_t \rho_{i,t}\ \text{(sequence, broadcast)}
 
-    ``*_truncate`` clamps rho to ``[is_min, is_max]``; ``*_mask`` sets it to 0 outside that range.
-    ``pi_old`` is ``old_logprobs`` (``logprobs.detach()`` when None) and ``pi_sampler`` is
-    ``rollout_logprobs``. The weight is detached.
+    ``*_truncate`` clamps rho to ``[is_min, is_max]``; ``*_mask`` sets it to 0 outside that range (the
+    token still counts in the denominators: an IS weight, not a rejection; for rejection see ``rollout_rs``).
+    ``pi_old`` is ``old_logprobs`` (``logprobs.detach()`` when None; the current policy, detached, in bypass
+    mode) and ``pi_sampler`` is ``rollout_logprobs``. The weight is detached.
+
+    TRL's names. verl's names for the same slot are :class:`~rlzoo.losses.RolloutCorrection`'s (``rollout_is``,
+    ``rollout_is_threshold``, ``rollout_is_batch_normalize``); a loss holds one of the two (setting an option of
+    the other while one is configured raises). ``token_mask`` with ``is_min``/``is_max`` is verl's token IcePop
+    (``rollout_is="token"``, ``rollout_is_threshold="is_min_is_max"``), ``token_truncate`` with ``is_max`` only
+    is verl's token TIS (up to verl's clamp of the log-ratio at +-20).
 
     Args:
         is_correction: a registered :class:`ISMode` name: "token_truncate", "token_mask", "sequence_truncate",
@@ -162,8 +169,7 @@ class ISCorrection(Correction, name="is"):
 
     def __call__(self, x: LossInputs) -> PartOutput:
         mode = self.mode()
-        rollout = require(x.rollout_logprobs, "rollout_logprobs", f"IS correction ({self.is_correction})")
-        diff = x.old_logprobs - rollout  # both 0 at masked positions
+        diff = x.sampler_log_ratio(f"IS correction ({self.is_correction})")  # 0 at masked positions
         log_rho = x.seq_sum(diff).expand_as(diff) if mode.sequence_level else diff
         rho = mode.bound(torch.exp(log_rho), self.is_min, self.is_max)
         # sequence modes: one statistic per sequence (its first counted token)

@@ -48,9 +48,9 @@ class PPOClip(Surrogate, name="ppo_clip"):
     clipped: its loss and gradient grow with ``w``.
 
     Args:
-        epsilon_low: finite, >= 0, lower clip ``1 - epsilon_low`` (default 0.2).
-        epsilon_high: finite, >= 0, upper clip ``1 + epsilon_high`` (default 0.2; DAPO's clip-higher uses
-            0.28).
+        epsilon_low: >= 0, lower clip ``1 - epsilon_low`` (default 0.2; inf: no lower clip).
+        epsilon_high: >= 0, upper clip ``1 + epsilon_high`` (default 0.2; DAPO's clip-higher uses 0.28; inf: no
+            upper clip, so ``epsilon_low = epsilon_high = inf`` is the unclipped ``-w A``, M2PO's).
         dual_clip: None (off, default) or a finite ``c > 1``: bounds the loss of ``A < 0`` tokens at
             ``c * |A|``.
         delta: None (off, default) or ``> 0`` (inf is the same as off): caps the unclipped ratio before the
@@ -82,8 +82,8 @@ class PPOClip(Surrogate, name="ppo_clip"):
     delta: float | None = None
 
     def check(self) -> None:
-        check_number("ppo_clip", "epsilon_low", self.epsilon_low, low=0.0)
-        check_number("ppo_clip", "epsilon_high", self.epsilon_high, low=0.0)
+        check_number("ppo_clip", "epsilon_low", self.epsilon_low, low=0.0, allow_inf=True)
+        check_number("ppo_clip", "epsilon_high", self.epsilon_high, low=0.0, allow_inf=True)
         check_number("ppo_clip", "dual_clip", self.dual_clip, low=1.0, low_open=True, allow_none=True)
         check_number("ppo_clip", "delta", self.delta, low=0.0, low_open=True, allow_none=True, allow_inf=True)
 

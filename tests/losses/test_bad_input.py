@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import policy_batches, runtime_type_checker_off
+from tolerances import assert_grad_close, tol
 
 import rlzoo
 from rlzoo import BatchError, Normalizer, PolicyBatch, UnknownNameError
@@ -240,9 +241,31 @@ def test_check_values_false_skips_only_the_value_checks():
 )
 @pytest.mark.parametrize("value", [-0.1, -1e-12, math.nan, math.inf, "0.2", None, True])
 def test_invalid_epsilon_names_the_option(name, option, value):
-    """epsilon < 0 (and NaN, inf, strings, None, bools) raise a ValueError naming the option."""
+    """epsilon < 0 (and NaN, inf, strings, None, bools) raise a ValueError naming the option.
+
+    ppo_clip (ppo, dapo, gspo) accepts epsilon = inf, "no clip on that side" (M2PO's unclipped ratio):
+    :func:`test_ppo_clip_infinite_epsilon_is_no_clip`.
+    """
+    if value == math.inf and name in ("ppo", "dapo", "gspo"):
+        pytest.skip("ppo_clip accepts inf (no clip); see test_ppo_clip_infinite_epsilon_is_no_clip")
     with pytest.raises(ValueError, match=option):
         rlzoo.get_loss(name, **{option: value})
+
+
+def test_ppo_clip_infinite_epsilon_is_no_clip():
+    """epsilon_low = epsilon_high = inf is the unclipped surrogate -w A (value and gradient), not an error."""
+    gen = torch.Generator().manual_seed(0)
+    lp = (-torch.rand(3, 4, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    old = lp.detach() + torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    adv = torch.randn(3, dtype=torch.float64, generator=gen)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    out = rlzoo.get_loss("ppo", epsilon_low=math.inf, epsilon_high=math.inf)(
+        PolicyBatch(logprobs=lp, old_logprobs=old.clamp(max=0), advantages=adv, completion_mask=mask))
+    expected = (-(lp - old.clamp(max=0)).exp() * adv[:, None]).sum(-1).div(4).mean()
+    torch.testing.assert_close(out.loss, expected, **tol(torch.float64))
+    (g,) = torch.autograd.grad(out.loss, lp, retain_graph=True)
+    (g_ref,) = torch.autograd.grad(expected, lp)
+    assert_grad_close(g, g_ref)
 
 
 @pytest.mark.parametrize("value", [1.0, 0.99, 0.0, -3.0, math.nan])

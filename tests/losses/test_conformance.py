@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import (
     aggregation_weights,
+    batch_options_for,
     budget,
+    example_field,
     fresh,
     kl_closed_form,
     loss_and_grads,
@@ -28,8 +30,9 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo.algorithms.cov import ClipCov
+from rlzoo.algorithms.vapo import PositiveNLL
 from rlzoo.batch import BatchError
-from rlzoo.losses import EntropyBonus, KLPenalty, OnPolicy, PolicyLoss, presets
+from rlzoo.losses import EntropyBonus, KLPenalty, LossInputs, OnPolicy, PolicyLoss, presets
 
 PRESETS = rlzoo.list_losses()
 F64 = tol(torch.float64)
@@ -45,15 +48,7 @@ def _loss(name: str, t: int, **options) -> PolicyLoss:
 
 
 def _batch_for(data: st.DataObject, loss: PolicyLoss, **kw) -> rlzoo.PolicyBatch:
-    need = loss.required_fields()
-    return data.draw(
-        policy_batches(
-            ref=True if "ref_logprobs" in need else None,
-            rollout=True if "rollout_logprobs" in need else None,
-            entropies=True if "entropies" in need else None,
-            **kw,
-        )
-    )
+    return data.draw(policy_batches(**{**batch_options_for(loss), **kw}))
 
 
 def _shape_b_t(data: st.DataObject) -> int:
@@ -101,11 +96,15 @@ def test_float32_in_float32_out(name):
     b, t = 3, 5
     mask = torch.arange(t) < torch.tensor([[5], [2], [0]])
     lp = (-torch.rand(b, t, generator=g)).requires_grad_(True)
+    loss_fn = _loss(name, t)
     fields = {f: -torch.rand(b, t, generator=g) for f in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
+    fields |= {f: example_field(f, b, t, dtype=torch.float32) for f in loss_fn.required_fields() if f not in fields}
+    if batch_options_for(loss_fn).get("old") is False:
+        del fields["old_logprobs"]
     batch = rlzoo.PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0, -0.5, 0.0]), completion_mask=mask,
                               entropies=torch.rand(b, t, generator=g), **fields)
     torch.manual_seed(0)
-    out = _loss(name, t)(batch)
+    out = loss_fn(batch)
     out.loss.backward()
     assert out.loss.dtype == torch.float32 and lp.grad.dtype == torch.float32
     assert torch.isfinite(lp.grad).all()
@@ -151,7 +150,7 @@ def test_padding_is_inert(name, data):
 @FAST
 @given(data=st.data())
 def test_micro_batches_sum_to_the_full_batch(name, data):
-    """sum_k loss(micro_k, normalizer=Normalizer.from_batch(full)) == loss(full), in value and gradient.
+    """sum_k loss(micro_k, normalizer=Normalizer.from_batch(full, loss=loss)) == loss(full), in value and gradient.
 
     Skipped for batch-coupled losses (``loss.batch_coupled``: clip_cov's covariance and random draw, kl_cov's
     covariance top-k are taken over the batch they are given, as verl does per micro-batch), which by
@@ -166,7 +165,7 @@ def test_micro_batches_sum_to_the_full_batch(name, data):
     full_out, full_grad, _ = loss_and_grads(loss_fn, batch)
 
     whole = fresh(batch)
-    normalizer = rlzoo.Normalizer.from_batch(whole)
+    normalizer = rlzoo.Normalizer.from_batch(whole, loss=loss_fn)
     total = sum(loss_fn(mb, normalizer=normalizer).loss for mb in whole.split(size))
     (grad,) = torch.autograd.grad(total, whole.logprobs)
     torch.testing.assert_close(total, full_out.loss, **F64)
@@ -218,7 +217,7 @@ def test_required_fields_are_enforced_and_sufficient(name):
     lp = torch.full((2, 4), -0.5, dtype=torch.float64, requires_grad=True)
     base = {"logprobs": lp, "advantages": torch.tensor([1.0, -1.0], dtype=torch.float64),
             "completion_mask": torch.ones(2, 4, dtype=torch.bool)}
-    extra = {f: torch.full((2, 4), -0.7, dtype=torch.float64) for f in loss_fn.required_fields()}
+    extra = {f: example_field(f, 2, 4) for f in loss_fn.required_fields()}
     torch.manual_seed(0)
     loss_fn(rlzoo.PolicyBatch(**base, **extra)).loss.backward()
     for missing in loss_fn.required_fields():
@@ -238,16 +237,24 @@ def _first_iteration_expectation(loss_fn: PolicyLoss, batch: rlzoo.PolicyBatch, 
         untruncated ratio, DRO with a zero log-ratio penalty): v = -A logp;
       * ``REINFORCE_GRADIENT`` (SAPO, whose value -2A/tau is its own property test): only the gradient.
     Every one has d v / d logp = -A at w = 1, the REINFORCE gradient. ``kept`` marks the tokens whose policy
-    term survives (Clip-Cov removes some). Penalties add beta * KL (closed form) and -entropy_coef * H.
-    Everything is aggregated with the loss's aggregation written as weights c[b, t]; the loss is None when the
-    surrogate does not promise its value.
+    term survives (Clip-Cov removes some). A rollout rejection removes tokens from the mask and the counts (the
+    loss's ``loss_mask``); a rollout IS correction multiplies the policy term by its detached weight (the part's
+    own output, checked against TRL / verl / AReaL elsewhere). Penalties add beta * KL (closed form),
+    -entropy_coef * H, and VAPO's positive NLL (a mean over positive tokens, not aggregated). Everything is
+    aggregated with the loss's aggregation written as weights c[b, t]; the loss is None when the surrogate does
+    not promise its value.
     """
-    mask = batch.completion_mask
+    mask = loss_fn.loss_mask(batch.completion_mask, logprobs=batch.logprobs, old_logprobs=batch.old_logprobs,
+                             rollout_logprobs=batch.rollout_logprobs)
+    kept = kept & mask
     lp = batch.logprobs.detach()
     zero = torch.zeros((), dtype=lp.dtype)
     adv = batch.advantages
     adv = adv.unsqueeze(-1).expand_as(lp) if adv.ndim == 1 else adv
     adv = torch.where(mask, adv, zero)
+    rho = torch.ones_like(lp)
+    if loss_fn.is_correction is not None and loss_fn.is_correction.active:
+        rho = loss_fn.is_correction(LossInputs.from_batch(batch)).value
     promise = type(loss_fn.surrogate).on_policy
     if promise is OnPolicy.MINUS_ADVANTAGE:
         value = -adv
@@ -257,8 +264,10 @@ def _first_iteration_expectation(loss_fn: PolicyLoss, batch: rlzoo.PolicyBatch, 
         value = None
     else:
         pytest.fail(f"surrogate {loss_fn.surrogate.registered_name()!r} declares no on_policy promise")
-    value = torch.where(kept, value, zero) if value is not None else None
-    grad_token = torch.where(kept, -adv, zero)
+    value = torch.where(kept, value * rho, zero) if value is not None else None
+    grad_token = torch.where(kept, -adv * rho, zero)
+    own = torch.zeros((), dtype=lp.dtype)
+    own_grad = torch.zeros_like(lp)
     for part in loss_fn.penalties:
         if isinstance(part, KLPenalty):
             assert not part.use_bias_correction_kl
@@ -268,12 +277,17 @@ def _first_iteration_expectation(loss_fn: PolicyLoss, batch: rlzoo.PolicyBatch, 
             grad_token = grad_token + part.beta * dkl
         elif isinstance(part, EntropyBonus):
             value = value - part.entropy_coef * torch.where(mask, batch.entropies.detach(), zero) if value is not None else None
+        elif isinstance(part, PositiveNLL):
+            positive = mask & (batch.rewards > 0).unsqueeze(-1)
+            n_pos = max(int(positive.sum()), 1)
+            own = own + part.positive_nll_coef * torch.where(positive, -lp, zero).sum() / n_pos
+            own_grad = own_grad - part.positive_nll_coef * positive.to(lp.dtype) / n_pos
         else:
             pytest.fail(f"unknown penalty {type(part).__name__}")
     c = aggregation_weights(mask, loss_fn.aggregation.registered_name(),
                             max_completion_length=loss_fn.max_completion_length)
-    loss = None if value is None else (c * torch.where(mask, value, zero)).sum()
-    return loss, c * grad_token
+    loss = None if value is None else (c * torch.where(mask, value, zero)).sum() + own
+    return loss, c * grad_token + own_grad
 
 
 @pytest.mark.parametrize("old", ["none", "equal"])

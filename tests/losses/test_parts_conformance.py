@@ -10,10 +10,14 @@ for any member of the slot:
 * the output contract, padding inertness, finite gradients that are exactly 0 on padding, and micro-batch
   additivity with the full batch's Normalizer (unless ``batch_coupled``);
 * ratio levels and surrogates: their declared first-iteration promise (ratio 1, ``OnPolicy``);
+* rejections: no sampler/trainer mismatch rejects nothing; a rejection is the same loss on the batch whose
+  completion mask lost the rejected tokens (and the counts with them); the keep mask is detached and only
+  removes tokens;
 * corrections: no sampler/trainer mismatch (``rollout_logprobs == old_logprobs``) means no correction;
 * token weights: a detached, non-negative, finite per-token multiplier of the per-token loss;
 * penalties: an additive per-token term, aggregated like the policy term;
-* aggregations: linear in the per-token loss, blind to masked positions, additive over any split of the rows.
+* aggregations: linear in the per-token loss, blind to masked positions, additive over any split of the rows;
+* surrogates that declare ``uses_ratio`` False: independent of ``old_logprobs``.
 """
 
 import dataclasses
@@ -25,7 +29,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import (
     aggregation_weights,
+    batch_options_for,
     budget,
+    example_field,
     fresh,
     loss_and_grads,
     masks,
@@ -65,10 +71,7 @@ def _compose(slot, part: Part, t: int) -> PolicyLoss:
 
 
 def _batch(data: st.DataObject, loss: PolicyLoss, **kw) -> PolicyBatch:
-    need = loss.required_fields()
-    return data.draw(policy_batches(ref=True if "ref_logprobs" in need else None,
-                                    rollout=True if "rollout_logprobs" in need else None,
-                                    entropies=True if "entropies" in need else None, **kw))
+    return data.draw(policy_batches(**{**batch_options_for(loss), **kw}))
 
 
 def _mixes_tokens(loss: PolicyLoss) -> bool:
@@ -148,18 +151,21 @@ def test_member_contract_and_inert_padding(slot, name, cls, data):
         torch.testing.assert_close(dirty.metrics[key], out.metrics[key], **F64, msg=key)
 
 
-@pytest.mark.parametrize(("slot", "name", "cls"), [m for m in MEMBERS if not m[2].batch_coupled],
-                         ids=[i for i, m in zip(IDS, MEMBERS, strict=True) if not m[2].batch_coupled])
+UNCOUPLED = [m for m in MEMBERS if not _member(m[2]).couples_batch]
+
+
+@pytest.mark.parametrize(("slot", "name", "cls"), UNCOUPLED, ids=[f"{m[0].field}/{m[1]}" for m in UNCOUPLED])
 @FAST
 @given(data=st.data())
 def test_member_micro_batches_sum_to_the_full_batch(slot, name, cls, data):
-    """sum_k loss(micro_k, normalizer=Normalizer.from_batch(full)) == loss(full), value and gradient."""
+    """sum_k loss(micro_k, normalizer=Normalizer.from_batch(full, loss=loss)) == loss(full), value and gradient
+    (the counts are over the loss's own loss_mask: rejected tokens leave them)."""
     t = data.draw(st.integers(1, 7), label="T")
     loss = _compose(slot, _member(cls), t)
     batch = _batch(data, loss, t=t)
     full, full_grad, _ = loss_and_grads(loss, batch)
     whole = fresh(batch)
-    normalizer = rlzoo.Normalizer.from_batch(whole)
+    normalizer = rlzoo.Normalizer.from_batch(whole, loss=loss)
     size = data.draw(st.integers(1, batch.shape[0]), label="micro_batch_size")
     total = sum(loss(mb, normalizer=normalizer).loss for mb in whole.split(size))
     (grad,) = torch.autograd.grad(total, whole.logprobs)
@@ -221,8 +227,93 @@ def test_no_mismatch_means_no_correction(slot, name, cls, data):
 
 
 def _stage_inputs(loss: PolicyLoss, batch: PolicyBatch) -> LossInputs:
-    x = LossInputs.from_batch(fresh(batch))
+    x = LossInputs.from_batch(fresh(batch), normalizer=rlzoo.Normalizer.from_batch(batch, loss=loss))
     return x.with_weights(loss.ratio(x).value)
+
+
+REJECTIONS = [m for m in MEMBERS if m[0].field == "rejections"]
+
+
+@pytest.mark.parametrize(("slot", "name", "cls"), REJECTIONS, ids=[m[1] for m in REJECTIONS])
+@FAST
+@given(data=st.data())
+def test_no_mismatch_rejects_nothing(slot, name, cls, data):
+    """rollout_logprobs == old_logprobs: every token is kept (loss_mask is the completion mask) and the loss equals
+    the loss without the rejection, in value and gradient."""
+    t = data.draw(st.integers(1, 6), label="T")
+    loss = _compose(slot, _member(cls), t)
+    batch = data.draw(policy_batches(t=t, old=True))
+    batch = fresh(batch, rollout_logprobs=batch.old_logprobs.clone())
+    mask = batch.completion_mask
+    assert torch.equal(loss.loss_mask(mask, old_logprobs=batch.old_logprobs, rollout_logprobs=batch.rollout_logprobs),
+                       mask)
+    plain = dataclasses.replace(loss, rejections=())
+    a, ga, _ = loss_and_grads(loss, batch)
+    b, gb, _ = loss_and_grads(plain, batch)
+    torch.testing.assert_close(a.loss, b.loss, **F64)
+    torch.testing.assert_close(ga, gb, **F64)
+
+
+@pytest.mark.parametrize(("slot", "name", "cls"), REJECTIONS, ids=[m[1] for m in REJECTIONS])
+@FAST
+@given(data=st.data(), bypass=st.booleans())
+def test_rejection_is_the_loss_on_the_kept_tokens(slot, name, cls, data, bypass):
+    """keep = the part's detached mask; loss_mask(...) = completion_mask & keep (a subset). Decoupled mode: the
+    loss equals the loss without the rejection on the batch whose completion mask is loss_mask (counts
+    included), for every aggregation. Bypass mode: the counts and the penalties keep the rejected tokens, the
+    policy term drops them (loss_mask is the completion mask)."""
+    t = data.draw(st.integers(1, 6), label="T")
+    aggregation = data.draw(st.sampled_from(rlzoo.losses.aggregations.names()), label="aggregation")
+    loss = _compose(slot, _member(cls), t).with_options(aggregation=aggregation, bypass_mode=bypass, beta=0.1)
+    batch = data.draw(policy_batches(**{**batch_options_for(loss), "groups": True}, t=t, log_ratio_scale=0.5))
+    mask = batch.completion_mask
+    kept = loss.loss_mask(mask, logprobs=batch.logprobs, old_logprobs=batch.old_logprobs,
+                          rollout_logprobs=batch.rollout_logprobs)
+    assert not kept.requires_grad and not (kept & ~mask).any()
+    plain = dataclasses.replace(loss, rejections=())
+    out, grad, _ = loss_and_grads(loss, batch)
+    if not bypass:
+        want, want_grad, _ = loss_and_grads(plain, fresh(batch, completion_mask=kept))
+    else:
+        assert torch.equal(kept, mask)
+        x = LossInputs.from_batch(batch, old_logprobs=batch.rollout_logprobs, bypass_mode=True)
+        keep = _member(cls)(x).value & mask
+        policy_only = dataclasses.replace(plain, penalties=())
+        normalizer = rlzoo.Normalizer.from_batch(batch, loss=loss)
+        penalty = dataclasses.replace(plain, surrogate=_ZeroSurrogate())
+        a, ga, _ = loss_and_grads(policy_only, fresh(batch, completion_mask=keep), normalizer)
+        b, gb, _ = loss_and_grads(penalty, batch, normalizer)
+        want, want_grad = a.loss + b.loss, ga + gb
+        want = want.detach()
+    torch.testing.assert_close(out.loss.detach(), want if bypass else want.loss.detach(), **F64)
+    torch.testing.assert_close(grad, want_grad, **F64)
+
+
+class _ZeroSurrogate(Surrogate):
+    """A policy term of 0 (unregistered; isolates the penalties in a test)."""
+
+    on_policy = OnPolicy.MINUS_ADVANTAGE
+
+    def __call__(self, x: LossInputs):
+        return torch.zeros_like(x.logprobs), {}
+
+
+RATIO_FREE = [m for m in MEMBERS if m[0].field == "surrogate" and not m[2].uses_ratio]
+
+
+@pytest.mark.parametrize(("slot", "name", "cls"), RATIO_FREE, ids=[m[1] for m in RATIO_FREE])
+@FAST
+@given(data=st.data())
+def test_a_surrogate_that_ignores_the_ratio_ignores_old_logprobs(slot, name, cls, data):
+    """``uses_ratio`` False (bypass mode applies the rollout IS weight to it): loss and gradient do not depend on
+    old_logprobs."""
+    t = data.draw(st.integers(1, 6), label="T")
+    loss = _compose(slot, _member(cls), t)
+    batch = _batch(data, loss, t=t, old=True)
+    a, ga, _ = loss_and_grads(loss, batch)
+    b, gb, _ = loss_and_grads(loss, fresh(batch, old_logprobs=None))
+    torch.testing.assert_close(a.loss, b.loss, **F64)
+    torch.testing.assert_close(ga, gb, **F64)
 
 
 WEIGHTS = [m for m in MEMBERS if m[0].field == "weights"]
@@ -253,14 +344,19 @@ PENALTIES = [m for m in MEMBERS if m[0].field == "penalties"]
 @FAST
 @given(data=st.data(), aggregation=st.sampled_from(rlzoo.losses.aggregations.names()))
 def test_penalty_is_an_aggregated_additive_term(slot, name, cls, data, aggregation):
-    """loss(with the penalty) - loss(without) == aggregation(term), for every registered aggregation."""
+    """loss(with the penalty) - loss(without) == aggregation(term), for every registered aggregation (the sum of
+    the term for a penalty that normalises itself, ``aggregated`` False)."""
     t = data.draw(st.integers(1, 6), label="T")
     part = _member(cls)
     loss = _compose(slot, part, t).with_options(aggregation=aggregation)
     batch = _batch(data, loss, t=t)
     plain = dataclasses.replace(loss, penalties=())
     term = part(_stage_inputs(loss, batch)).value.detach()
-    expected = loss.aggregation(term, batch.completion_mask, rlzoo.Normalizer.from_batch(batch), t)
+    mask = batch.completion_mask
+    if cls.aggregated:
+        expected = loss.aggregation(term, mask, rlzoo.Normalizer.from_batch(batch), t, batch.group_index)
+    else:  # normalised by its own counts: the pipeline adds its sum
+        expected = torch.where(mask, term, 0.0).sum()
     with torch.no_grad():
         diff = loss(fresh(batch)).loss - plain(fresh(batch)).loss
     torch.testing.assert_close(diff, expected, **F64)
@@ -281,14 +377,18 @@ def test_aggregation_is_linear_masked_and_additive_over_rows(slot, name, cls, da
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     l1, l2 = (torch.randn(b, t, generator=g, dtype=torch.float64) for _ in range(2))
     a = data.draw(st.floats(-3.0, 3.0), label="a")
-    norm = rlzoo.Normalizer.from_masks(mask)
+    groups = torch.randint(0, max(1, b // 2), (b,), generator=g)
+    norm = rlzoo.Normalizer.from_masks(mask, group_index=[groups] if cls.needs_group_index else None)
     mcl = t + 2
-    torch.testing.assert_close(agg(a * l1 + l2, mask, norm, mcl), a * agg(l1, mask, norm, mcl) + agg(l2, mask, norm, mcl),
-                               **F64)
-    torch.testing.assert_close(agg(torch.where(mask, l1, torch.nan), mask, norm, mcl), agg(l1, mask, norm, mcl), **F64)
+
+    def apply(values, sel=slice(None)):
+        return agg(values[sel], mask[sel], norm, mcl, groups[sel])
+
+    torch.testing.assert_close(apply(a * l1 + l2), a * apply(l1) + apply(l2), **F64)
+    torch.testing.assert_close(apply(torch.where(mask, l1, torch.nan)), apply(l1), **F64)
     rows = torch.tensor(data.draw(st.lists(st.booleans(), min_size=b, max_size=b)))
-    parts = sum(agg(l1[sel], mask[sel], norm, mcl) for sel in (rows, ~rows) if sel.any())
-    torch.testing.assert_close(parts, agg(l1, mask, norm, mcl), **F64)
+    parts = sum(apply(l1, sel) for sel in (rows, ~rows) if sel.any())
+    torch.testing.assert_close(parts, apply(l1), **F64)
 
 
 # ------------------------------------------------------------------------------------------ alternatives
@@ -304,9 +404,7 @@ def test_every_registered_alternative_works(slot, cls, option, alternative):
     loss = _compose(slot, part, 4)
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(3, 4, generator=g, dtype=torch.float64) - 0.01
-    fields = {f: -torch.rand(3, 4, generator=g, dtype=torch.float64) - 0.01 for f in loss.required_fields()}
-    if "entropies" in fields:
-        fields["entropies"] = -fields["entropies"]
+    fields = {f: example_field(f, 3, 4, seed=i) for i, f in enumerate(sorted(loss.required_fields()))}
     batch = PolicyBatch(logprobs=lp.requires_grad_(True), advantages=torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64),
                         completion_mask=torch.tensor([[True] * 4, [True, True, False, False], [True] + [False] * 3]),
                         **fields)

@@ -18,6 +18,7 @@ from strategies import (
     KL_ESTIMATORS,
     aggregate,
     aggregation_weights,
+    batch_options_for,
     budget,
     fresh,
     kl_closed_form,
@@ -360,13 +361,15 @@ def test_micro_batches_sum_to_full_batch_with_every_optional_part(aggregation, d
     name = data.draw(st.sampled_from(NON_COUPLED), label="preset")
     options = data.draw(loss_options(kl=True, is_correction=True, off_policy_mask=True, entropy_bonus=True))
     options = supported_options(name, options)
-    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True))
-    loss_fn = rlzoo.get_loss(name, aggregation=aggregation, max_completion_length=batch.shape[1], **options)
+    t = data.draw(st.integers(1, 8), label="T")
+    loss_fn = rlzoo.get_loss(name, aggregation=aggregation, max_completion_length=t, **options)
+    batch = data.draw(policy_batches(t=t, **{"ref": True, "rollout": True, "entropies": True, "entropies_grad": True,
+                                             **batch_options_for(loss_fn)}))
     full, g_lp, g_ent = loss_and_grads(loss_fn, batch)
 
     whole = fresh(batch)
     size = data.draw(st.integers(1, batch.shape[0]), label="micro_batch_size")
-    normalizer = Normalizer.from_batch(whole)
+    normalizer = Normalizer.from_batch(whole, loss=loss_fn)
     total = sum(loss_fn(mb, normalizer=normalizer).loss for mb in whole.split(size))
     got_lp, got_ent = torch.autograd.grad(total, [whole.logprobs, whole.entropies])
     torch.testing.assert_close(total, full.loss, **F64)
@@ -383,8 +386,10 @@ def test_padding_is_inert_with_every_optional_part(data):
     options = data.draw(loss_options(kl=True, is_correction=True, off_policy_mask=True, entropy_bonus=True))
     options = supported_options(name, options)
     options["top_entropy_quantile"] = data.draw(st.sampled_from([0.0, 0.2, 0.9]))
-    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True))
-    loss_fn = rlzoo.get_loss(name, max_completion_length=batch.shape[1], **options)
+    t = data.draw(st.integers(1, 8), label="T")
+    loss_fn = rlzoo.get_loss(name, max_completion_length=t, **options)
+    batch = data.draw(policy_batches(t=t, **{"ref": True, "rollout": True, "entropies": True, "entropies_grad": True,
+                                             **batch_options_for(loss_fn)}))
     clean, g_lp, g_ent = loss_and_grads(loss_fn, batch, seed=3)
     dirty, d_lp, d_ent = loss_and_grads(loss_fn, with_garbage(batch, seed=5), seed=3)
     torch.testing.assert_close(dirty.loss, clean.loss, **F64)

@@ -75,6 +75,10 @@ def loss_sums(rank: int, world: int) -> dict:
                                               ).clamp(max=-1e-3)
             if "entropies" in needs:
                 fields["entropies"] = torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+            if "rewards" in needs:  # VAPO's positive-example NLL term
+                fields["rewards"] = (torch.rand(b, generator=gen) > 0.5).to(torch.float64)
+            if "group_index" in needs:  # prompt-mean: groups of 3, so the rank split cuts one
+                fields["group_index"] = torch.arange(b) // 3
             fields["completion_mask"][:, 0] = True
             if loss_fn.batch_coupled:  # statistics over the batch it is given: per rank, documented
                 worst.setdefault("per_rank", []).append(f"{preset}/{aggregation}")
@@ -85,11 +89,21 @@ def loss_sums(rank: int, world: int) -> dict:
             rows = slice(rank * b // world, (rank + 1) * b // world)
             mine_lp = lp.clone().requires_grad_(True)
             mine_fields = {k: v[rows] for k, v in fields.items()}
-            local = rlzoo.Normalizer.from_masks(mine_fields["completion_mask"])
+            groups, rewards = mine_fields.get("group_index"), mine_fields.get("rewards")
+            local = rlzoo.Normalizer.from_masks(
+                mine_fields["completion_mask"], group_index=None if groups is None else [groups],
+                num_groups=None if groups is None else int(fields["group_index"].max()) + 1,
+                rewards=None if rewards is None else [rewards])
             counts = torch.stack([torch.as_tensor(local.num_tokens, dtype=torch.float64),
-                                  torch.as_tensor(local.num_sequences, dtype=torch.float64)])
+                                  torch.as_tensor(local.num_sequences, dtype=torch.float64),
+                                  torch.as_tensor(local.num_positive_tokens or 0, dtype=torch.float64)])
             dist.all_reduce(counts)
-            normalizer = rlzoo.Normalizer(num_tokens=counts[0], num_sequences=counts[1])
+            group_counts = None
+            if local.group_num_tokens is not None:  # every count is a sum over sequences: all-reduce it
+                group_counts = local.group_num_tokens.clone()
+                dist.all_reduce(group_counts)
+            normalizer = rlzoo.Normalizer(num_tokens=counts[0], num_sequences=counts[1], group_num_tokens=group_counts,
+                                          num_positive_tokens=None if rewards is None else counts[2])
             out = loss_fn(rlzoo.PolicyBatch(logprobs=mine_lp[rows], **mine_fields), normalizer=normalizer)
             (out.loss * world).backward()  # what DDP's averaging is compensated with
             value = out.loss.detach().clone()

@@ -71,11 +71,13 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
 
 def test_every_preset_and_aggregation_sums_over_ranks(two_ranks):
     """Each rank's loss on its half with the all-reduced Normalizer, times 2 and averaged as DDP does, sums to
-    the one-process loss and gradient (float64); clip_cov and kl_cov select tokens per rank (documented)."""
+    the one-process loss and gradient (float64), prompt-mean (groups cut by the rank split, group counts
+    all-reduced) and VAPO's positive-token count included; clip_cov, kl_cov and M2PO's mask select tokens per
+    rank (documented)."""
     sums = two_ranks["loss_sums"]
     assert sums["cases"] >= 80 and "failures" not in sums
     assert sums["value"] < 1e-12 and sums["grad"] < 1e-12
-    assert sorted({case.split("/")[0] for case in sums["per_rank"]}) == ["clip_cov", "kl_cov"]
+    assert sorted({case.split("/")[0] for case in sums["per_rank"]}) == ["clip_cov", "kl_cov", "m2po"]
 
 
 def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_path):

@@ -1,0 +1,517 @@
+r"""Rollout correction with verl 0.9.1's names, for any loss: importance weights (``rollout_is``), rejection
+(``rollout_rs``); and SkyRL's outlier-token veto and geometric sequence mask.
+
+Three policies meet in an off-policy update: the sampler that generated the tokens (``rollout_logprobs``, e.g.
+vLLM: :math:`\pi_{rollout}`), the old policy as the trainer scores it (``old_logprobs``: :math:`\pi_{old}`), and the
+trained policy :math:`\pi_\theta`. With :math:`\log\rho_t = \log\pi_{old}(o_t) - \log\pi_{rollout}(o_t)` (verl's
+"decoupled" mode, the default):
+
+==========================================  ==============================================================
+verl option (``algorithm.rollout_correction``)  rlzoo (``rlzoo.get_loss(name, **options)``)
+==========================================  ==============================================================
+``rollout_is``: None / "token" / "sequence"  ``rollout_is`` (:class:`RolloutCorrection`): per-token
+                                             :math:`\rho_t`, or the sequence's :math:`\prod_t\rho_t`
+                                             broadcast; detached; multiplies the per-token loss
+``rollout_is_threshold``: 2.0 / "0.5_5.0"    a number: truncate (TIS, ``min(w, upper)``); a string
+                                             ``"lower_upper"``: IcePop, ``w = 0`` outside ``[lower, upper]``
+                                             (the token still counts in the denominators)
+``rollout_is_batch_normalize``: False        divide the weights by their mean over the batch's tokens
+                                             ("token") or sequences ("sequence"); couples the batch
+``rollout_rs``: "token_k1,seq_mean_k3"       ``rollout_rs`` (:class:`RolloutRejection`): reject tokens or
+                                             whole sequences; comma-combined criteria must all pass
+``rollout_rs_threshold``: "0.5_2.0,0.01"     one threshold per criterion (or one for all): ``*_k1``
+                                             takes ``"lower_upper"`` ratio bounds (a single number ``u``
+                                             means ``1/u .. u``), ``*_k2`` / ``*_k3`` an upper bound
+``bypass_mode``: True                        ``bypass_mode=True`` (a loss option): ``old_logprobs`` :=
+                                             ``rollout_logprobs``; IS weight and rejection compare
+                                             :math:`\pi_\theta` (detached) with :math:`\pi_{rollout}`
+``loss_type``: "ppo_clip" / "reinforce"      the surrogate: ``get_loss("ppo", bypass_mode=True, ...)``
+                                             (the ratio is the IS weight: ``rollout_is`` is reported, not
+                                             applied) or ``get_loss("gpg", bypass_mode=True, rollout_is=
+                                             ...)`` (REINFORCE times the IS weight)
+==========================================  ==============================================================
+
+Rejected tokens leave the loss: in the decoupled mode they leave the loss mask of every term and its counts,
+exactly as verl's modified ``response_mask`` (computed in the trainer before the update, it also masks the KL
+and entropy terms and sets ``batch_num_tokens``): build the :class:`~rlzoo.Normalizer` of a split batch from
+:meth:`~rlzoo.losses.PolicyLoss.loss_mask` (``Normalizer.from_batch(*micro_batches, loss=loss_fn)``). In bypass
+mode the rejection compares with the current policy, unknown before the forward pass: rejected tokens leave
+the policy term only and the counts stay those of the completion mask, as verl's ``bypass_mode`` policy loss
+(its ``global_batch_info`` counts the unmodified mask; its KL and entropy terms use it too).
+
+Geo-RS (verl's ``decoupled_geo_rs`` / ``bypass_*_geo_rs`` presets) is ``rollout_rs="seq_mean_k1"``: the geometric
+mean of the sequence's ratios :math:`\exp(\mathrm{mean}_t \log\rho_t)` within ``[1/upper, 1/lower]`` (verl's k1 is
+:math:`-\log\rho`; its ``"0.999_1.001"`` bounds are symmetric). SkyRL implements the same two ideas differently:
+its masks are weights of the policy term (the denominators keep the masked tokens) and its bounds are on
+:math:`\rho` itself; :class:`GeometricSequenceMask` and :class:`OutlierTokenVeto` are SkyRL's.
+
+References:
+    Liu, Li, Fu, Wang, Liu, Shen 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+    Training-Inference Mismatch" (sequence-level IS, masking, Geo-RS); Yao et al. 2025, "Your Efficient RL
+    Framework Secretly Brings You Off-Policy RL Training" (truncated IS); verl 0.9.1
+    ``verl/trainer/ppo/rollout_corr_helper.py`` and ``core_algos.compute_policy_loss_bypass_mode``; SkyRL
+    ``skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py``.
+"""
+
+import math
+from types import MappingProxyType
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlzoo.losses.base import (
+    Correction,
+    LossInputs,
+    PartOutput,
+    Rejection,
+    TokenWeight,
+    masked_max,
+    masked_mean,
+    masked_min,
+)
+from rlzoo.registry import check_choice, check_number
+
+__all__ = [
+    "RS_CRITERIA",
+    "GeometricSequenceMask",
+    "OutlierTokenVeto",
+    "RolloutCorrection",
+    "RolloutRejection",
+    "parse_is_threshold",
+    "parse_rs_thresholds",
+]
+
+SAFETY_BOUND = 20.0
+"""verl's clamp of log-ratios before ``exp`` (``rollout_corr_helper.SAFETY_BOUND``), SkyRL's ``safe_exp_delta``'s."""
+
+RS_CRITERIA = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+               "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+"""The ``rollout_rs`` criteria of verl 0.9.1 (``SUPPORTED_ROLLOUT_RS_OPTIONS``)."""
+
+
+def _positive(owner: str, option: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{owner}: {option} must hold numbers, got {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{owner}: {option} bounds must be finite and > 0, got {text!r}")
+    return value
+
+
+def parse_is_threshold(threshold: float | str) -> tuple[float, float | None]:
+    """``(upper, lower or None)`` of verl's ``rollout_is_threshold``: a number (or a number as a string) is the
+    truncation bound (lower None: TIS); ``"lower_upper"`` the IcePop interval.
+
+    Raises:
+        ValueError: naming rollout_is_threshold: not a number or string, empty, not numeric, a bound <= 0 or
+            infinite, or lower > upper.
+    """
+    owner, option = "rollout_is", "rollout_is_threshold"
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, str)):
+        raise ValueError(f"{owner}: {option} must be a number (truncate) or a 'lower_upper' string (IcePop), got "
+                         f"{type(threshold).__name__} {threshold!r}")
+    if isinstance(threshold, str):
+        spec = threshold.strip()
+        if not spec:
+            raise ValueError(f"{owner}: {option} must not be empty")
+        if "_" in spec:
+            low_text, high_text = spec.split("_", 1)
+            lower, upper = _positive(owner, option, low_text), _positive(owner, option, high_text)
+            if lower > upper:
+                raise ValueError(f"{owner}: {option} lower bound ({lower}) must be <= the upper bound ({upper})")
+            return upper, lower
+        return _positive(owner, option, spec), None
+    return _positive(owner, option, str(float(threshold))), None
+
+
+def parse_rs_thresholds(criteria: tuple[str, ...], threshold: float | str | None) -> tuple[tuple[float | None, float], ...]:
+    """``(lower or None, upper)`` per criterion from verl's ``rollout_rs_threshold``.
+
+    One comma-separated entry per criterion, or one entry for all. A ``*_k1`` criterion bounds the ratio:
+    ``"lower_upper"``, or a single ``u`` meaning ``1/u .. u``; a ``*_k2`` / ``*_k3`` criterion takes one upper
+    bound on the divergence.
+
+    Raises:
+        ValueError: naming rollout_rs_threshold: missing, not a number or string, the wrong number of entries,
+            a non-numeric or non-positive bound, lower > upper, or a ``lower_upper`` pair for a k2/k3 criterion.
+    """
+    owner, option = "rollout_rs", "rollout_rs_threshold"
+    if threshold is None:
+        raise ValueError(f"{owner}: {option} must be given when rollout_rs is set (e.g. '0.5_2.0' or 0.01)")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, str)):
+        raise ValueError(f"{owner}: {option} must be a number or a string, got {type(threshold).__name__}")
+    specs = [str(float(threshold))] if not isinstance(threshold, str) else [
+        p.strip() for p in threshold.split(",") if p.strip()]
+    if not specs:
+        raise ValueError(f"{owner}: {option} must hold at least one threshold")
+    if len(specs) not in (1, len(criteria)):
+        raise ValueError(f"{owner}: {option} needs one threshold for all criteria or one per criterion "
+                         f"({len(criteria)}: {', '.join(criteria)}), got {len(specs)}")
+    if len(specs) == 1:
+        specs = specs * len(criteria)
+    out: list[tuple[float | None, float]] = []
+    for criterion, spec in zip(criteria, specs, strict=True):
+        if criterion.endswith("k1"):
+            if "_" in spec:
+                low_text, high_text = spec.split("_", 1)
+                lower, upper = _positive(owner, option, low_text), _positive(owner, option, high_text)
+            else:
+                upper = _positive(owner, option, spec)
+                lower = 1.0 / upper
+            if lower > upper:
+                raise ValueError(f"{owner}: {option} for {criterion} needs lower <= upper, got {spec!r}")
+            out.append((lower, upper))
+        else:
+            if "_" in spec:
+                raise ValueError(f"{owner}: {option} for {criterion} takes one upper bound (no '_'), got {spec!r}")
+            out.append((None, _positive(owner, option, spec)))
+    return tuple(out)
+
+
+def _criteria(rollout_rs: str) -> tuple[str, ...]:
+    """The distinct criteria of a comma-combined ``rollout_rs``, in order."""
+    names: list[str] = []
+    for name in (p.strip() for p in rollout_rs.split(",")):
+        if not name:
+            continue
+        check_choice("rollout_rs", "rollout_rs", name, RS_CRITERIA)
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError(f"rollout_rs: rollout_rs must name at least one of {', '.join(RS_CRITERIA)}; got {rollout_rs!r}")
+    return tuple(names)
+
+
+# ------------------------------------------------------------------------------------------ IS weights
+class RolloutCorrection(Correction, name="rollout_is"):
+    r"""verl's rollout importance weights: truncated (TIS) or IcePop-masked, per token or per sequence.
+
+    .. math::
+        \rho_t = \exp\big(\mathrm{clip}(\log\pi_{old}(o_t) - \log\pi_{rollout}(o_t), \pm 20)\big), \qquad
+        \rho_i = \exp\big(\mathrm{clip}(\textstyle\sum_t \log\pi_{old}(o_t) - \log\pi_{rollout}(o_t), \pm 20)\big)
+
+    then ``min(rho, upper)`` (a number threshold) or ``rho * 1[lower <= rho <= upper]`` (``"lower_upper"``), and
+    with ``rollout_is_batch_normalize`` divided by its mean (over the batch's counted tokens for "token", over
+    its sequences with a counted token for "sequence"; skipped when the mean is <= 1e-8). The weight is detached
+    and multiplies the per-token loss. In bypass mode :math:`\pi_{old}` is the current policy (detached).
+
+    Args:
+        rollout_is: None (off, default), "token" or "sequence".
+        rollout_is_threshold: a number > 0 (truncation bound, default 2.0, verl's) or a string
+            ``"lower_upper"`` with ``0 < lower <= upper`` (IcePop).
+        rollout_is_batch_normalize: a bool (default False). Batch-coupled when True: the mean is the batch's the
+            loss is called with (verl computes it over the whole training batch in the decoupled mode, over the
+            micro-batch in bypass mode).
+
+    Metrics (verl's names, prefixed ``rollout_corr/``): ``rollout_is_mean`` (before batch normalisation),
+    ``rollout_is_max``, ``rollout_is_min`` (of the applied weights per token; for "sequence" of the raw
+    sequence weights of the sequences with a counted token, verl includes empty rows at 1),
+    ``rollout_is_ratio_fraction_high`` / ``_low`` (raw weights above ``upper`` / below ``lower``, or
+    ``1/upper`` for a truncation; per sequence for "sequence"), ``rollout_is_batch_norm_factor``.
+
+    Raises:
+        ValueError: on construction, naming the option: an unknown rollout_is level, an invalid threshold
+            (see :func:`parse_is_threshold`), a non-bool rollout_is_batch_normalize.
+        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while rollout_is is set.
+
+    References:
+        Matches verl 0.9.1 ``rollout_corr_helper.compute_rollout_correction_weights`` (``rollout_is``,
+        ``rollout_is_threshold``, ``rollout_is_batch_normalize``), whose weights verl's policy losses multiply
+        (``rollout_is_weights``); Yao et al. 2025 (TIS); Liu et al. 2025 "When Speed Kills Stability" (IcePop /
+        masked IS).
+    """
+
+    example_options = MappingProxyType({"rollout_is": "token", "rollout_is_threshold": 2.0})
+    rollout_is: str | None = None
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_batch_normalize: bool = False
+
+    def check(self) -> None:
+        if self.rollout_is is not None:
+            check_choice("rollout_is", "rollout_is", self.rollout_is, ("token", "sequence"))
+        parse_is_threshold(self.rollout_is_threshold)
+        if not isinstance(self.rollout_is_batch_normalize, bool):
+            raise ValueError(f"rollout_is: rollout_is_batch_normalize must be a bool, got {self.rollout_is_batch_normalize!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.rollout_is is not None
+
+    @property
+    def sequence_level(self) -> bool:
+        return self.rollout_is == "sequence"
+
+    @property
+    def couples_batch(self) -> bool:
+        return self.active and self.rollout_is_batch_normalize
+
+    def token_level_hint(self) -> str:
+        return "use rollout_is='token'"
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"rollout_logprobs"}) if self.active else frozenset()
+
+    def __call__(self, x: LossInputs) -> PartOutput:
+        upper, lower = parse_is_threshold(self.rollout_is_threshold)
+        log_ratio = x.sampler_log_ratio(f"rollout_is={self.rollout_is!r}")
+        zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+        rows = x.lengths > 0
+        if self.rollout_is == "token":
+            raw = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+        else:
+            seq = x.seq_sum(log_ratio)  # [B, 1]
+            raw = torch.exp(torch.clamp(seq, -SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
+        raw = torch.where(x.mask, raw, zero)
+        if lower is None:
+            weight = torch.clamp(raw, max=upper)
+        else:
+            weight = torch.where((raw >= lower) & (raw <= upper), raw, zero)
+        low_bound = 1.0 / upper if lower is None else lower
+        metrics = {"rollout_corr/rollout_is_mean": masked_mean(weight, x.mask)}
+        if self.rollout_is == "token":
+            metrics["rollout_corr/rollout_is_max"] = masked_max(weight, x.mask)
+            metrics["rollout_corr/rollout_is_min"] = masked_min(weight, x.mask)
+            high = masked_mean((raw > upper).to(raw.dtype), x.mask)
+            low = masked_mean((raw < low_bound).to(raw.dtype), x.mask)
+        else:
+            seq_weight = raw.amax(dim=-1, keepdim=True)  # the row's raw weight (raw >= 0, 0 at masked slots)
+            row_mask = rows.unsqueeze(-1)
+            metrics["rollout_corr/rollout_is_max"] = masked_max(seq_weight, row_mask)
+            metrics["rollout_corr/rollout_is_min"] = masked_min(seq_weight, row_mask)
+            high = masked_mean((seq_weight > upper).to(raw.dtype), row_mask)
+            low = masked_mean((seq_weight < low_bound).to(raw.dtype), row_mask)
+        metrics["rollout_corr/rollout_is_ratio_fraction_high"] = high
+        metrics["rollout_corr/rollout_is_ratio_fraction_low"] = low
+        if self.rollout_is_batch_normalize:
+            if self.rollout_is == "token":
+                mean = masked_mean(weight, x.mask)
+            else:
+                per_seq = x.seq_mean(weight).squeeze(-1)
+                mean = torch.where(rows, per_seq, zero).sum() / rows.sum().clamp(min=1)
+            factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+            weight = weight / factor
+            metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor
+        return PartOutput(weight.detach(), metrics)
+
+
+# ------------------------------------------------------------------------------------------- rejection
+class RolloutRejection(Rejection, name="rollout_rs"):
+    r"""verl's rollout rejection sampling: drop tokens or whole sequences whose sampler/trainer divergence is
+    out of bounds.
+
+    With :math:`\ell_t = \mathrm{clip}(\log\pi_{old}(o_t) - \log\pi_{rollout}(o_t), \pm 20)` the per-token
+    divergences are :math:`k_1 = -\ell_t`, :math:`k_2 = \ell_t^2/2`, :math:`k_3 = e^{\ell_t} - 1 - \ell_t`.
+    ``token_k*`` judge each token; ``seq_sum_k*`` / ``seq_mean_k*`` / ``seq_max_k*`` the sum / mean / max over the
+    sequence's counted tokens (a fully masked row: 0), keeping or dropping the whole sequence. A ``*_k1``
+    criterion keeps :math:`\log(\mathrm{lower}) \le k_1 \le \log(\mathrm{upper})` (``seq_mean_k1`` is Geo-RS: the
+    geometric mean ratio :math:`\pi_{rollout}/\pi_{old}` within ``[lower, upper]``); a k2 / k3 criterion keeps
+    ``stat <= upper``. A token is kept when every criterion keeps it.
+
+    Args:
+        rollout_rs: None (off, default) or comma-separated criteria from ``RS_CRITERIA``: "token_k1",
+            "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1", "seq_mean_k2",
+            "seq_mean_k3", "seq_max_k2", "seq_max_k3" (duplicates ignored).
+        rollout_rs_threshold: required with rollout_rs: one entry per criterion or one for all, comma-separated
+            in a string (see :func:`parse_rs_thresholds`): ``"lower_upper"`` or ``u`` (= ``1/u .. u``) for
+            k1, an upper bound for k2 / k3 (verl has no other lower bound).
+
+    Metrics (``rollout_corr/``): ``rollout_rs_masked_fraction`` (counted tokens rejected),
+    ``rollout_rs_seq_masked_fraction`` (sequences with a counted token that lost at least one),
+    ``rollout_rs_<criterion>_masked_fraction`` per criterion.
+
+    Raises:
+        ValueError: on construction, naming the option: an unknown criterion (listing them), a missing or
+            invalid threshold.
+        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while rollout_rs is set.
+
+    References:
+        Matches verl 0.9.1 ``rollout_corr_helper.compute_rollout_rejection_mask`` (verl's mean divides by
+        ``n + 1e-8``, here by ``n``: a decision can differ only for a statistic within 1e-8 relative of its
+        bound); Liu et al. 2025, "When Speed Kills Stability" (sequence masking, Geo-RS).
+    """
+
+    example_options = MappingProxyType({"rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25"})
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
+
+    def check(self) -> None:
+        if self.rollout_rs is None:
+            return
+        if not isinstance(self.rollout_rs, str):
+            raise ValueError(f"rollout_rs: rollout_rs must be a string of criteria, got {self.rollout_rs!r}")
+        parse_rs_thresholds(_criteria(self.rollout_rs), self.rollout_rs_threshold)
+
+    @property
+    def active(self) -> bool:
+        return self.rollout_rs is not None
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"rollout_logprobs"}) if self.active else frozenset()
+
+    def criteria(self) -> tuple[tuple[str, float | None, float], ...]:
+        """``(criterion, lower or None, upper)`` for each criterion, bounds as written (ratios for k1)."""
+        assert self.rollout_rs is not None
+        names = _criteria(self.rollout_rs)
+        return tuple((n, lo, hi) for n, (lo, hi) in zip(names, parse_rs_thresholds(names, self.rollout_rs_threshold),
+                                                         strict=True))
+
+    def __call__(self, x: LossInputs) -> PartOutput:
+        log_ratio = torch.clamp(x.sampler_log_ratio(f"rollout_rs={self.rollout_rs!r}"), -SAFETY_BOUND, SAFETY_BOUND)
+        divergence = {"k1": -log_ratio, "k2": 0.5 * log_ratio.square(), "k3": torch.expm1(log_ratio) - log_ratio}
+        lowest = torch.finfo(log_ratio.dtype).min
+        keep = torch.ones_like(x.mask)
+        metrics: dict[str, Tensor] = {}
+        for criterion, lower, upper in self.criteria():
+            level, estimator = criterion.rsplit("_", 1)
+            stat = divergence[estimator]
+            if level == "seq_sum":
+                stat = x.seq_sum(stat)
+            elif level == "seq_mean":
+                stat = x.seq_mean(stat)
+            elif level == "seq_max":
+                top = torch.where(x.mask, stat, torch.full((), lowest, dtype=stat.dtype, device=stat.device))
+                stat = torch.where(x.lengths.unsqueeze(-1) > 0, top.amax(dim=-1, keepdim=True), 0.0)
+            if lower is None:
+                ok = stat <= upper
+            else:
+                ok = (stat >= math.log(lower)) & (stat <= math.log(upper))
+            ok = ok.expand_as(x.mask)
+            keep = keep & ok
+            metrics[f"rollout_corr/rollout_rs_{criterion}_masked_fraction"] = x.mean((~ok).to(log_ratio.dtype))
+        rejected = (~keep) & x.mask
+        rows = x.lengths > 0
+        metrics["rollout_corr/rollout_rs_masked_fraction"] = x.mean(rejected.to(log_ratio.dtype))
+        metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = (
+            rejected.any(dim=-1).to(log_ratio.dtype).sum() / rows.sum().clamp(min=1))
+        return PartOutput(keep, metrics)
+
+
+# --------------------------------------------------------------------------------------- SkyRL's masks
+def _ratio(log_ratio: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """SkyRL's ``safe_exp_delta``: ``exp`` of the log-ratio clamped to +-20 (in the input's dtype here)."""
+    return torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+
+
+def _outside(value: Tensor, low: float | None, high: float | None) -> Bool[Tensor, "..."]:
+    out = torch.zeros_like(value, dtype=torch.bool)
+    if high is not None:
+        out = out | (value > high)
+    if low is not None:
+        out = out | (value < low)
+    return out
+
+
+class OutlierTokenVeto(TokenWeight, name="outlier_token_veto"):
+    r"""SkyRL's outlier-token veto: a sequence in which any counted token's IS ratio leaves
+    ``[low, high]`` gets weight 0 (all its tokens).
+
+    .. math:: M_i = \mathbb{1}\big[\forall t:\ \mathrm{low} \le \rho_{i,t} \le \mathrm{high}\big], \qquad
+        \rho_{i,t} = \exp(\mathrm{clip}(\log\pi_{old} - \log\pi_{rollout}, \pm 20))
+
+    A weight of the policy term, as SkyRL applies it: the vetoed tokens stay in the denominators (SkyRL scales
+    the advantages by its loss reduction before masking) and penalties still see them. It differs from verl's
+    ``rollout_rs="seq_max_k2"`` (a symmetric bound on :math:`|\log\rho|`, which removes the tokens from the
+    counts) by its asymmetric, one-sided-capable bounds on the ratio itself.
+
+    Args:
+        outlier_token_is_threshold_low: None (no lower bound, default) or a number >= 0.
+        outlier_token_is_threshold_high: None (no upper bound, default) or a number > 0; the veto is active when
+            either bound is set; low <= high.
+
+    Metrics: ``outlier_token_veto/seq_masked_mean`` (fraction of the sequences with a counted token vetoed).
+
+    Raises:
+        ValueError: naming the option: a bound out of range, NaN, or low > high.
+        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None.
+
+    References:
+        Matches SkyRL ``off_policy_correction_utils.compute_outlier_token_mask`` (``off_policy_correction.
+        outlier_token_is_threshold_low`` / ``_high``; SkyRL computes the ratio in float32).
+    """
+
+    example_options = MappingProxyType({"outlier_token_is_threshold_low": 0.2, "outlier_token_is_threshold_high": 5.0})
+    outlier_token_is_threshold_low: float | None = None
+    outlier_token_is_threshold_high: float | None = None
+
+    def check(self) -> None:
+        owner = "outlier token veto"
+        check_number(owner, "outlier_token_is_threshold_low", self.outlier_token_is_threshold_low, low=0.0,
+                     allow_none=True)
+        check_number(owner, "outlier_token_is_threshold_high", self.outlier_token_is_threshold_high, low=0.0,
+                     low_open=True, allow_none=True, allow_inf=True)
+        lo, hi = self.outlier_token_is_threshold_low, self.outlier_token_is_threshold_high
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"{owner}: outlier_token_is_threshold_low ({lo}) must be <= outlier_token_is_threshold_high ({hi})")
+
+    @property
+    def active(self) -> bool:
+        return self.outlier_token_is_threshold_low is not None or self.outlier_token_is_threshold_high is not None
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"rollout_logprobs"}) if self.active else frozenset()
+
+    def __call__(self, x: LossInputs) -> PartOutput:
+        rho = _ratio(x.sampler_log_ratio("the outlier-token veto"))
+        bad = _outside(rho, self.outlier_token_is_threshold_low, self.outlier_token_is_threshold_high) & x.mask
+        vetoed = bad.any(dim=-1, keepdim=True)
+        weight = (~vetoed).to(rho.dtype).expand_as(rho)
+        rows = x.lengths > 0
+        fraction = (vetoed.squeeze(-1) & rows).to(rho.dtype).sum() / rows.sum().clamp(min=1)
+        return PartOutput(weight, {"outlier_token_veto/seq_masked_mean": fraction})
+
+
+class GeometricSequenceMask(TokenWeight, name="geo_mask"):
+    r"""SkyRL's geometric sequence mask: a sequence whose geometric-mean IS ratio leaves ``[low, high]`` gets
+    weight 0.
+
+    .. math:: M_i = \mathbb{1}\Big[\mathrm{low} \le \exp\Big(\frac{1}{|o_i|}\sum_t \log\frac{\pi_{old}(o_{i,t})}
+        {\pi_{rollout}(o_{i,t})}\Big) \le \mathrm{high}\Big]
+
+    (the exponent clamped to +-20). The geometric mean is over the tokens the loss counts. A weight of the policy
+    term, as SkyRL applies it (the masked tokens keep counting in the denominators); verl's Geo-RS
+    (``rollout_rs="seq_mean_k1"``) is the same test as a rejection that removes them from the counts, with
+    bounds on :math:`\pi_{rollout}/\pi_{old}`: SkyRL's ``[low, high]`` is verl's ``"{1/high}_{1/low}"``.
+
+    Args:
+        geo_mask_low: None (no lower bound, default) or a number > 0 (SkyRL's default 0.99).
+        geo_mask_high: None (no upper bound, default) or a number > 0 (SkyRL's default 1.01); the mask is active
+            when either bound is set; low <= high.
+
+    Metrics: ``geo_mask/seq_masked_mean`` (fraction of the sequences with a counted token masked).
+
+    Raises:
+        ValueError: naming the option: a bound out of range, NaN, or low > high.
+        BatchError: when called with ``PolicyBatch.rollout_logprobs`` None.
+
+    References:
+        Matches SkyRL ``off_policy_correction_utils.compute_sequence_mask`` with ``sequence_mask_metric=
+        "geometric"`` (``geo_mask_low``, ``geo_mask_high``; SkyRL computes the ratio in float32).
+    """
+
+    example_options = MappingProxyType({"geo_mask_low": 0.9, "geo_mask_high": 1.1})
+    geo_mask_low: float | None = None
+    geo_mask_high: float | None = None
+
+    def check(self) -> None:
+        check_number("geo mask", "geo_mask_low", self.geo_mask_low, low=0.0, allow_none=True)
+        check_number("geo mask", "geo_mask_high", self.geo_mask_high, low=0.0, low_open=True, allow_none=True,
+                     allow_inf=True)
+        if self.geo_mask_low is not None and self.geo_mask_high is not None and self.geo_mask_low > self.geo_mask_high:
+            raise ValueError(f"geo mask: geo_mask_low ({self.geo_mask_low}) must be <= geo_mask_high ({self.geo_mask_high})")
+
+    @property
+    def active(self) -> bool:
+        return self.geo_mask_low is not None or self.geo_mask_high is not None
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"rollout_logprobs"}) if self.active else frozenset()
+
+    def __call__(self, x: LossInputs) -> PartOutput:
+        geo = _ratio(x.seq_mean(x.sampler_log_ratio("the geometric sequence mask")))  # [B, 1]
+        masked = _outside(geo, self.geo_mask_low, self.geo_mask_high)
+        weight = (~masked).to(geo.dtype).expand_as(x.mask)
+        rows = x.lengths > 0
+        fraction = (masked.squeeze(-1) & rows).to(geo.dtype).sum() / rows.sum().clamp(min=1)
+        return PartOutput(weight, {"geo_mask/seq_masked_mean": fraction})
