@@ -1,0 +1,312 @@
+"""Runs and figures for docs/grpo-explained.md: the built-in job at num_iterations 1, 2 and 4, instrumented.
+
+Each run is ``rlzoo train``'s built-in job (GRPO on SmolLM2-135M-Instruct, reasoning-gym chain_sum with two
+one-digit terms, 4 prompts x 8 completions per step, max_completion_length 32, learning rate 2e-5, beta 0.04,
+fp32 on the CPU) with ``--num-iterations N``, a few steps and a small held-out set. The trainer runs unchanged;
+this script only watches it from outside:
+
+* every call the trainer makes to ``Scorer.generation_logprobs`` (old log-probs of the policy, reference
+  log-probs) and to ``RolloutSource.generate``, with the micro-step and optimizer step at that moment
+  (``events``);
+* every micro-batch the loss sees (``micro_batches``): the token counts of the clip cases (A > 0 and
+  r > 1 + epsilon_high; A < 0 and r < 1 - epsilon_low; A < 0 and r > 1 + epsilon_high, the side the clip
+  leaves open), the largest ratio among the latter, their share of the loss's gradient with respect to the
+  log-probs (autograd, ``torch.autograd.grad`` of the trainer's own loss value), and the largest difference
+  between that gradient and the gradient of REINFORCE (``-A logp``) under the same aggregation with beta 0.
+
+Usage (about 20 minutes on 2 idle cores; several times longer on a shared machine)::
+
+    python benchmarks/grpo_explained.py run --steps 8 --eval-size 50      # the runs -> benchmarks/results/grpo_explained/
+    python benchmarks/grpo_explained.py figures                           # the figures -> docs/grpo_explained/
+
+``run`` writes ``ni{N}_metrics.jsonl`` (the trainer's own metrics.jsonl), ``ni{N}_watch.json`` (events and
+micro-batch statistics) and ``summary.json`` (commit, flags, machine, wall times).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "grpo_explained"
+FIGURES = ROOT / "docs" / "grpo_explained"
+
+
+# ------------------------------------------------------------------------------------------------------ runs
+def _commit() -> str:
+    """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True, check=False).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def _machine() -> dict[str, Any]:
+    """CPU model, cores, load and versions."""
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1m_at_start": os.getloadavg()[0], "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+class _Watcher:
+    """Records what the trainer does, without changing it: wraps the loss, the scorer and the rollout source of
+    one :class:`~rlzoo.trainer.Trainer` instance."""
+
+    def __init__(self, trainer: Any) -> None:
+        from rlzoo.losses import PolicyLoss
+
+        self.trainer = trainer
+        self.events: list[dict[str, Any]] = []
+        self.micro_batches: list[dict[str, Any]] = []
+        loss_fn = trainer.loss_fn
+        self.loss_fn = loss_fn
+        self.eps_low, self.eps_high = loss_fn.surrogate.epsilon_low, loss_fn.surrogate.epsilon_high
+        # REINFORCE under the same aggregation, and the loss itself without its KL term
+        self.reinforce = PolicyLoss(surrogate="reinforce", aggregation=loss_fn.aggregation)
+        self.policy_term = loss_fn.with_options(beta=0.0)
+
+        scorer, rollouts = trainer.scorer, trainer.rollouts
+        score, generate = scorer.generation_logprobs, rollouts.generate
+
+        def generation_logprobs(module: Any, rollout: Any) -> torch.Tensor:
+            which = "old_logprobs" if module is trainer.policy.module else "ref_logprobs"
+            self._event(which)
+            return score(module, rollout)
+
+        def watched_generate() -> Any:
+            self._event("generate")
+            return generate()
+
+        scorer.generation_logprobs = generation_logprobs
+        rollouts.generate = watched_generate
+        trainer.loss_fn = self
+
+    def _event(self, what: str) -> None:
+        rollouts = self.trainer.rollouts
+        self.events.append({"event": what, "micro_step": rollouts.micro_step, "optimizer_step": self.trainer.step,
+                            "round": rollouts.round})
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the loss's own
+        return getattr(self.loss_fn, name)
+
+    def __call__(self, batch: Any, normalizer: Any = None) -> Any:
+        out = self.loss_fn(batch, normalizer=normalizer)
+        self._record(batch, normalizer, out)
+        return out
+
+    def _record(self, batch: Any, normalizer: Any, out: Any) -> None:
+        (grad,) = torch.autograd.grad(out.loss, batch.logprobs, retain_graph=True)
+        lp = batch.logprobs.detach().requires_grad_(True)
+        detached = batch.__class__(logprobs=lp, old_logprobs=batch.old_logprobs, advantages=batch.advantages,
+                                   completion_mask=batch.completion_mask, ref_logprobs=batch.ref_logprobs)
+        (policy_grad,) = torch.autograd.grad(self.policy_term(detached, normalizer=normalizer).loss, lp)
+        lp2 = batch.logprobs.detach().requires_grad_(True)
+        detached2 = batch.__class__(logprobs=lp2, advantages=batch.advantages, completion_mask=batch.completion_mask)
+        (reinforce_grad,) = torch.autograd.grad(self.reinforce(detached2, normalizer=normalizer).loss, lp2)
+        with torch.no_grad():
+            mask = batch.completion_mask
+            old = batch.old_logprobs if batch.old_logprobs is not None else batch.logprobs
+            r = torch.exp(batch.logprobs.detach() - old)
+            adv = batch.advantages
+            adv = adv[:, None].expand_as(r) if adv.ndim == 1 else adv
+            high_pos = mask & (r > 1 + self.eps_high) & (adv > 0)
+            low_neg = mask & (r < 1 - self.eps_low) & (adv < 0)
+            open_neg = mask & (r > 1 + self.eps_high) & (adv < 0)
+            g = grad.abs() * mask
+            self.micro_batches.append({
+                "micro_step": self.trainer.rollouts.micro_step - 1,
+                "optimizer_step": self.trainer.step + 1,
+                "old_logprobs_given": batch.old_logprobs is not None,
+                "tokens": int(mask.sum()),
+                "tokens_a_pos_r_above_high": int(high_pos.sum()),
+                "tokens_a_neg_r_below_low": int(low_neg.sum()),
+                "tokens_a_neg_r_above_high": int(open_neg.sum()),
+                "max_r_a_neg_r_above_high": float(r[open_neg].max()) if open_neg.any() else None,
+                "mean_r_a_neg_r_above_high": float(r[open_neg].mean()) if open_neg.any() else None,
+                "grad_share_a_neg_r_above_high": float(g[open_neg].sum() / g.sum()) if g.sum() > 0 else 0.0,
+                "ratio_min": float(r[mask].min()),
+                "ratio_max": float(r[mask].max()),
+                "max_abs_grad": float(g.max()),
+                "max_abs_policy_grad_minus_reinforce": float(((policy_grad - reinforce_grad).abs() * mask).max()),
+            })
+
+
+def run_one(num_iterations: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Train the built-in job with ``num_iterations``; returns the wall time and where the results went."""
+    from rlzoo.trainer import TrainConfig, Trainer
+
+    flags = {"model": args.model, "max_steps": args.steps, "num_iterations": num_iterations, "eval_size": args.eval_size,
+             "eval_steps": 0, "seed": args.seed, "progress": False}
+    config = TrainConfig(output_dir=str(workdir / f"ni{num_iterations}"), overwrite=True, **flags)
+    started = time.perf_counter()
+    trainer = Trainer(config)
+    watcher = _Watcher(trainer)
+    trainer.train()
+    wall = time.perf_counter() - started
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    metrics = (trainer.output_dir / "metrics.jsonl").read_text()
+    _write(RESULTS / f"ni{num_iterations}_metrics.jsonl", metrics)
+    _write(RESULTS / f"ni{num_iterations}_watch.json",
+           json.dumps({"events": watcher.events, "micro_batches": watcher.micro_batches}, indent=1) + "\n")
+    return {"flags": flags, "wall_s": round(wall, 1),
+            "command": "rlzoo train " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in flags.items()
+                                                 if k != "progress") + " --no-progress"}
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    summary: dict[str, Any] = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "machine": _machine(), "script": "benchmarks/grpo_explained.py run "
+                               f"--steps {args.steps} --eval-size {args.eval_size} --seed {args.seed} --model {args.model}", "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="grpo-explained-") as tmp:
+        for n in args.num_iterations:
+            summary["runs"][f"ni{n}"] = run_one(n, args, Path(tmp))
+            print(f"num_iterations={n}: {summary['runs'][f'ni{n}']['wall_s']} s", flush=True)
+            _write(RESULTS / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- figures
+def _rows(n: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (RESULTS / f"ni{n}_metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _watch(n: int) -> dict[str, Any]:
+    return json.loads((RESULTS / f"ni{n}_watch.json").read_text())
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    runs = sorted(int(p.name[2:].split("_")[0]) for p in RESULTS.glob("ni*_metrics.jsonl"))
+    colors = {1: "#1f77b4", 2: "#ff7f0e", 4: "#2ca02c"}
+    plt.rcParams.update({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False})
+
+    # 1. clip_ratio per step
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    for n in runs:
+        steps = [r for r in _rows(n) if "loss" in r]
+        x = [r["step"] for r in steps]
+        axes[0].plot(x, [100 * r["clip_ratio/region_mean"] for r in steps], "o-", color=colors.get(n), ms=4,
+                     label=f"num_iterations = {n}")
+        axes[1].plot(x, [r["ratio/max"] for r in steps], "o-", color=colors.get(n), ms=4, label=f"max r, ni = {n}")
+        axes[1].plot(x, [r["ratio/min"] for r in steps], "s--", color=colors.get(n), ms=3, alpha=0.7)
+    axes[0].set(xlabel="optimizer step", ylabel="clip_ratio/region_mean (% of tokens)",
+                title="tokens clipped (TRL's clip_ratio)")
+    axes[1].axhspan(0.8, 1.2, color="0.9", zorder=0, label="[1 - eps, 1 + eps]")
+    axes[1].set(xlabel="optimizer step", ylabel="ratio r (max: o-, min: s--)", title="range of the ratio r")
+    for ax in axes:
+        ax.legend(frameon=False, fontsize=8)
+    fig.savefig(FIGURES / "clip_ratio.png", dpi=120)
+    plt.close(fig)
+
+    # 2. loss, beta * kl, grad_norm and reward per step at num_iterations = 1
+    rows = [r for r in _rows(1) if "loss" in r]
+    x = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), constrained_layout=True)
+    axes[0].plot(x, [r["loss"] for r in rows], "o-", ms=4, label="loss (logged)")
+    axes[0].plot(x, [0.04 * r["kl"] for r in rows], "x--", ms=6, label="beta * kl (beta = 0.04)")
+    axes[0].axhline(0, color="0.6", lw=0.8)
+    axes[0].set(xlabel="optimizer step", title="loss value = beta * KL (the -A part is 0)")
+    axes[1].plot(x, [r["grad_norm"] for r in rows], "o-", ms=4, color="#d62728")
+    axes[1].set(xlabel="optimizer step", title="grad_norm (before clipping at 1.0)", ylim=(0, None))
+    axes[2].plot(x, [r["reward"] for r in rows], "o-", ms=4, color="#2ca02c")
+    axes[2].set(xlabel="optimizer step", title="mean reward of the step's 32 completions", ylim=(0, 1))
+    for ax in axes[:1]:
+        ax.legend(frameon=False, fontsize=8)
+    fig.suptitle("num_iterations = 1: the loss sits at beta * KL while the gradient is not zero", fontsize=11)
+    fig.savefig(FIGURES / "loss_vs_grad.png", dpi=120)
+    plt.close(fig)
+
+    # 3. A < 0 and r > 1 + eps tokens per step
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    width = 0.8 / max(1, len(runs))
+    for k, n in enumerate(runs):
+        per_step: dict[int, dict[str, float]] = {}
+        for mb in _watch(n)["micro_batches"]:
+            s = per_step.setdefault(mb["optimizer_step"], {"count": 0, "share": 0.0, "max_r": 0.0})
+            s["count"] += mb["tokens_a_neg_r_above_high"]
+            s["share"] = max(s["share"], mb["grad_share_a_neg_r_above_high"])
+            s["max_r"] = max(s["max_r"], mb["max_r_a_neg_r_above_high"] or 0.0)
+        steps = sorted(per_step)
+        axes[0].bar([s + (k - (len(runs) - 1) / 2) * width for s in steps], [per_step[s]["count"] for s in steps],
+                    width=width, color=colors.get(n), label=f"num_iterations = {n}")
+        axes[1].plot(steps, [100 * per_step[s]["share"] for s in steps], "o-", ms=4, color=colors.get(n),
+                     label=f"num_iterations = {n}")
+    axes[0].set(xlabel="optimizer step", ylabel="tokens", title="tokens with A < 0 and r > 1 + eps (not clipped)")
+    axes[1].set(xlabel="optimizer step", ylabel="% of the step's |d loss / d logp|",
+                title="their share of the gradient (w.r.t. log-probs)")
+    for ax in axes:
+        ax.legend(frameon=False, fontsize=8)
+    fig.savefig(FIGURES / "unclipped_negative.png", dpi=120)
+    plt.close(fig)
+
+    # 4. the generation cycle: when generation, old and reference log-probs happen
+    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * len(runs)), constrained_layout=True)
+    marks = {"generate": ("v", "#444444", "generate (sample + rewards + advantages)"),
+             "old_logprobs": ("o", "#d62728", "old log-probs (policy, no grad)"),
+             "ref_logprobs": ("s", "#9467bd", "reference log-probs")}
+    for k, n in enumerate(runs):
+        y = len(runs) - 1 - k
+        watch = _watch(n)
+        steps = sorted({mb["optimizer_step"] for mb in watch["micro_batches"]})
+        ax.scatter(steps, [y - 0.25] * len(steps), marker="|", s=200, color="0.5",
+                   label="optimizer step (loss + backward)" if k == 0 else None)
+        offsets = {"generate": -0.15, "old_logprobs": 0.0, "ref_logprobs": 0.15}
+        for what, (marker, color, label) in marks.items():
+            xs = [e["optimizer_step"] + 1 + offsets[what] - 0.5 for e in watch["events"] if e["event"] == what]
+            ax.scatter(xs, [y] * len(xs), marker=marker, color=color, s=36, label=label if k == 0 else None)
+    ax.set_yticks(range(len(runs)), [f"num_iterations = {n}" for n in reversed(runs)])
+    ax.set(xlabel="optimizer step (events drawn just before the step they feed)", ylim=(-0.7, len(runs) - 0.4))
+    ax.legend(frameon=False, fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, 1.45 + 0.1 / len(runs)))
+    fig.savefig(FIGURES / "generation_cycle.png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {', '.join(sorted(p.name for p in FIGURES.glob('*.png')))} to {FIGURES}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train the built-in job at each num_iterations, watched")
+    run.add_argument("--steps", type=int, default=8)
+    run.add_argument("--eval-size", type=int, default=50)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--model", default="smollm2-135m", help="tiny-random for a smoke test of the script")
+    run.add_argument("--num-iterations", type=int, nargs="+", default=[1, 2, 4])
+    sub.add_parser("figures", help="draw docs/grpo_explained/*.png from the results")
+    args = parser.parse_args(argv)
+    return {"run": cmd_run, "figures": cmd_figures}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
