@@ -12,7 +12,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_plot_a_preset_with_loss_overrides(tmp_path, capsys, monkeypatch):
     """--loss.NAME VALUE reaches get_loss (as rlzoo train takes it); the default file is NAME.png."""
-    import rlzoo.losses.pictures as pictures
+    from rlzoo.losses import pictures
 
     seen = {}
     original = pictures.objective_curves
@@ -35,7 +35,7 @@ def test_plot_a_preset_with_loss_overrides(tmp_path, capsys, monkeypatch):
 
 def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     """--all draws every registered preset into --output-dir, named after it (what docs/pictures holds)."""
-    import rlzoo.losses.pictures as pictures
+    from rlzoo.losses import pictures
 
     drawn = []
     monkeypatch.setattr(pictures, "plot_objective", lambda name, path, **kw: drawn.append(name) or path)

@@ -1,0 +1,28 @@
+"""docs/algorithms.md shows every preset's picture: docs/pictures/NAME.png exists for each registered preset
+(regenerate: ``rlzoo plot --all --output-dir docs/pictures``), and no picture is left for a preset that is gone."""
+
+from pathlib import Path
+
+import rlzoo
+from rlzoo.losses import algorithms_markdown
+
+PICTURES = Path(__file__).resolve().parents[1] / "docs" / "pictures"
+REGENERATE = "run `rlzoo plot --all --output-dir docs/pictures` (and `rlzoo explain --all --markdown > docs/algorithms.md`)"
+
+
+def test_every_preset_has_its_picture():
+    missing = [name for name in rlzoo.list_losses() if not (PICTURES / f"{name}.png").is_file()]
+    assert not missing, f"presets without a picture in docs/pictures: {missing}; {REGENERATE}"
+    for name in rlzoo.list_losses():
+        assert (PICTURES / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_no_picture_without_a_preset():
+    stale = sorted(p.name for p in PICTURES.glob("*.png") if p.stem not in rlzoo.list_losses())
+    assert not stale, f"pictures of presets that are not registered: {stale}; delete them"
+
+
+def test_algorithms_md_links_each_picture():
+    text = algorithms_markdown()
+    for name in rlzoo.list_losses():
+        assert f"](pictures/{name}.png)" in text, name
