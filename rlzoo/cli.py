@@ -6,7 +6,7 @@
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
     rlzoo explain --all --markdown      docs/algorithms.md
     rlzoo plot dapo [--output FILE] [--loss.OPTION VALUE]   a PNG of the objective and its gradient vs. the ratio
-    rlzoo plot --all --output-dir docs/pictures             every preset's picture (docs/algorithms.md shows them)
+    rlzoo plot --all --output-dir docs/pictures --dpi 72    every preset's picture (docs/algorithms.md shows them)
     rlzoo tasks [NAME]                  the tasks and their options
     rlzoo train [--config FILE] [--algorithm NAME] [--loss.OPTION VALUE] [--advantage NAME] ...
     rlzoo eval --run RUN | --model MODEL [--task NAME] [--task.OPTION VALUE] [--eval-size N] [--output FILE]

@@ -1,5 +1,5 @@
 """docs/algorithms.md shows every preset's picture: docs/pictures/NAME.png exists for each registered preset
-(regenerate: ``rlzoo plot --all --output-dir docs/pictures``), and no picture is left for a preset that is gone."""
+(regenerate: ``rlzoo plot --all --output-dir docs/pictures --dpi 72``), and no picture is left for a preset that is gone."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import rlzoo
 from rlzoo.losses import algorithms_markdown
 
 PICTURES = Path(__file__).resolve().parents[1] / "docs" / "pictures"
-REGENERATE = "run `rlzoo plot --all --output-dir docs/pictures` (and `rlzoo explain --all --markdown > docs/algorithms.md`)"
+REGENERATE = "run `rlzoo plot --all --output-dir docs/pictures --dpi 72` (and `rlzoo explain --all --markdown > docs/algorithms.md`)"
 
 
 def test_every_preset_has_its_picture():

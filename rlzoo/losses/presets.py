@@ -167,7 +167,7 @@ def algorithms_markdown() -> str:
         "Each preset's picture is `rlzoo plot NAME`: its per-token objective and the gradient with respect to",
         "log pi as functions of the ratio r, for A > 0 and A < 0, computed by calling the loss with autograd on",
         "one-token batches (conventions: `rlzoo.losses.pictures`). Regenerate them all with",
-        "`rlzoo plot --all --output-dir docs/pictures`; a test checks that every preset has one.",
+        "`rlzoo plot --all --output-dir docs/pictures --dpi 72`; a test checks that every preset has one.",
         "",
         "| preset | method | paper |",
         "|---|---|---|",
