@@ -180,12 +180,16 @@ def _write(path: Path, text: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import tempfile
 
-    summary: dict[str, Any] = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "machine": _machine(), "script": "benchmarks/grpo_explained.py run "
-                               f"--steps {args.steps} --eval-size {args.eval_size} --seed {args.seed} --model {args.model}", "runs": {}}
+    # runs made by separate invocations (different --steps) are merged; each run keeps its own provenance
+    path = RESULTS / "summary.json"
+    summary: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    script = ("benchmarks/grpo_explained.py run "
+              f"--steps {args.steps} --eval-size {args.eval_size} --seed {args.seed} --model {args.model}")
     with tempfile.TemporaryDirectory(prefix="grpo-explained-") as tmp:
         for n in args.num_iterations:
-            summary["runs"][f"ni{n}"] = run_one(n, args, Path(tmp))
+            started = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": _machine(),
+                       "script": f"{script} --num-iterations {n}"}
+            summary["runs"][f"ni{n}"] = {**started, **run_one(n, args, Path(tmp))}
             print(f"num_iterations={n}: {summary['runs'][f'ni{n}']['wall_s']} s", flush=True)
             _write(RESULTS / "summary.json", json.dumps(summary, indent=2) + "\n")
     return 0
