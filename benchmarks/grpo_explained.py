@@ -18,6 +18,7 @@ Usage (about 20 minutes on 2 idle cores; several times longer on a shared machin
 
     python benchmarks/grpo_explained.py run --steps 8 --eval-size 50      # the runs -> benchmarks/results/grpo_explained/
     python benchmarks/grpo_explained.py figures                           # the figures -> docs/grpo_explained/
+    python benchmarks/grpo_explained.py tables                            # the doc's tables (markdown)
 
 ``run`` writes ``ni{N}_metrics.jsonl`` (the trainer's own metrics.jsonl), ``ni{N}_watch.json`` (events and
 micro-batch statistics) and ``summary.json`` (commit, flags, machine, wall times).
@@ -204,6 +205,17 @@ def _watch(n: int) -> dict[str, Any]:
     return json.loads((RESULTS / f"ni{n}_watch.json").read_text())
 
 
+def _save(fig: Any, axes: Any, name: str) -> None:
+    """Integer step ticks and a legend on each panel; write ``FIGURES / name`` (80 dpi) and close."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(frameon=False, fontsize=8)
+    fig.savefig(FIGURES / name, dpi=80)
+    plt.close(fig)
+
+
 def cmd_figures(args: argparse.Namespace) -> int:
     import matplotlib
 
@@ -227,16 +239,14 @@ def cmd_figures(args: argparse.Namespace) -> int:
     axes[0].set(xlabel="optimizer step", ylabel="clip_ratio/region_mean (% of tokens)",
                 title="tokens clipped (TRL's clip_ratio)")
     axes[1].axhspan(0.8, 1.2, color="0.9", zorder=0, label="[1 - eps, 1 + eps]")
-    axes[1].set(xlabel="optimizer step", ylabel="ratio r (max: o-, min: s--)", title="range of the ratio r")
-    for ax in axes:
-        ax.legend(frameon=False, fontsize=8)
-    fig.savefig(FIGURES / "clip_ratio.png", dpi=120)
-    plt.close(fig)
+    axes[1].set(xlabel="optimizer step", ylabel="ratio r (max: o-, min: s--)", title="range of the ratio r",
+                yscale="log")
+    _save(fig, axes, "clip_ratio.png")
 
     # 2. loss, beta * kl, grad_norm and reward per step at num_iterations = 1
-    rows = [r for r in _rows(1) if "loss" in r]
+    rows = [r for r in _rows(1) if "loss" in r] if 1 in runs else []
     x = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), constrained_layout=True)  # empty without a num_iterations 1 run
     axes[0].plot(x, [r["loss"] for r in rows], "o-", ms=4, label="loss (logged)")
     axes[0].plot(x, [0.04 * r["kl"] for r in rows], "x--", ms=6, label="beta * kl (beta = 0.04)")
     axes[0].axhline(0, color="0.6", lw=0.8)
@@ -248,7 +258,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     for ax in axes[:1]:
         ax.legend(frameon=False, fontsize=8)
     fig.suptitle("num_iterations = 1: the loss sits at beta * KL while the gradient is not zero", fontsize=11)
-    fig.savefig(FIGURES / "loss_vs_grad.png", dpi=120)
+    fig.savefig(FIGURES / "loss_vs_grad.png", dpi=80)
     plt.close(fig)
 
     # 3. A < 0 and r > 1 + eps tokens per step
@@ -269,13 +279,10 @@ def cmd_figures(args: argparse.Namespace) -> int:
     axes[0].set(xlabel="optimizer step", ylabel="tokens", title="tokens with A < 0 and r > 1 + eps (not clipped)")
     axes[1].set(xlabel="optimizer step", ylabel="% of the step's |d loss / d logp|",
                 title="their share of the gradient (w.r.t. log-probs)")
-    for ax in axes:
-        ax.legend(frameon=False, fontsize=8)
-    fig.savefig(FIGURES / "unclipped_negative.png", dpi=120)
-    plt.close(fig)
+    _save(fig, axes, "unclipped_negative.png")
 
     # 4. the generation cycle: when generation, old and reference log-probs happen
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * len(runs)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.6 * len(runs)), layout="constrained")
     marks = {"generate": ("v", "#444444", "generate (sample + rewards + advantages)"),
              "old_logprobs": ("o", "#d62728", "old log-probs (policy, no grad)"),
              "ref_logprobs": ("s", "#9467bd", "reference log-probs")}
@@ -291,10 +298,57 @@ def cmd_figures(args: argparse.Namespace) -> int:
             ax.scatter(xs, [y] * len(xs), marker=marker, color=color, s=36, label=label if k == 0 else None)
     ax.set_yticks(range(len(runs)), [f"num_iterations = {n}" for n in reversed(runs)])
     ax.set(xlabel="optimizer step (events drawn just before the step they feed)", ylim=(-0.7, len(runs) - 0.4))
-    ax.legend(frameon=False, fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, 1.45 + 0.1 / len(runs)))
-    fig.savefig(FIGURES / "generation_cycle.png", dpi=120)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.legend(frameon=False, fontsize=8, ncols=2, loc="outside upper center")
+    fig.savefig(FIGURES / "generation_cycle.png", dpi=80)
     plt.close(fig)
     print(f"wrote {', '.join(sorted(p.name for p in FIGURES.glob('*.png')))} to {FIGURES}")
+    return 0
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)])
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """Print the markdown tables of docs/grpo-explained.md from the results."""
+    runs = sorted(int(p.name[2:].split("_")[0]) for p in RESULTS.glob("ni*_metrics.jsonl"))
+    clip = []
+    for n in runs:
+        for r in (r for r in _rows(n) if "loss" in r):
+            clip.append([n, r["step"], (r["step"] - 1) % n + 1, f"{100 * r['clip_ratio/region_mean']:.1f} %",
+                         f"{100 * r['clip_ratio/low_mean']:.1f} %", f"{100 * r['clip_ratio/high_mean']:.1f} %",
+                         f"{r['ratio/min']:.3g}", f"{r['ratio/max']:.3g}"])
+    print(_table(["num_iterations", "step", "pass over its batch", "clip_ratio/region_mean", "low (A < 0)",
+                  "high (A > 0)", "min r", "max r"], clip), end="\n\n")
+    if 1 in runs:
+        rows = [[r["step"], f"{r['loss']:.3g}", f"{0.04 * r['kl']:.3g}", f"{r['grad_norm']:.3g}",
+                 f"{r['reward']:.3g}"] for r in _rows(1) if "loss" in r]
+        print(_table(["step", "loss (logged)", "beta * kl", "grad_norm", "reward (32 completions)"], rows), end="\n\n")
+    neg = []
+    for n in runs:
+        for mb in _watch(n)["micro_batches"]:
+            neg.append([n, mb["optimizer_step"], mb["tokens"], mb["tokens_a_pos_r_above_high"],
+                        mb["tokens_a_neg_r_below_low"], mb["tokens_a_neg_r_above_high"],
+                        "-" if mb["max_r_a_neg_r_above_high"] is None else f"{mb['max_r_a_neg_r_above_high']:.3g}",
+                        f"{100 * mb['grad_share_a_neg_r_above_high']:.2f} %"])
+    print(_table(["num_iterations", "step", "tokens", "A > 0, r > 1 + eps (clipped)", "A < 0, r < 1 - eps (clipped)",
+                  "A < 0, r > 1 + eps (not clipped)", "their max r", "their share of sum abs(d loss / d logp)"], neg),
+          end="\n\n")
+    trick = [[n, mb["optimizer_step"], mb["old_logprobs_given"], f"{mb['ratio_min']:.6g}", f"{mb['ratio_max']:.6g}",
+              f"{mb['max_abs_policy_grad_minus_reinforce']:.3g}", f"{mb['max_abs_grad']:.3g}"]
+             for n in runs for mb in _watch(n)["micro_batches"]]
+    print(_table(["num_iterations", "step", "old_logprobs given", "min r", "max r",
+                  "max abs(grad - REINFORCE grad)", "max abs(grad)"], trick), end="\n\n")
+    cycle = []
+    for n in runs:
+        metrics = {r["step"]: r for r in _rows(n) if "loss" in r}
+        for step in sorted(metrics):
+            events = [e["event"] for e in _watch(n)["events"] if e["optimizer_step"] == step - 1]
+            cycle.append([n, step, ", ".join(events) or "(reuses the batch)",
+                          f"{metrics[step]['generation_time']:.3g} s"])
+    print(_table(["num_iterations", "step", "calls before the step's loss", "generation_time (metrics.jsonl)"], cycle))
     return 0
 
 
@@ -308,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--model", default="smollm2-135m", help="tiny-random for a smoke test of the script")
     run.add_argument("--num-iterations", type=int, nargs="+", default=[1, 2, 4])
     sub.add_parser("figures", help="draw docs/grpo_explained/*.png from the results")
+    sub.add_parser("tables", help="print the markdown tables of docs/grpo-explained.md from the results")
     args = parser.parse_args(argv)
-    return {"run": cmd_run, "figures": cmd_figures}[args.command](args)
+    return {"run": cmd_run, "figures": cmd_figures, "tables": cmd_tables}[args.command](args)
 
 
 if __name__ == "__main__":
