@@ -248,16 +248,17 @@ def cmd_figures(args: argparse.Namespace) -> int:
     x = [r["step"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), constrained_layout=True)  # empty without a num_iterations 1 run
     axes[0].plot(x, [r["loss"] for r in rows], "o-", ms=4, label="loss (logged)")
-    axes[0].plot(x, [0.04 * r["kl"] for r in rows], "x--", ms=6, label="beta * kl (beta = 0.04)")
+    axes[0].plot(x, [0.04 * r["kl"] for r in rows], "x--", ms=6, label="beta * logged kl (token mean)")
     axes[0].axhline(0, color="0.6", lw=0.8)
-    axes[0].set(xlabel="optimizer step", title="loss value = beta * KL (the -A part is 0)")
+    axes[0].set(xlabel="optimizer step", title="loss value (-A part: 0)")
     axes[1].plot(x, [r["grad_norm"] for r in rows], "o-", ms=4, color="#d62728")
     axes[1].set(xlabel="optimizer step", title="grad_norm (before clipping at 1.0)", ylim=(0, None))
     axes[2].plot(x, [r["reward"] for r in rows], "o-", ms=4, color="#2ca02c")
-    axes[2].set(xlabel="optimizer step", title="mean reward of the step's 32 completions", ylim=(0, 1))
-    for ax in axes[:1]:
-        ax.legend(frameon=False, fontsize=8)
-    fig.suptitle("num_iterations = 1: the loss sits at beta * KL while the gradient is not zero", fontsize=11)
+    axes[2].set(xlabel="optimizer step", title="mean reward (32 completions)", ylim=(0, 1))
+    axes[0].legend(frameon=False, fontsize=8, loc="lower right")
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle("num_iterations = 1: the loss sits near 0 while the gradient is not zero", fontsize=11)
     fig.savefig(FIGURES / "loss_vs_grad.png", dpi=80)
     plt.close(fig)
 

@@ -26,3 +26,23 @@ def test_algorithms_md_links_each_picture():
     text = algorithms_markdown()
     for name in rlzoo.list_losses():
         assert f"](pictures/{name}.png)" in text, name
+
+
+def test_grpo_explained_shows_the_committed_runs(capsys):
+    """docs/grpo-explained.md's tables are `python benchmarks/grpo_explained.py tables` of the committed results
+    (benchmarks/results/grpo_explained), and every figure it shows exists."""
+    import importlib.util
+    import re
+
+    root = PICTURES.parents[1]
+    spec = importlib.util.spec_from_file_location("grpo_explained", root / "benchmarks" / "grpo_explained.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["tables"]) == 0
+    doc = (root / "docs" / "grpo-explained.md").read_text()
+    for table in capsys.readouterr().out.strip().split("\n\n"):
+        assert table in doc, f"docs/grpo-explained.md lacks this table of the results (rerun `tables`):\n{table}"
+    figures = re.findall(r"\]\(((?:pictures|grpo_explained)/[^)]+\.png)\)", doc)
+    assert len(figures) >= 5
+    for figure in figures:
+        assert (root / "docs" / figure).is_file(), figure
