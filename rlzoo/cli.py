@@ -5,6 +5,8 @@
     rlzoo list                          presets (with papers), advantage estimators, parts
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
     rlzoo explain --all --markdown      docs/algorithms.md
+    rlzoo plot dapo [--output FILE] [--loss.OPTION VALUE]   a PNG of the objective and its gradient vs. the ratio
+    rlzoo plot --all --output-dir docs/pictures --dpi 72    every preset's picture (docs/algorithms.md shows them)
     rlzoo tasks [NAME]                  the tasks and their options
     rlzoo train [--config FILE] [--algorithm NAME] [--loss.OPTION VALUE] [--advantage NAME] ...
     rlzoo eval --run RUN | --model MODEL [--task NAME] [--task.OPTION VALUE] [--eval-size N] [--output FILE]
@@ -188,6 +190,56 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(argv: Sequence[str]) -> int:
+    """``rlzoo plot NAME [--output FILE] [--loss.OPTION VALUE ...]`` or ``rlzoo plot --all [--output-dir DIR]``:
+    the per-token objective and its gradient as functions of the ratio (:func:`rlzoo.losses.pictures.plot_objective`),
+    computed by calling the loss on one-token batches."""
+    from rlzoo.losses.pictures import plot_all, plot_objective
+
+    parser = argparse.ArgumentParser(
+        prog="rlzoo plot", description="A PNG of a preset's per-token objective and its gradient with respect to "
+        "log pi, as functions of the ratio r, for A > 0 and A < 0 (the loss itself, called with autograd). "
+        "Loss options: --loss.NAME VALUE, as rlzoo train takes them (values read as YAML scalars).")
+    parser.add_argument("name", nargs="?", help="a preset (rlzoo list)")
+    parser.add_argument("--output", type=Path, help="the file to write (default NAME.png)")
+    parser.add_argument("--all", action="store_true", help="every preset, with its defaults, into --output-dir")
+    parser.add_argument("--output-dir", type=Path, default=Path("."), help="with --all (docs/pictures for the docs)")
+    parser.add_argument("--advantage-magnitude", type=float, default=1.0, help="|A| (default 1)")
+    parser.add_argument("--old-prob", type=float, default=0.2, help="p_old of the token (default 0.2)")
+    parser.add_argument("--r-max", type=float, help="largest ratio drawn (default 3 or beyond the loss's caps)")
+    parser.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100; docs/pictures uses 72)")
+    rest, overrides = [], {}
+    i, argv = 0, list(argv)
+    while i < len(argv):
+        match = _DOTTED.match(argv[i])
+        if not match:
+            rest.append(argv[i])
+        elif match.group(1) != "loss":
+            raise ValueError(f"rlzoo plot takes loss options only (--loss.NAME VALUE), got {argv[i]}")
+        else:
+            value = match.group(3)
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"rlzoo plot: {argv[i]} needs a value")
+                value, i = argv[i + 1], i + 1
+            overrides[match.group(2).replace("-", "_")] = _scalar(value)
+        i += 1
+    args = parser.parse_args(rest)
+    options = {"advantage": args.advantage_magnitude, "old_prob": args.old_prob, "r_max": args.r_max, "dpi": args.dpi}
+    if args.all:
+        if args.name or overrides or args.output:
+            raise ValueError("rlzoo plot --all draws every preset with its defaults: give no NAME, --output or --loss.*")
+        paths = plot_all(args.output_dir, **options)
+        print(f"rlzoo plot: wrote {len(paths)} pictures to {args.output_dir}")
+        return 0
+    if not args.name:
+        print("rlzoo plot: give a preset name or --all", file=sys.stderr)
+        return 2
+    path = plot_objective(args.name, args.output or Path(f"{args.name}.png"), **options, **overrides)
+    print(f"rlzoo plot: wrote {path}")
+    return 0
+
+
 def _cmd_train(argv: Sequence[str]) -> int:
     from rlzoo.trainer import train
 
@@ -363,9 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if argv and argv[0] in ("train", "eval", "bench"):
+    if argv and argv[0] in ("train", "eval", "bench", "plot"):
         command, rest = argv[0], argv[1:]
-        return {"train": _cmd_train, "eval": _cmd_eval, "bench": _cmd_bench}[command](rest)
+        return {"train": _cmd_train, "eval": _cmd_eval, "bench": _cmd_bench, "plot": _cmd_plot}[command](rest)
 
     import rlzoo
 
@@ -385,7 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("output", help="the directory to write")
     for name, text in (("train", "train a model (rlzoo train --help)"),
                        ("eval", "greedy accuracy of a run or a model (rlzoo eval --help)"),
-                       ("bench", "the pytest-benchmark suite")):
+                       ("bench", "the pytest-benchmark suite"),
+                       ("plot", "a picture of a loss: objective and gradient vs. the ratio (rlzoo plot --help)")):
         sub.add_parser(name, help=text)
     args = parser.parse_args(argv)
     return {"list": _cmd_list, "explain": _cmd_explain, "tasks": _cmd_tasks, "export": _cmd_export}[args.command](args)

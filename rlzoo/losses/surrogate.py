@@ -59,7 +59,9 @@ class PPOClip(Surrogate, name="ppo_clip"):
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (TRL's
     definitions, on the ratio before ``delta``: counted once per sequence for a sequence-level ratio with
     per-sequence advantages, else per token; :func:`clip_metrics`), and ``clip_ratio/dual_mean`` when
-    ``dual_clip`` is set (counted the same way).
+    ``dual_clip`` is set (counted the same way); ``ratio/high_neg_adv_mean``: the fraction, counted the same
+    way, of ``(w > 1 + epsilon_high) & (A < 0)``, the side the clip leaves open (loss and gradient grow with
+    ``w`` unless ``dual_clip`` or ``delta`` bound them).
 
     Raises:
         ValueError: naming the option when it is outside its range above, NaN, or not a number (a string,
@@ -93,6 +95,7 @@ class PPOClip(Surrogate, name="ppo_clip"):
         unclipped = w if self.delta is None else torch.clamp(w, max=self.delta)
         loss = -torch.minimum(unclipped * adv, clipped * adv)
         metrics = clip_metrics(x, w, 1.0 - self.epsilon_low, 1.0 + self.epsilon_high)
+        metrics["ratio/high_neg_adv_mean"] = x.fraction((w.detach() > 1.0 + self.epsilon_high) & (adv < 0))
         if self.dual_clip is not None:
             bound = -self.dual_clip * adv
             dual = (adv < 0) & (loss > bound)

@@ -1,0 +1,59 @@
+"""``rlzoo plot``: a preset's picture with loss overrides, every preset's, and bad input as one-line errors."""
+
+import sys
+
+import pytest
+
+import rlzoo
+from rlzoo.cli import console_main, main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_a_preset_with_loss_overrides(tmp_path, capsys, monkeypatch):
+    """--loss.NAME VALUE reaches get_loss (as rlzoo train takes it); the default file is NAME.png."""
+    from rlzoo.losses import pictures
+
+    seen = {}
+    original = pictures.objective_curves
+
+    def spy(loss, **options):
+        seen.update(options)
+        return original(loss, **{**options, "num": 11})
+
+    monkeypatch.setattr(pictures, "objective_curves", spy)
+    out = tmp_path / "dapo.png"
+    assert main(["plot", "dapo", "--output", str(out), "--loss.epsilon_high", "0.3", "--loss.dual_clip=3",
+                 "--old-prob", "0.25"]) == 0
+    assert out.read_bytes()[:8] == PNG
+    assert seen["epsilon_high"] == 0.3 and seen["dual_clip"] == 3 and seen["old_prob"] == 0.25
+    assert "wrote" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "gpg"]) == 0
+    assert (tmp_path / "gpg.png").read_bytes()[:8] == PNG
+
+
+def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
+    """--all draws every registered preset into --output-dir, named after it (what docs/pictures holds)."""
+    from rlzoo.losses import pictures
+
+    drawn = []
+    monkeypatch.setattr(pictures, "plot_objective", lambda name, path, **kw: drawn.append(name) or path)
+    assert main(["plot", "--all", "--output-dir", str(tmp_path / "pics")]) == 0
+    assert drawn == rlzoo.list_losses()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["plot", "not-a-loss"], "dapo"),
+    (["plot", "dapo", "--loss.not_an_option", "1"], "not_an_option"),
+    (["plot", "dapo", "--task.max_terms", "3"], "loss options only"),
+    (["plot", "--all", "dapo"], "defaults"),
+    (["plot", "ppo", "--old-prob", "2"], "old_prob"),
+])
+def test_plot_bad_input_is_one_line(argv, message, capsys, monkeypatch):
+    """Unknown names and options, dotted options of another kind, --all with a name, bad ranges: exit 2 and one
+    line naming the problem (console_main's user-error contract)."""
+    monkeypatch.setattr(sys, "argv", ["rlzoo", *argv])
+    assert console_main() == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
