@@ -62,7 +62,8 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 # What padding may hold: anything.
 GARBAGE = (math.nan, math.inf, -math.inf, 1e300, -1e300, 7.0, 0.0, -3.0)
 
-_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages")
+_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages",
+                  "teacher_logprobs")
 
 
 def _maybe(draw: st.DrawFn, flag: bool | None) -> bool:
@@ -145,12 +146,14 @@ def policy_batches(
     entropies_grad: bool = False,
     advantage_sign: int | None = None,
     certain_tokens: bool | None = None,
+    teacher: bool | None = False,
 ) -> PolicyBatch:
     """A valid :class:`rlzoo.PolicyBatch` with ``logprobs`` a leaf tensor requiring grad.
 
     Args:
         old: True (always), False (None: on-policy), ``"equal"`` (``logprobs.detach().clone()``), None (draw).
-        ref, rollout, entropies: include that optional field (True / False / None = draw).
+        ref, rollout, entropies, teacher: include that optional field (True / False / None = draw;
+            ``teacher_logprobs`` is left out unless asked).
         per_token_advantages: ``Float[B, T]`` instead of ``Float[B]`` (None = draw).
         garbage_padding: fill every masked position of every field (and the advantages of fully masked rows)
             with NaN/inf/huge values.
@@ -187,6 +190,7 @@ def policy_batches(
     anchor = logprobs if old_lp is None else old_lp
     rollout_lp = torch.clamp(anchor + 0.2 * randn(b, t), max=0.0) if _maybe(draw, rollout) else None
     ent = torch.empty(b, t, dtype=torch.float64).exponential_(0.5, generator=g) if _maybe(draw, entropies) else None
+    teacher_lp = torch.clamp(logprobs + 0.5 * randn(b, t), max=0.0) if _maybe(draw, teacher) else None
 
     per_token = _maybe(draw, per_token_advantages)
     adv_scale = draw(st.sampled_from((0.1, 1.0, 3.0)))
@@ -205,6 +209,7 @@ def policy_batches(
         "rollout_logprobs": rollout_lp,
         "entropies": ent,
         "advantages": adv,
+        "teacher_logprobs": teacher_lp,
     }
     fields = {k: (None if v is None else v.to(dtype)) for k, v in fields.items()}
     if garbage_padding:

@@ -24,6 +24,7 @@ cov.py         clip_cov, kl_cov (surrogates ``clip_cov``, ``kl_cov``)
 vespo.py       vespo (surrogate ``vespo``)
 dppo.py        dppo_tv, dppo_kl (surrogates ``dppo_tv``, ``dppo_kl``)
 dro.py         dro (surrogate ``dro``)
+opd.py         opd (penalty ``distillation``: on-policy distillation, needs ``teacher_logprobs``)
 =============  ==========================================================================================
 """
 

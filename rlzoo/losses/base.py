@@ -143,7 +143,7 @@ class LossInputs:
         advantages: ``Float[B, T]``, detached, broadcast from ``[B]`` when per-sequence.
         mask: ``Bool[B, T]``, the completion mask.
         lengths: ``Float[B]``, counted tokens per sequence.
-        ref_logprobs, rollout_logprobs: ``Float[B, T]`` or None, detached.
+        ref_logprobs, rollout_logprobs, teacher_logprobs: ``Float[B, T]`` or None, detached.
         entropies: ``Float[B, T]`` or None (keeps its gradient, if any).
         log_weight: ``Float[B, T]``, log of the importance weight chosen by the ratio level; None before the
             ratio stage ran (the pipeline sets it with :meth:`with_weights` before the surrogate runs).
@@ -162,6 +162,7 @@ class LossInputs:
     ref_logprobs: Float[Tensor, "B T"] | None = None
     rollout_logprobs: Float[Tensor, "B T"] | None = None
     entropies: Float[Tensor, "B T"] | None = None
+    teacher_logprobs: Float[Tensor, "B T"] | None = None
     log_weight: Float[Tensor, "B T"] | None = None
     is_weight: Float[Tensor, "B T"] | None = None
     advantages_per_sequence: bool = False
@@ -197,6 +198,7 @@ class LossInputs:
             ref_logprobs=aux(batch.ref_logprobs),
             rollout_logprobs=aux(batch.rollout_logprobs),
             entropies=entropies,
+            teacher_logprobs=aux(batch.teacher_logprobs),
             advantages_per_sequence=batch.advantages.ndim == 1,
         )
 

@@ -28,6 +28,7 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo.algorithms.cov import ClipCov
+from rlzoo.algorithms.opd import Distillation
 from rlzoo.batch import BatchError
 from rlzoo.losses import EntropyBonus, KLPenalty, OnPolicy, PolicyLoss, presets
 
@@ -51,6 +52,7 @@ def _batch_for(data: st.DataObject, loss: PolicyLoss, **kw) -> rlzoo.PolicyBatch
             ref=True if "ref_logprobs" in need else None,
             rollout=True if "rollout_logprobs" in need else None,
             entropies=True if "entropies" in need else None,
+            teacher="teacher_logprobs" in need,
             **kw,
         )
     )
@@ -101,7 +103,8 @@ def test_float32_in_float32_out(name):
     b, t = 3, 5
     mask = torch.arange(t) < torch.tensor([[5], [2], [0]])
     lp = (-torch.rand(b, t, generator=g)).requires_grad_(True)
-    fields = {f: -torch.rand(b, t, generator=g) for f in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
+    fields = {f: -torch.rand(b, t, generator=g) for f in ("old_logprobs", "ref_logprobs", "rollout_logprobs",
+                                                                  "teacher_logprobs")}
     batch = rlzoo.PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0, -0.5, 0.0]), completion_mask=mask,
                               entropies=torch.rand(b, t, generator=g), **fields)
     torch.manual_seed(0)
@@ -268,6 +271,12 @@ def _first_iteration_expectation(loss_fn: PolicyLoss, batch: rlzoo.PolicyBatch, 
             grad_token = grad_token + part.beta * dkl
         elif isinstance(part, EntropyBonus):
             value = value - part.entropy_coef * torch.where(mask, batch.entropies.detach(), zero) if value is not None else None
+        elif isinstance(part, Distillation):  # at w = 1: lambda d (PPO of A = -sg[d]: value and gradient d)
+            kl, dkl = kl_closed_form(torch.where(mask, lp, zero), torch.where(mask, batch.teacher_logprobs, zero),
+                                     part.distillation_loss_mode)
+            assert part.distillation_loss_max_clamp is None
+            value = value + part.distillation_loss_coef * kl if value is not None else None
+            grad_token = grad_token + part.distillation_loss_coef * (kl if part.distillation_policy_gradient else dkl)
         else:
             pytest.fail(f"unknown penalty {type(part).__name__}")
     c = aggregation_weights(mask, loss_fn.aggregation.registered_name(),

@@ -68,7 +68,8 @@ def _batch(data: st.DataObject, loss: PolicyLoss, **kw) -> PolicyBatch:
     need = loss.required_fields()
     return data.draw(policy_batches(ref=True if "ref_logprobs" in need else None,
                                     rollout=True if "rollout_logprobs" in need else None,
-                                    entropies=True if "entropies" in need else None, **kw))
+                                    entropies=True if "entropies" in need else None,
+                                    teacher="teacher_logprobs" in need, **kw))
 
 
 def _mixes_tokens(loss: PolicyLoss) -> bool:

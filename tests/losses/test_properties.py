@@ -360,7 +360,7 @@ def test_micro_batches_sum_to_full_batch_with_every_optional_part(aggregation, d
     name = data.draw(st.sampled_from(NON_COUPLED), label="preset")
     options = data.draw(loss_options(kl=True, is_correction=True, off_policy_mask=True, entropy_bonus=True))
     options = supported_options(name, options)
-    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True))
+    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True, teacher=True))
     loss_fn = rlzoo.get_loss(name, aggregation=aggregation, max_completion_length=batch.shape[1], **options)
     full, g_lp, g_ent = loss_and_grads(loss_fn, batch)
 
@@ -383,7 +383,7 @@ def test_padding_is_inert_with_every_optional_part(data):
     options = data.draw(loss_options(kl=True, is_correction=True, off_policy_mask=True, entropy_bonus=True))
     options = supported_options(name, options)
     options["top_entropy_quantile"] = data.draw(st.sampled_from([0.0, 0.2, 0.9]))
-    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True))
+    batch = data.draw(policy_batches(ref=True, rollout=True, entropies=True, entropies_grad=True, teacher=True))
     loss_fn = rlzoo.get_loss(name, max_completion_length=batch.shape[1], **options)
     clean, g_lp, g_ent = loss_and_grads(loss_fn, batch, seed=3)
     dirty, d_lp, d_ent = loss_and_grads(loss_fn, with_garbage(batch, seed=5), seed=3)
