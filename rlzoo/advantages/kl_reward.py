@@ -92,9 +92,20 @@ class AdaptiveKLController(KLController):
         self.horizon = horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """``value *= 1 + clip(current_kl / target_kl - 1, -0.2, 0.2) * n_steps / horizon``."""
+        """``value *= 1 + clip(current_kl / target_kl - 1, -0.2, 0.2) * n_steps / horizon``.
+
+        Raises:
+            ValueError: the factor would be <= 0 (``n_steps >= 5 * horizon`` with the KL below target): verl then
+                turns ``beta`` negative, a reward for diverging from the reference; rlzoo names ``horizon``.
+        """
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
+        factor = 1.0 + error * n_steps / self.horizon
+        if factor <= 0.0:
+            raise ValueError(
+                f"kl controller: horizon={self.horizon} is too short for batches of {n_steps} completions (the "
+                f"adaptive update would make kl_coef <= 0); use horizon > {n_steps / 5:g}"
+            )
+        self.value *= factor
 
 
 def get_kl_controller(kl_ctrl_type: str, *, kl_coef: float, target_kl: float, horizon: int) -> KLController:
