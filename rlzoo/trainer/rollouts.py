@@ -25,6 +25,7 @@ from torch import Tensor
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
+from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rewards import RewardSet, nanstd
@@ -134,12 +135,20 @@ class RolloutSource:
         seed: the run seed (micro-batch shuffling, and with the round and group index each group's sampling).
         dist: the process group context (this rank's share of each generation batch).
         completion_log: records each generation batch's completions table (``--log-completions``), or None.
+        teacher: what teacher log-probs are scored with (``--teacher``: a frozen model's
+            :class:`~rlzoo.trainer.scorer.LogProbModule`, possibly wrapped), when the loss needs them, else None.
+        kl_reward: the KL-in-reward shaping (``--use-kl-in-reward``), or None.
+
+    Old, reference and teacher log-probs (and, when the estimator needs them, the sampling policy's log-probs and
+    ``sum_pi_squared``) are scored before the advantage, which may use them (KL in the reward, the optimal token
+    baseline).
     """
 
     def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
                  policy: ParallelModel, reference: Any, precision: Precision, seed: int,
-                 dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None) -> None:
+                 dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None, teacher: Any = None,
+                 kl_reward: KLRewardShaping | None = None) -> None:
         self.config = config
         self.reward_config = reward_config
         self.task = task
@@ -154,6 +163,8 @@ class RolloutSource:
         self.seed = seed
         self.dist = dist
         self.completion_log = completion_log
+        self.teacher = teacher
+        self.kl_reward = kl_reward
         self.micro_step = 0
         self.round = 0  # generation rounds so far (each group's sampling seed depends on it)
         self.num_tokens = 0.0  # prompt + completion tokens generated so far on this rank (TRL's num_tokens)
@@ -204,18 +215,15 @@ class RolloutSource:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        rollout.advantages = self._advantages(rollout)
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
         stats.update(reward_metrics)
+        sampling = self._score(rollout)
+        rollout.advantages = self._advantages(rollout, sampling, stats)
         if self.completion_log is not None:  # rows of the kept groups among every round's completions
             rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
             self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
-        if cfg.old_logprobs_needed:
-            rollout.old_logprobs = self.scorer.generation_logprobs(self.policy.module, rollout)
-        if self.reference is not None:
-            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
         if cfg.dynamic_sampling:
             stats.update({"dynamic_sampling/rounds": float(rounds),
                           "dynamic_sampling/groups_dropped": float(len(dropped))})
@@ -237,13 +245,48 @@ class RolloutSource:
                 kept.append(group)
         return gen
 
-    def _advantages(self, rollout: Rollout) -> Tensor:
-        """This rank's rows of the advantages of the global generation batch (rewards gathered from every rank,
-        so batch-level scaling sees the whole batch)."""
-        n, extra = rollout.num_completions, {}
-        reward = self.dist.all_gather(rollout.reward)
-        if "completion_mask" in self.advantage_fn.accepts:
-            extra["completion_mask"] = self.dist.all_gather(rollout.completion_mask, pad_value=False)
+    def _score(self, rollout: Rollout) -> dict[str, Tensor]:
+        """Score the generation batch without gradients: old log-probs when the data can be stale, reference and
+        teacher log-probs when asked, and what the advantage needs from the sampling policy (its log-probs for the
+        KL in the reward and the optimal token baseline, ``sum_pi_squared`` for the latter, in the same pass).
+        Returns the sampling policy's ``{"old_logprobs": ..., "sum_pi_squared": ...}`` that were scored."""
+        wanted = self.advantage_fn.needs | self.advantage_fn.accepts
+        sampling: dict[str, Tensor] = {}
+        if "sum_pi_squared" in wanted:
+            sampling["old_logprobs"], sampling["sum_pi_squared"] = self.scorer.generation_stats(self.policy.module,
+                                                                                               rollout)
+        elif self.config.old_logprobs_needed or self.kl_reward is not None or "old_logprobs" in wanted:
+            sampling["old_logprobs"] = self.scorer.generation_logprobs(self.policy.module, rollout)
+        if self.config.old_logprobs_needed:
+            rollout.old_logprobs = sampling["old_logprobs"]
+        if self.reference is not None:
+            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
+        if self.teacher is not None:
+            rollout.teacher_logprobs = self.scorer.generation_logprobs(self.teacher, rollout)
+        return sampling
+
+    def _advantages(self, rollout: Rollout, sampling: dict[str, Tensor], stats: dict[str, float]) -> Tensor:
+        """This rank's rows of the advantages of the global generation batch (rewards and the estimator's inputs
+        gathered from every rank, so batch-level scaling and the KL controller see the whole batch); the KL in the
+        reward's metrics go into ``stats``."""
+        n, extra, gather = rollout.num_completions, {}, self.dist.all_gather
+        wanted = self.advantage_fn.needs | self.advantage_fn.accepts
+        reward = gather(rollout.reward)
+        if "completion_mask" in wanted or self.kl_reward is not None:
+            extra["completion_mask"] = gather(rollout.completion_mask, pad_value=False)
+        for name, value in sampling.items():
+            if name in wanted:
+                extra[name] = gather(value, pad_value=0.0)
+        if self.kl_reward is not None:
+            assert rollout.ref_logprobs is not None  # the trainer scores the reference for the KL in the reward
+            reward, token_rewards, kl_metrics = self.kl_reward.apply(
+                reward, gather(sampling["old_logprobs"], pad_value=0.0), gather(rollout.ref_logprobs, pad_value=0.0),
+                extra["completion_mask"], token_level="token_rewards" in wanted)
+            if token_rewards is not None:
+                extra["token_rewards"] = token_rewards
+            if "completion_mask" not in wanted:
+                del extra["completion_mask"]
+            stats.update(kl_metrics)
         advantages = self.advantage_fn(reward, group_size=self.config.num_generations, **extra).to(torch.float32)
         advantages = advantages[self.dist.rank * n:(self.dist.rank + 1) * n]
         return advantages[:, : rollout.completion_ids.shape[1]] if advantages.ndim == 2 else advantages
@@ -358,12 +401,15 @@ class RolloutSource:
 
     def state_dict(self) -> dict[str, Any]:
         """The cycle's position and generation round, its unfinished generation batch (this rank's rows), the
-        shuffling RNG, the task position and the token count."""
+        shuffling RNG, the task position, the token count and the KL-in-reward controller's coefficient."""
         period = self.config.effective_steps_per_generation * self.config.num_iterations
         unfinished = self.buffer if self.micro_step % period else []  # a used-up batch is not needed to resume
-        return {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
-                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
-                "num_tokens": self.num_tokens}
+        state = {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
+                 "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
+                 "num_tokens": self.num_tokens}
+        if self.kl_reward is not None:
+            state["kl_ctrl"] = self.kl_reward.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -379,6 +425,13 @@ class RolloutSource:
                 "the checkpoint holds an unfinished generation batch without ref_logprobs, which the loss now needs "
                 "(beta > 0): resume from a checkpoint at a generation boundary, or keep --loss.beta 0 for now"
             )
+        if self.teacher is not None and any(r.teacher_logprobs is None for r in buffer):
+            raise ValueError(
+                "the checkpoint holds an unfinished generation batch without teacher_logprobs, which the loss now "
+                "needs: resume from a checkpoint at a generation boundary, or add --teacher later"
+            )
+        if self.kl_reward is not None and "kl_ctrl" in state:
+            self.kl_reward.load_state_dict(state["kl_ctrl"])
         self.buffer = buffer
         self.micro_step = state["micro_step"]
         self.round = state["round"]
