@@ -44,7 +44,7 @@ from rlzoo.trainer.config import (
 )
 from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, Evaluator, evaluate
-from rlzoo.trainer.generation import HFGenerator
+from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
@@ -52,7 +52,7 @@ from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
-from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource, build_generator
+from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.trackers import CompletionLog, Trackers

@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
@@ -35,30 +36,9 @@ from rlzoo.trainer.tasks import TaskItem, TaskStream
 from rlzoo.trainer.tasks.base import derive_seed
 from rlzoo.trainer.trackers import CompletionLog
 
-__all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
+__all__ = ["OptimizerStepBatch", "RolloutSource", "shape_rewards"]
 
 log = logging.getLogger("rlzoo.train")
-
-
-def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: Any, *, share_prefix: bool,
-                    seed: int, precision: Precision) -> HFGenerator | VLLMGenerator:
-    """The sampling backend of the rollout section (``hf``: Hugging Face ``generate``; ``vllm``: a colocated
-    vLLM engine).
-
-    Raises:
-        RuntimeError: the vLLM backend without vLLM or CUDA.
-    """
-    if config.backend == "vllm":
-        return VLLMGenerator(
-            model, tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
-            top_p=config.top_p, top_k=config.top_k, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            seed=seed, max_prompt_length=config.max_prompt_length, dtype=precision.inference_dtype,
-        )
-    return HFGenerator(
-        tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
-        top_p=config.top_p, top_k=config.top_k, max_prompt_length=config.max_prompt_length,
-        share_prefix=share_prefix,
-    )
 
 
 def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
@@ -124,7 +104,7 @@ class RolloutSource:
         rewards: the reward functions.
         advantage_fn: an advantage estimator (``rlzoo.get_advantage``).
         scorer: computes old / reference log-probs at generation time.
-        generator: the sampling backend (:func:`build_generator`).
+        generator: the sampling backend (:func:`~rlzoo.trainer.generation.build_generator`).
         tokenizer: the model's tokenizer.
         policy: the trained model (sampled from with its parameters gathered; scored for old log-probs when
             they are needed).
@@ -220,7 +200,9 @@ class RolloutSource:
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
         stats.update(reward_metrics)
         sampling = self._score(rollout)
-        rollout.advantages = self._advantages(rollout, sampling, stats)
+        rollout.advantages, kl_metrics = batch_advantages(self.advantage_fn, rollout, sampling, dist=self.dist,
+                                                          group_size=g, kl_reward=self.kl_reward)
+        stats.update(kl_metrics)
         if self.completion_log is not None:  # rows of the kept groups among every round's completions
             rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
             self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
@@ -264,32 +246,6 @@ class RolloutSource:
         if self.teacher is not None:
             rollout.teacher_logprobs = self.scorer.generation_logprobs(self.teacher, rollout)
         return sampling
-
-    def _advantages(self, rollout: Rollout, sampling: dict[str, Tensor], stats: dict[str, float]) -> Tensor:
-        """This rank's rows of the advantages of the global generation batch (rewards and the estimator's inputs
-        gathered from every rank, so batch-level scaling and the KL controller see the whole batch); the KL in the
-        reward's metrics go into ``stats``."""
-        n, extra, gather = rollout.num_completions, {}, self.dist.all_gather
-        wanted = self.advantage_fn.needs | self.advantage_fn.accepts
-        reward = gather(rollout.reward)
-        if "completion_mask" in wanted or self.kl_reward is not None:
-            extra["completion_mask"] = gather(rollout.completion_mask, pad_value=False)
-        for name, value in sampling.items():
-            if name in wanted:
-                extra[name] = gather(value, pad_value=0.0)
-        if self.kl_reward is not None:
-            assert rollout.ref_logprobs is not None  # the trainer scores the reference for the KL in the reward
-            reward, token_rewards, kl_metrics = self.kl_reward.apply(
-                reward, gather(sampling["old_logprobs"], pad_value=0.0), gather(rollout.ref_logprobs, pad_value=0.0),
-                extra["completion_mask"], token_level="token_rewards" in wanted)
-            if token_rewards is not None:
-                extra["token_rewards"] = token_rewards
-            if "completion_mask" not in wanted:
-                del extra["completion_mask"]
-            stats.update(kl_metrics)
-        advantages = self.advantage_fn(reward, group_size=self.config.num_generations, **extra).to(torch.float32)
-        advantages = advantages[self.dist.rank * n:(self.dist.rank + 1) * n]
-        return advantages[:, : rollout.completion_ids.shape[1]] if advantages.ndim == 2 else advantages
 
     def _sample(self, model: torch.nn.Module, items: list[TaskItem],
                 seeds: list[int]) -> tuple[Generated, Tensor, Tensor]:
