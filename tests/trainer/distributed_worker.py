@@ -75,6 +75,8 @@ def loss_sums(rank: int, world: int) -> dict:
                                               ).clamp(max=-1e-3)
             if "entropies" in needs:
                 fields["entropies"] = torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
+            if "teacher_logprobs" in needs:
+                fields["teacher_logprobs"] = lp - 0.3 * torch.rand(b, t, generator=gen, dtype=torch.float64)
             fields["completion_mask"][:, 0] = True
             if loss_fn.batch_coupled:  # statistics over the batch it is given: per rank, documented
                 worst.setdefault("per_rank", []).append(f"{preset}/{aggregation}")
