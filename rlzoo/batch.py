@@ -21,8 +21,8 @@ from torch import Tensor
 
 __all__ = ["BatchError", "LossMasker", "LossOutput", "Normalizer", "PolicyBatch", "logprob_tolerance"]
 
-_TOKEN_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
-_LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+_TOKEN_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs")
+_LOGPROB_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "teacher_logprobs")
 
 
 def logprob_tolerance(dtype: torch.dtype) -> float:
@@ -73,6 +73,8 @@ class PolicyBatch:
             sampler/trainer importance-sampling correction and off-policy sequence masking.
         entropies: ``Float[B, T]`` or None; per-token entropy of pi_theta in nats (may carry a
             gradient); needed by the entropy bonus and the top-entropy-quantile mask.
+        teacher_logprobs: ``Float[B, T]`` or None; a frozen teacher's log-probs of the sampled tokens (nats),
+            scored at generation time; needed by on-policy distillation (``rlzoo.get_loss("opd")``).
         check_values: when True (default) check finiteness and the sign of log-probs at counted
             positions. This costs one device synchronisation; set False inside ``torch.compile``-d code
             or when the producer already guarantees it.
@@ -109,6 +111,7 @@ class PolicyBatch:
     ref_logprobs: Float[Tensor, "B T"] | None = None
     rollout_logprobs: Float[Tensor, "B T"] | None = None
     entropies: Float[Tensor, "B T"] | None = None
+    teacher_logprobs: Float[Tensor, "B T"] | None = None
     check_values: bool = True
     # Inputs of the prompt-mean aggregation, VAPO's NLL term and AReaL's log-linear proximal policy (checked by
     # _check_structure_fields; kept apart from the log-prob fields above).

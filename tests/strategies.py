@@ -71,10 +71,12 @@ RS_EXAMPLES = (("token_k1", "0.7_1.4"), ("token_k2", "0.05"), ("token_k3", "0.05
 # What padding may hold: anything.
 GARBAGE = (math.nan, math.inf, -math.inf, 1e300, -1e300, 7.0, 0.0, -3.0)
 
-_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages", "rewards")
+_TENSOR_FIELDS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "advantages", "rewards",
+                  "teacher_logprobs")
 # policy_batches flag -> the optional PolicyBatch field it adds
 _FLAG_FIELDS = (("ref", "ref_logprobs"), ("rollout", "rollout_logprobs"), ("entropies", "entropies"),
-                ("groups", "group_index"), ("rewards", "rewards"), ("versions", "versions"))
+                ("groups", "group_index"), ("rewards", "rewards"), ("versions", "versions"),
+                ("teacher", "teacher_logprobs"))
 
 
 def _maybe(draw: st.DrawFn, flag: bool | None) -> bool:
@@ -160,12 +162,14 @@ def policy_batches(
     groups: bool | None = None,
     rewards: bool | None = None,
     versions: bool | None = None,
+    teacher: bool | None = False,
 ) -> PolicyBatch:
     """A valid :class:`rlzoo.PolicyBatch` with ``logprobs`` a leaf tensor requiring grad.
 
     Args:
         old: True (always), False (None: on-policy), ``"equal"`` (``logprobs.detach().clone()``), None (draw).
-        ref, rollout, entropies: include that optional field (True / False / None = draw).
+        ref, rollout, entropies, teacher: include that optional field (True / False / None = draw;
+            ``teacher_logprobs`` is left out unless asked).
         per_token_advantages: ``Float[B, T]`` instead of ``Float[B]`` (None = draw).
         garbage_padding: fill every masked position of every field (and the advantages of fully masked rows)
             with NaN/inf/huge values.
@@ -206,6 +210,7 @@ def policy_batches(
     anchor = logprobs if old_lp is None else old_lp
     rollout_lp = torch.clamp(anchor + 0.2 * randn(b, t), max=0.0) if _maybe(draw, rollout) else None
     ent = torch.empty(b, t, dtype=torch.float64).exponential_(0.5, generator=g) if _maybe(draw, entropies) else None
+    teacher_lp = torch.clamp(logprobs + 0.5 * randn(b, t), max=0.0) if _maybe(draw, teacher) else None
 
     per_token = _maybe(draw, per_token_advantages)
     adv_scale = draw(st.sampled_from((0.1, 1.0, 3.0)))
@@ -241,6 +246,7 @@ def policy_batches(
         "entropies": ent,
         "advantages": adv,
         "rewards": reward,
+        "teacher_logprobs": teacher_lp,
     }
     fields = {k: (None if v is None else v.to(dtype)) for k, v in fields.items()}
     if garbage_padding:
@@ -269,7 +275,7 @@ def batch_options_for(loss: Any) -> dict[str, Any]:
 def example_field(name: str, b: int, t: int, *, dtype: torch.dtype = torch.float64, seed: int = 0) -> Any:
     """A valid value of the optional PolicyBatch field ``name`` for a ``[b, t]`` batch (hand-built tests)."""
     g = torch.Generator().manual_seed(seed)
-    if name in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
+    if name in ("old_logprobs", "ref_logprobs", "rollout_logprobs", "teacher_logprobs"):
         return -torch.rand(b, t, generator=g, dtype=torch.float64).to(dtype) - 0.01
     if name == "entropies":
         return torch.rand(b, t, generator=g, dtype=torch.float64).to(dtype)

@@ -25,6 +25,7 @@ one to add a behaviour without editing the estimator.
 
 import abc
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -37,6 +38,7 @@ from rlzoo.registry import Component, Registry
 
 __all__ = [
     "INPUTS",
+    "TOKEN_INPUTS",
     "AdvantageEstimator",
     "AdvantageInputs",
     "EstimatorChoice",
@@ -49,7 +51,8 @@ __all__ = [
 
 advantage_estimators: Registry[type["AdvantageEstimator"]] = Registry("advantage estimator")
 
-INPUTS: tuple[str, ...] = ("completion_mask", "token_rewards", "values", "baseline_rewards")
+INPUTS: tuple[str, ...] = ("completion_mask", "token_rewards", "values", "baseline_rewards", "old_logprobs",
+                           "sum_pi_squared", "rollout_is_weights")
 """Optional inputs an estimator may declare in ``needs`` / ``accepts``:
 
 * ``completion_mask`` - ``Bool[N, T]``, True on counted completion tokens;
@@ -57,8 +60,17 @@ INPUTS: tuple[str, ...] = ("completion_mask", "token_rewards", "values", "baseli
   the outcome reward ``rewards`` that sits on each sequence's last counted token;
 * ``values`` - ``Float[N, T]``, the critic's value estimate ``V(s_t)`` per token;
 * ``baseline_rewards`` - ``Float[N]``, the reward of a baseline response per item (ReMax: the greedy
-  response).
+  response);
+* ``old_logprobs`` - ``Float[N, T]``, the sampling policy's log-probs of the sampled tokens (nats, <= 0 up to a
+  rounding of 1e-5), as the trainer scores them at generation time;
+* ``sum_pi_squared`` - ``Float[N, T]``, ``sum_v pi(v | context)^2`` of that policy at each position, in
+  ``[1/V, 1]`` (``rlzoo.kernels``' ``return_sum_pi_squared``);
+* ``rollout_is_weights`` - ``Float[N, T]``, >= 0, the sampler/trainer importance weights of a rollout
+  correction (verl's ``rollout_is_weights``).
 """
+
+TOKEN_INPUTS: tuple[str, ...] = ("token_rewards", "values", "old_logprobs", "sum_pi_squared", "rollout_is_weights")
+"""The inputs shaped ``[N, T]`` like ``completion_mask`` (values at masked positions are ignored)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,7 +80,8 @@ class AdvantageInputs:
     Attributes:
         completion_mask: ``Bool[N, T]`` or None.
         lengths: ``Float[N]`` counted tokens per sequence (``completion_mask.sum(-1)``), or None.
-        token_rewards, values: ``Float[N, T]`` or None, 0 at masked positions (whatever they held there).
+        token_rewards, values, old_logprobs, sum_pi_squared, rollout_is_weights: ``Float[N, T]`` or None, 0 at
+            masked positions (whatever they held there).
         baseline_rewards: ``Float[N]`` or None.
     """
 
@@ -77,6 +90,9 @@ class AdvantageInputs:
     token_rewards: Float[Tensor, "N T"] | None = None
     values: Float[Tensor, "N T"] | None = None
     baseline_rewards: Float[Tensor, " N"] | None = None
+    old_logprobs: Float[Tensor, "N T"] | None = None
+    sum_pi_squared: Float[Tensor, "N T"] | None = None
+    rollout_is_weights: Float[Tensor, "N T"] | None = None
 
     @property
     def mask(self) -> Bool[Tensor, "N T"]:
@@ -120,13 +136,21 @@ def _raise_not_finite(owner: str, checks: list[tuple[str, Tensor]]) -> None:
         return
     for (name, _), bad in zip(checks, flags.tolist(), strict=True):
         if bad:
-            where = (
-                " at a counted position (completion_mask True)" if name in ("token_rewards", "values") else ""
-            )
+            where = " at a counted position (completion_mask True)" if name in TOKEN_INPUTS else ""
+            if name in _RANGES:
+                raise ValueError(f"{owner}: {name} holds NaN/inf or a value outside {_RANGES[name][2]}{where}")
             raise ValueError(
                 f"{owner}: {name} holds NaN/inf{where}; rewards must be finite (score unscorable "
                 "completions explicitly, e.g. 0)"
             )
+
+
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "old_logprobs": (-math.inf, 1e-5, "(-inf, 0] (log-probs, up to a rounding of 1e-5)"),
+    "sum_pi_squared": (0.0, 1.0 + 1e-5, "[0, 1] (a sum of squared probabilities)"),
+    "rollout_is_weights": (0.0, math.inf, "[0, inf) (importance weights)"),
+}
+"""Valid ranges ``(low, high, description)`` of the inputs that are not rewards."""
 
 
 def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -159,7 +183,7 @@ def build_inputs(owner: str, rewards: Tensor, given: Mapping[str, Any]) -> Advan
             )
         fields["completion_mask"] = mask
         fields["lengths"] = mask.sum(-1).to(rewards.dtype)
-    for name in ("token_rewards", "values"):
+    for name in TOKEN_INPUTS:
         x = given.get(name)
         if x is None:
             continue
@@ -168,7 +192,11 @@ def build_inputs(owner: str, rewards: Tensor, given: Mapping[str, Any]) -> Advan
         x = _check_floating(owner, name, x, tuple(mask.shape), "[N, T] like completion_mask")
         if x.device != rewards.device:
             raise ValueError(f"{owner}: {name} is on {x.device} but rewards is on {rewards.device}")
-        checks.append((name, (~torch.isfinite(x.detach()) & mask).any()))
+        bad = ~torch.isfinite(x.detach())
+        if name in _RANGES:
+            low, high, _ = _RANGES[name]
+            bad = bad | (x.detach() < low) | (x.detach() > high)
+        checks.append((name, (bad & mask).any()))
         fields[name] = _zero_masked(x.to(rewards.dtype), mask)
     baseline = given.get("baseline_rewards")
     if baseline is not None:
@@ -234,6 +262,9 @@ class AdvantageEstimator(Component, abc.ABC):
         token_rewards: Float[Tensor, "N T"] | None = None,
         values: Float[Tensor, "N T"] | None = None,
         baseline_rewards: Float[Tensor, " N"] | None = None,
+        old_logprobs: Float[Tensor, "N T"] | None = None,
+        sum_pi_squared: Float[Tensor, "N T"] | None = None,
+        rollout_is_weights: Float[Tensor, "N T"] | None = None,
     ) -> Float[Tensor, " N"] | Float[Tensor, "N T"]:
         """Advantages of ``N`` completions.
 
@@ -243,7 +274,8 @@ class AdvantageEstimator(Component, abc.ABC):
             group_size: ``G``: groups are ``G`` consecutive items (TRL's order); must divide ``N``.
             group_ids: ``[N]`` group labels instead of ``group_size`` (verl's ``index``; any order).
                 Group-relative estimators need exactly one of the two; the others ignore both.
-            completion_mask, token_rewards, values, baseline_rewards: see :data:`INPUTS`; only those in
+            completion_mask, token_rewards, values, baseline_rewards, old_logprobs, sum_pi_squared,
+                rollout_is_weights: see :data:`INPUTS`; only those in
                 :attr:`accepts` may be given, and those in :attr:`needs` must be. Values at masked positions
                 are ignored (NaN included).
 
@@ -263,6 +295,9 @@ class AdvantageEstimator(Component, abc.ABC):
             "token_rewards": token_rewards,
             "values": values,
             "baseline_rewards": baseline_rewards,
+            "old_logprobs": old_logprobs,
+            "sum_pi_squared": sum_pi_squared,
+            "rollout_is_weights": rollout_is_weights,
         }
         given = {k: v for k, v in given.items() if v is not None}
         missing = sorted(self.needs - given.keys())

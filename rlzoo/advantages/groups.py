@@ -141,13 +141,13 @@ class GroupIndex:
         index = torch.as_tensor(inverse.reshape(-1).astype(np.int64), device=device)
         return cls(index=index, counts=torch.as_tensor(counts.astype(np.int64), device=device))
 
-    def expand(self, per_group: Shaped[Tensor, " K"]) -> Shaped[Tensor, " N"]:
-        """``per_group[index]``: a ``[K]`` statistic for each of the ``N`` items."""
+    def expand(self, per_group: Shaped[Tensor, "K ..."]) -> Shaped[Tensor, "N ..."]:
+        """``per_group[index]``: a ``[K]`` (or ``[K, ...]``) statistic for each of the ``N`` items."""
         return per_group[self.index]
 
-    def sum(self, x: Float[Tensor, " N"]) -> Float[Tensor, " K"]:
-        """Per-group sum."""
-        out = torch.zeros(self.num_groups, dtype=x.dtype, device=x.device)
+    def sum(self, x: Float[Tensor, "N ..."]) -> Float[Tensor, "K ..."]:
+        """Per-group sum over the items (dim 0; trailing dims, e.g. tokens ``[N, T]``, are kept)."""
+        out = torch.zeros((self.num_groups, *x.shape[1:]), dtype=x.dtype, device=x.device)
         return out.index_add(0, self.index, x)
 
     def size(self, dtype: torch.dtype) -> Float[Tensor, " K"]:

@@ -27,6 +27,7 @@ dro.py         dro (surrogate ``dro``)
 decoupled_ppo.py  decoupled_ppo (AReaL: PPO clip + the ``is_correction`` behaviour weight; ``prox_logp_method``)
 m2po.py        m2po (rejection ``m2po``: the second-moment mask)
 vapo.py        vapo (penalty ``positive_nll``)
+opd.py         opd (penalty ``distillation``: on-policy distillation, needs ``teacher_logprobs``)
 =============  ==========================================================================================
 """
 

@@ -155,7 +155,7 @@ class LossInputs:
         advantages: ``Float[B, T]``, detached, broadcast from ``[B]`` when per-sequence.
         mask: ``Bool[B, T]``, the tokens the loss counts (the completion mask minus rejected tokens).
         lengths: ``Float[B]``, counted tokens per sequence.
-        ref_logprobs, rollout_logprobs: ``Float[B, T]`` or None, detached.
+        ref_logprobs, rollout_logprobs, teacher_logprobs: ``Float[B, T]`` or None, detached.
         entropies: ``Float[B, T]`` or None (keeps its gradient, if any).
         log_weight: ``Float[B, T]``, log of the importance weight chosen by the ratio level; None before the
             ratio stage ran (the pipeline sets it with :meth:`with_weights` before the surrogate runs).
@@ -180,6 +180,7 @@ class LossInputs:
     ref_logprobs: Float[Tensor, "B T"] | None = None
     rollout_logprobs: Float[Tensor, "B T"] | None = None
     entropies: Float[Tensor, "B T"] | None = None
+    teacher_logprobs: Float[Tensor, "B T"] | None = None
     log_weight: Float[Tensor, "B T"] | None = None
     is_weight: Float[Tensor, "B T"] | None = None
     advantages_per_sequence: bool = False
@@ -247,6 +248,7 @@ class LossInputs:
             ref_logprobs=aux(batch.ref_logprobs),
             rollout_logprobs=aux(batch.rollout_logprobs),
             entropies=entropies,
+            teacher_logprobs=aux(batch.teacher_logprobs),
             advantages_per_sequence=batch.advantages.ndim == 1,
             bypass_mode=bypass_mode,
             group_index=group_index,

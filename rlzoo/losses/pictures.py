@@ -15,7 +15,8 @@ Conventions (each picture's subtitle lists those that apply):
   ``max_completion_length = 1`` unless the loss has one);
 * the log-probs a loss needs besides ``logprobs`` and ``old_logprobs`` (reference, sampler, ...) equal
   ``old_logprobs``: the reference is the old policy, so a KL penalty is 0 at ``r = 1``, and an IS correction
-  weighs 1; entropies, when needed, are 1 nat;
+  weighs 1; entropies, when needed, are 1 nat; a reward, when needed (VAPO's positive-example NLL), is 1 for
+  ``A > 0`` and 0 for ``A < 0``; the token is its own group (``group_index`` 0);
 * batch-coupled parts (Clip-Cov, KL-Cov, the entropy quantile) see a batch of one token: Clip-Cov's
   covariance is 0 (nothing removed), KL-Cov's top-k is that token (always penalised);
 * ``p_old`` (default 0.2) matters only to losses that read probabilities (DPPO's trust region) or whose value
@@ -141,6 +142,10 @@ class _OneToken:
                 self.fields[name] = self.old
             elif name == "entropies":
                 self.fields[name] = torch.ones(1, 1, dtype=torch.float64)
+            elif name == "rewards":  # a correct answer exactly when the advantage is positive
+                self.fields[name] = torch.tensor([1.0 if advantage > 0 else 0.0], dtype=torch.float64)
+            elif name == "group_index":  # the one sequence is its own group
+                self.fields[name] = torch.zeros(1, dtype=torch.long)
             else:
                 raise ValueError(f"rlzoo plot: the loss needs PolicyBatch.{name}, which has no picture convention; "
                                  f"pass fields={{{name!r}: a [1, 1] tensor}} (PolicyBatch fields: "
@@ -162,7 +167,8 @@ def _ratio_range(loss: PolicyLoss) -> float:
     """The default largest ``r``: 3, or 1.2 x the largest ratio threshold of an active part (:data:`RATIO_OPTIONS`)."""
     marks = [float(v) for part in loss.parts() for k in RATIO_OPTIONS if k in part.option_names()
              and isinstance(v := getattr(part, k), (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    marks += [1.0 + float(part.epsilon_high) for part in loss.parts() if "epsilon_high" in part.option_names()]
+    marks += [1.0 + float(part.epsilon_high) for part in loss.parts() if "epsilon_high" in part.option_names()
+              and math.isfinite(float(part.epsilon_high))]  # inf: that side is not clipped (M2PO)
     return max([_DEFAULT_R_MAX, *(1.2 * m for m in marks)])
 
 

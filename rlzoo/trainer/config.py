@@ -17,6 +17,7 @@ every ``steps_per_generation * num_iterations`` micro-steps.
 """
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +39,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "ScorerConfig",
+    "SignalConfig",
     "TaskConfig",
     "TrackingConfig",
     "TrainConfig",
@@ -270,6 +272,38 @@ class RolloutConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SignalConfig(Section):
+    """What is scored at generation time besides the policy: a teacher (on-policy distillation) and the KL in the
+    reward (verl's ``algorithm.use_kl_in_reward`` / ``algorithm.kl_ctrl``; rlzoo/trainer/kl_reward.py)."""
+
+    teacher: str | None = None
+    """A frozen teacher model (same specs as --model; it must share the policy's tokenizer) scored at generation
+    time into teacher_logprobs (--algorithm opd, or --loss.distillation_loss_coef > 0)."""
+    use_kl_in_reward: bool = False
+    """Fold a per-token KL penalty to the reference into the rewards before the advantage (verl's name)."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """The KL-in-reward coefficient's controller (verl's kl_ctrl.type): fixed, or adaptive (Ziegler et al.)."""
+    kl_coef: float = 0.001
+    """The (initial) KL-in-reward coefficient (verl's kl_ctrl.kl_coef)."""
+    target_kl: float = 0.1
+    """The adaptive controller's target KL (verl's kl_ctrl.target_kl)."""
+    kl_horizon: int = 10000
+    """The adaptive controller's horizon in completions (verl's kl_ctrl.horizon)."""
+    kl_penalty: str = "k1"
+    """The KL-in-reward estimator: k1, k2, k3, abs, low_var_kl (verl's kl_penalty 'kl' is k1, 'mse' k2)."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [
+            ("kl_coef", math.isfinite(self.kl_coef) and self.kl_coef >= 0, "finite and >= 0"),
+            ("target_kl", math.isfinite(self.target_kl) and self.target_kl > 0, "finite and > 0"),
+            ("kl_horizon", self.kl_horizon > 0, "> 0"),
+            ("kl_penalty", self.kl_penalty in ("k1", "k2", "k3", "abs", "low_var_kl"),
+             "one of 'abs', 'k1', 'k2', 'k3', 'low_var_kl'"),
+            *super().checks(),
+        ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ScorerConfig(Section):
     """How log-probs and entropies of completions are computed."""
 
@@ -408,8 +442,8 @@ class TrackingConfig(Section):
 # Bases are listed last-first: dataclasses collect inherited fields from the end of the MRO, so --help lists
 # the algorithm and model first, as before the split.
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig(TrackingConfig, RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, ScorerConfig,
-                  RolloutConfig, RewardConfig, TaskConfig, AdapterConfig, ParallelConfig, ModelConfig, AlgorithmConfig):
+class TrainConfig(TrackingConfig, RunConfig, CheckpointConfig, EvalConfig, OptimizerConfig, SignalConfig,
+                  ScorerConfig, RolloutConfig, RewardConfig, TaskConfig, AdapterConfig, ParallelConfig, ModelConfig, AlgorithmConfig):
     """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
 
     def checks(self) -> list[tuple[str, bool, str]]:

@@ -9,16 +9,26 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.trainer.adapters import causal_lm
+from rlzoo.trainer.config import RolloutConfig
+from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import position_ids_for
 
-__all__ = ["Generated", "Generator", "GroupSeededSampling", "HFGenerator", "VLLMGenerator", "completion_mask_from_eos"]
+__all__ = [
+    "Generated",
+    "Generator",
+    "GroupSeededSampling",
+    "HFGenerator",
+    "VLLMGenerator",
+    "build_generator",
+    "completion_mask_from_eos",
+]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -324,3 +334,24 @@ class VLLMGenerator:
 
         self.llm.apply_model(load)
         self.llm.reset_prefix_cache()
+
+
+def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: Any, *, share_prefix: bool,
+                    seed: int, precision: Precision) -> HFGenerator | VLLMGenerator:
+    """The sampling backend of the rollout section (``hf``: Hugging Face ``generate``; ``vllm``: a colocated
+    vLLM engine).
+
+    Raises:
+        RuntimeError: the vLLM backend without vLLM or CUDA.
+    """
+    if config.backend == "vllm":
+        return VLLMGenerator(
+            model, tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
+            top_p=config.top_p, top_k=config.top_k, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            seed=seed, max_prompt_length=config.max_prompt_length, dtype=precision.inference_dtype,
+        )
+    return HFGenerator(
+        tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
+        top_p=config.top_p, top_k=config.top_k, max_prompt_length=config.max_prompt_length,
+        share_prefix=share_prefix,
+    )

@@ -37,20 +37,22 @@ from rlzoo.trainer.config import (
     RewardConfig,
     RolloutConfig,
     ScorerConfig,
+    SignalConfig,
     TaskConfig,
     TrackingConfig,
     TrainConfig,
 )
 from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, Evaluator, evaluate
-from rlzoo.trainer.generation import HFGenerator
+from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
+from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
-from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource, build_generator
+from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.trackers import CompletionLog, Trackers
@@ -58,6 +60,11 @@ from rlzoo.trainer.trackers import CompletionLog, Trackers
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
 
 log = logging.getLogger("rlzoo.train")
+
+
+TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"})
+"""The optional advantage inputs the trainer scores at generation time (``token_rewards`` only come from the KL in
+the reward, so an estimator cannot need them)."""
 
 
 def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
@@ -90,9 +97,9 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
         advantage_name, advantage_options = config.advantage, {}
     advantage_options.update(config.advantage_options)
     estimator = get_advantage(advantage_name, **advantage_options)
-    unsupported = set(estimator.needs) - {"completion_mask"}
+    unsupported = set(estimator.needs) - TRAINER_INPUTS
     if unsupported:
-        usable = [n for n, cls in advantage_estimators.items() if cls.needs <= {"completion_mask"}]
+        usable = [n for n, cls in advantage_estimators.items() if cls.needs <= TRAINER_INPUTS]
         raise ValueError(
             f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
             f"provide (no value model / token rewards); choose one of {', '.join(usable)}"
@@ -141,6 +148,7 @@ class Trainer:
         from rlzoo.trainer.adapters import build_policy
         from rlzoo.trainer.rewards import build_rewards
         from rlzoo.trainer.tasks import build_task
+        from rlzoo.trainer.teacher import load_teacher
 
         self.config = config
         if config.num_threads:
@@ -156,6 +164,7 @@ class Trainer:
                 "this loss needs rollout_logprobs (sampler log-probs, e.g. is_correction), which only the vllm "
                 "backend provides; use --backend vllm or drop the option"
             )
+        _check_teacher(config.teacher, "teacher_logprobs" in required)
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
         if dist.is_main:
@@ -166,7 +175,8 @@ class Trainer:
         random.seed(config.seed)
         self.model, self.tokenizer, reference = build_policy(  # dropout off: the first ratio is exactly 1
             config.section(ModelConfig), config.section(AdapterConfig), dtype=self.precision.param_dtype,
-            device=self.precision.device, needs_reference="ref_logprobs" in required, model=model,
+            device=self.precision.device, model=model,
+            needs_reference="ref_logprobs" in required or config.use_kl_in_reward,
             tokenizer=tokenizer, peft_config=peft_config)
         if config.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
@@ -180,6 +190,10 @@ class Trainer:
         else:
             self.reference = reference and ParallelModel(reference, dist=dist, config=parallel,
                                                          precision=self.precision, trainable=False)
+        self.teacher = config.teacher and ParallelModel(
+            load_teacher(config.teacher, tokenizer=self.tokenizer, dtype=self.precision.param_dtype,
+                         device=self.precision.device), dist=dist, config=parallel, precision=self.precision,
+            trainable=False)
         task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
         rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                                 device=self.precision.device)
@@ -200,7 +214,9 @@ class Trainer:
             scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
             reference=(self.reference if isinstance(self.reference, AdapterDisabled)
                        else self.reference and self.reference.module),
-            precision=self.precision, seed=config.seed, dist=dist, completion_log=completion_log)
+            precision=self.precision, seed=config.seed, dist=dist, completion_log=completion_log,
+            teacher=self.teacher and self.teacher.module,
+            kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None)
         eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
                                      max_prompt_length=config.max_prompt_length, share_prefix=False)
         self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
@@ -361,6 +377,21 @@ class Trainer:
         if self.dist.is_main:
             log.info("resumed from %s at step %d", path, self.step)
         return changes
+
+
+def _check_teacher(teacher: str | None, needed: bool) -> None:
+    """A teacher exactly when the loss uses teacher log-probs.
+
+    Raises:
+        ValueError: the loss needs ``teacher_logprobs`` without ``--teacher``, or ``--teacher`` with a loss that
+            does not use them (names both ways to fix it).
+    """
+    if needed and teacher is None:
+        raise ValueError("this loss needs teacher_logprobs (on-policy distillation): give --teacher MODEL, a frozen "
+                         "model with the policy's tokenizer")
+    if teacher is not None and not needed:
+        raise ValueError(f"--teacher {teacher} is set but the loss does not use teacher_logprobs: use --algorithm opd "
+                         "or --loss.distillation_loss_coef > 0, or drop --teacher")
 
 
 def train(config: TrainConfig, **kwargs: Any) -> list[dict[str, Any]]:

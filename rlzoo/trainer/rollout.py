@@ -29,7 +29,7 @@ class Rollout:
         rewards: ``Float[N, K]`` each reward function's value (NaN = not applicable).
         reward: ``Float[N]`` the combined reward the advantage is computed from.
         advantages: ``Float[N]`` (or ``Float[N, C]`` for token-level estimators).
-        old_logprobs, ref_logprobs, rollout_logprobs: ``Float[N, C]`` or None.
+        old_logprobs, ref_logprobs, rollout_logprobs, teacher_logprobs: ``Float[N, C]`` or None.
         texts: decoded completions; questions: the prompt of each completion (for logging).
     """
 
@@ -45,6 +45,7 @@ class Rollout:
     old_logprobs: Float[Tensor, "N C"] | None = None
     ref_logprobs: Float[Tensor, "N C"] | None = None
     rollout_logprobs: Float[Tensor, "N C"] | None = None
+    teacher_logprobs: Float[Tensor, "N C"] | None = None
     texts: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -74,6 +75,7 @@ class Rollout:
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
             rollout_logprobs=pick(self.rollout_logprobs),
+            teacher_logprobs=pick(self.teacher_logprobs),
             texts=[self.texts[i] for i in index.tolist()] if self.texts else [],
         )
 

@@ -22,9 +22,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
+from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rewards import RewardSet, nanstd
@@ -34,30 +36,9 @@ from rlzoo.trainer.tasks import TaskItem, TaskStream
 from rlzoo.trainer.tasks.base import derive_seed
 from rlzoo.trainer.trackers import CompletionLog
 
-__all__ = ["OptimizerStepBatch", "RolloutSource", "build_generator", "shape_rewards"]
+__all__ = ["OptimizerStepBatch", "RolloutSource", "shape_rewards"]
 
 log = logging.getLogger("rlzoo.train")
-
-
-def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: Any, *, share_prefix: bool,
-                    seed: int, precision: Precision) -> HFGenerator | VLLMGenerator:
-    """The sampling backend of the rollout section (``hf``: Hugging Face ``generate``; ``vllm``: a colocated
-    vLLM engine).
-
-    Raises:
-        RuntimeError: the vLLM backend without vLLM or CUDA.
-    """
-    if config.backend == "vllm":
-        return VLLMGenerator(
-            model, tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
-            top_p=config.top_p, top_k=config.top_k, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            seed=seed, max_prompt_length=config.max_prompt_length, dtype=precision.inference_dtype,
-        )
-    return HFGenerator(
-        tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
-        top_p=config.top_p, top_k=config.top_k, max_prompt_length=config.max_prompt_length,
-        share_prefix=share_prefix,
-    )
 
 
 def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
@@ -123,7 +104,7 @@ class RolloutSource:
         rewards: the reward functions.
         advantage_fn: an advantage estimator (``rlzoo.get_advantage``).
         scorer: computes old / reference log-probs at generation time.
-        generator: the sampling backend (:func:`build_generator`).
+        generator: the sampling backend (:func:`~rlzoo.trainer.generation.build_generator`).
         tokenizer: the model's tokenizer.
         policy: the trained model (sampled from with its parameters gathered; scored for old log-probs when
             they are needed).
@@ -134,12 +115,20 @@ class RolloutSource:
         seed: the run seed (micro-batch shuffling, and with the round and group index each group's sampling).
         dist: the process group context (this rank's share of each generation batch).
         completion_log: records each generation batch's completions table (``--log-completions``), or None.
+        teacher: what teacher log-probs are scored with (``--teacher``: a frozen model's
+            :class:`~rlzoo.trainer.scorer.LogProbModule`, possibly wrapped), when the loss needs them, else None.
+        kl_reward: the KL-in-reward shaping (``--use-kl-in-reward``), or None.
+
+    Old, reference and teacher log-probs (and, when the estimator needs them, the sampling policy's log-probs and
+    ``sum_pi_squared``) are scored before the advantage, which may use them (KL in the reward, the optimal token
+    baseline).
     """
 
     def __init__(self, config: RolloutConfig, reward_config: RewardConfig, *, task: TaskStream, rewards: RewardSet,
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
                  policy: ParallelModel, reference: Any, precision: Precision, seed: int,
-                 dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None) -> None:
+                 dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None, teacher: Any = None,
+                 kl_reward: KLRewardShaping | None = None) -> None:
         self.config = config
         self.reward_config = reward_config
         self.task = task
@@ -154,6 +143,8 @@ class RolloutSource:
         self.seed = seed
         self.dist = dist
         self.completion_log = completion_log
+        self.teacher = teacher
+        self.kl_reward = kl_reward
         self.micro_step = 0
         self.round = 0  # generation rounds so far (each group's sampling seed depends on it)
         self.num_tokens = 0.0  # prompt + completion tokens generated so far on this rank (TRL's num_tokens)
@@ -204,18 +195,17 @@ class RolloutSource:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        rollout.advantages = self._advantages(rollout)
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
         stats.update(reward_metrics)
+        sampling = self._score(rollout)
+        rollout.advantages, kl_metrics = batch_advantages(self.advantage_fn, rollout, sampling, dist=self.dist,
+                                                          group_size=g, kl_reward=self.kl_reward)
+        stats.update(kl_metrics)
         if self.completion_log is not None:  # rows of the kept groups among every round's completions
             rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
             self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
-        if cfg.old_logprobs_needed:
-            rollout.old_logprobs = self.scorer.generation_logprobs(self.policy.module, rollout)
-        if self.reference is not None:
-            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
         if cfg.dynamic_sampling:
             stats.update({"dynamic_sampling/rounds": float(rounds),
                           "dynamic_sampling/groups_dropped": float(len(dropped))})
@@ -237,16 +227,25 @@ class RolloutSource:
                 kept.append(group)
         return gen
 
-    def _advantages(self, rollout: Rollout) -> Tensor:
-        """This rank's rows of the advantages of the global generation batch (rewards gathered from every rank,
-        so batch-level scaling sees the whole batch)."""
-        n, extra = rollout.num_completions, {}
-        reward = self.dist.all_gather(rollout.reward)
-        if "completion_mask" in self.advantage_fn.accepts:
-            extra["completion_mask"] = self.dist.all_gather(rollout.completion_mask, pad_value=False)
-        advantages = self.advantage_fn(reward, group_size=self.config.num_generations, **extra).to(torch.float32)
-        advantages = advantages[self.dist.rank * n:(self.dist.rank + 1) * n]
-        return advantages[:, : rollout.completion_ids.shape[1]] if advantages.ndim == 2 else advantages
+    def _score(self, rollout: Rollout) -> dict[str, Tensor]:
+        """Score the generation batch without gradients: old log-probs when the data can be stale, reference and
+        teacher log-probs when asked, and what the advantage needs from the sampling policy (its log-probs for the
+        KL in the reward and the optimal token baseline, ``sum_pi_squared`` for the latter, in the same pass).
+        Returns the sampling policy's ``{"old_logprobs": ..., "sum_pi_squared": ...}`` that were scored."""
+        wanted = self.advantage_fn.needs | self.advantage_fn.accepts
+        sampling: dict[str, Tensor] = {}
+        if "sum_pi_squared" in wanted:
+            sampling["old_logprobs"], sampling["sum_pi_squared"] = self.scorer.generation_stats(self.policy.module,
+                                                                                               rollout)
+        elif self.config.old_logprobs_needed or self.kl_reward is not None or "old_logprobs" in wanted:
+            sampling["old_logprobs"] = self.scorer.generation_logprobs(self.policy.module, rollout)
+        if self.config.old_logprobs_needed:
+            rollout.old_logprobs = sampling["old_logprobs"]
+        if self.reference is not None:
+            rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
+        if self.teacher is not None:
+            rollout.teacher_logprobs = self.scorer.generation_logprobs(self.teacher, rollout)
+        return sampling
 
     def _sample(self, model: torch.nn.Module, items: list[TaskItem],
                 seeds: list[int]) -> tuple[Generated, Tensor, Tensor]:
@@ -358,12 +357,15 @@ class RolloutSource:
 
     def state_dict(self) -> dict[str, Any]:
         """The cycle's position and generation round, its unfinished generation batch (this rank's rows), the
-        shuffling RNG, the task position and the token count."""
+        shuffling RNG, the task position, the token count and the KL-in-reward controller's coefficient."""
         period = self.config.effective_steps_per_generation * self.config.num_iterations
         unfinished = self.buffer if self.micro_step % period else []  # a used-up batch is not needed to resume
-        return {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
-                "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
-                "num_tokens": self.num_tokens}
+        state = {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
+                 "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
+                 "num_tokens": self.num_tokens}
+        if self.kl_reward is not None:
+            state["kl_ctrl"] = self.kl_reward.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`.
@@ -379,6 +381,13 @@ class RolloutSource:
                 "the checkpoint holds an unfinished generation batch without ref_logprobs, which the loss now needs "
                 "(beta > 0): resume from a checkpoint at a generation boundary, or keep --loss.beta 0 for now"
             )
+        if self.teacher is not None and any(r.teacher_logprobs is None for r in buffer):
+            raise ValueError(
+                "the checkpoint holds an unfinished generation batch without teacher_logprobs, which the loss now "
+                "needs: resume from a checkpoint at a generation boundary, or add --teacher later"
+            )
+        if self.kl_reward is not None and "kl_ctrl" in state:
+            self.kl_reward.load_state_dict(state["kl_ctrl"])
         self.buffer = buffer
         self.micro_step = state["micro_step"]
         self.round = state["round"]

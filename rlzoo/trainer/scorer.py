@@ -101,7 +101,9 @@ def completion_logprobs(
     share_prefix: bool = True,
     fused: bool = True,
     with_entropy: bool = False,
-) -> tuple[Float[Tensor, "N C"], Float[Tensor, "N C"] | None]:
+    with_sum_pi_squared: bool = False,
+) -> (tuple[Float[Tensor, "N C"], Float[Tensor, "N C"] | None]
+      | tuple[Float[Tensor, "N C"], Float[Tensor, "N C"] | None, Float[Tensor, "N C"]]):
     """Per-token log-probs (and entropies) of the completion tokens under ``model``, temperature-scaled.
 
     Only positions where ``completion_mask`` is True are scored; the others hold 0. Gradients flow to the
@@ -121,9 +123,12 @@ def completion_logprobs(
             ``rlzoo.kernels.lm_head_spec`` does not know is scored through its own forward
             (:func:`model_logits`, no prefix sharing) either way.
         with_entropy: also return the per-token entropy (nats) of the temperature-scaled distribution.
+        with_sum_pi_squared: also return ``sum_v pi(v)^2`` of the temperature-scaled distribution (``[1/V, 1]``,
+            no gradient; ``return_sum_pi_squared`` of ``rlzoo.kernels``, for the optimal token baseline).
 
     Returns:
-        ``(logprobs, entropies)``, each ``Float[N, C]`` in nats (entropies None unless asked).
+        ``(logprobs, entropies)``, each ``Float[N, C]`` in nats (entropies None unless asked), and with
+        ``with_sum_pi_squared`` a third ``Float[N, C]``: ``(logprobs, entropies, sum_pi_squared)``.
 
     Source: the per-token log-probs of TRL 1.16's ``GRPOTrainer._get_per_token_logps_and_entropies``
     (logits divided by the temperature, then ``log_softmax`` and gather), computed without the ``[N, C, V]``
@@ -149,15 +154,17 @@ def completion_logprobs(
         hidden = _hidden_states(model, prompt_ids, prompt_mask, group_index, completion_ids, share_prefix)
         h = rearrange(hidden, "n c h -> (n c) h").index_select(0, flat_index)  # counted positions only
         if fused:
-            lp, ent = fused_linear_logprobs(h, **spec, token_ids=targets, temperature=temperature,
-                                            return_entropy=with_entropy)
+            stats = fused_linear_logprobs(h, **spec, token_ids=targets, temperature=temperature,
+                                          return_entropy=with_entropy, return_sum_pi_squared=with_sum_pi_squared)
         else:
             logits = spec.logits(h)
     if spec is None or not fused:
-        if with_entropy:
-            lp, ent = logprobs_and_entropy_from_logits(logits, targets, temperature=temperature)
+        if with_entropy or with_sum_pi_squared:
+            stats = logprobs_and_entropy_from_logits(logits, targets, temperature=temperature,
+                                                     return_sum_pi_squared=with_sum_pi_squared)
         else:
-            lp, ent = logprobs_from_logits(logits, targets, temperature=temperature), None
+            stats = (logprobs_from_logits(logits, targets, temperature=temperature), None)
+    lp, ent = stats[0], (stats[1] if with_entropy else None)
     shape = completion_ids.shape
 
     def scatter(x: Tensor) -> Tensor:
@@ -165,6 +172,8 @@ def completion_logprobs(
                            device=x.device)
         return full.index_copy(0, flat_index, x.to(full.dtype)).view(shape)
 
+    if with_sum_pi_squared:
+        return scatter(lp), (scatter(ent) if ent is not None else None), scatter(stats.sum_pi_squared)
     return scatter(lp), (scatter(ent) if ent is not None else None)
 
 
@@ -204,14 +213,15 @@ class LogProbModule(torch.nn.Module):
 
     def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, group_index: Tensor, completion_ids: Tensor,
                 completion_mask: Tensor, *, temperature: float, share_prefix: bool, fused: bool,
-                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+                with_entropy: bool, with_sum_pi_squared: bool = False) -> tuple[Tensor | None, ...]:
         """See :func:`completion_logprobs`. The outputs are fresh tensors, not views (FSDP2 hooks its backward on
         a module's outputs, and in-place ops on a view would bypass the hook)."""
-        logprobs, entropies = completion_logprobs(
+        out = completion_logprobs(
             self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, group_index=group_index,
             completion_ids=completion_ids, completion_mask=completion_mask, temperature=temperature,
-            share_prefix=share_prefix, fused=fused, with_entropy=with_entropy)
-        return logprobs.clone(), (entropies.clone() if entropies is not None else None)
+            share_prefix=share_prefix, fused=fused, with_entropy=with_entropy,
+            **({"with_sum_pi_squared": True} if with_sum_pi_squared else {}))
+        return tuple(x.clone() if x is not None else None for x in out)
 
 
 class Scorer:
@@ -244,14 +254,15 @@ class Scorer:
         self.share_prefix = share_prefix
         self.with_entropy = with_entropy or config.log_entropy
 
-    def logprobs(self, module: torch.nn.Module, rollout: Rollout, *,
-                 with_entropy: bool = False) -> tuple[Float[Tensor, "N C"], Float[Tensor, "N C"] | None]:
+    def logprobs(self, module: torch.nn.Module, rollout: Rollout, *, with_entropy: bool = False,
+                 with_sum_pi_squared: bool = False) -> tuple[Float[Tensor, "N C"] | None, ...]:
         """:func:`completion_logprobs` of every completion of ``rollout`` through ``module`` (a
         :class:`LogProbModule`, possibly wrapped), with gradients as the grad mode says; ``(logprobs, entropies
-        or None)``."""
+        or None)``, and ``sum_pi_squared`` third when asked."""
+        extra = {"with_sum_pi_squared": True} if with_sum_pi_squared else {}
         return module(rollout.prompt_ids, rollout.prompt_mask, rollout.group_index, rollout.completion_ids,
                       rollout.completion_mask, temperature=self.temperature, share_prefix=self.share_prefix,
-                      fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy)
+                      fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy, **extra)
 
     def policy_batch(self, module: torch.nn.Module, micro_batch: Rollout,
                      loss_mask: Bool[Tensor, "N C"]) -> PolicyBatch:
@@ -263,6 +274,7 @@ class Scorer:
             logprobs=logprobs, advantages=micro_batch.advantages, completion_mask=loss_mask,
             old_logprobs=micro_batch.old_logprobs, ref_logprobs=micro_batch.ref_logprobs,
             rollout_logprobs=micro_batch.rollout_logprobs, entropies=entropies,
+            teacher_logprobs=micro_batch.teacher_logprobs,
         )
 
     @torch.no_grad()
@@ -270,12 +282,23 @@ class Scorer:
         """Log-probs of a whole generation batch without gradients (old or reference log-probs), one
         micro-batch at a time, padded to the rollout's width. ``module``: a :class:`LogProbModule` (possibly
         wrapped), or an :class:`~rlzoo.trainer.adapters.AdapterDisabled` reference (scored with the adapter off)."""
+        return self._generation_scores(module, rollout, with_sum_pi_squared=False)[0]
+
+    @torch.no_grad()
+    def generation_stats(self, module: Any, rollout: Rollout) -> tuple[Float[Tensor, "N C"], Float[Tensor, "N C"]]:
+        """As :meth:`generation_logprobs`, with ``sum_pi_squared`` of the same distribution from the same pass
+        (the fused kernel's ``return_sum_pi_squared``): ``(logprobs, sum_pi_squared)``, 0 at masked positions."""
+        logprobs, sum_pi_squared = self._generation_scores(module, rollout, with_sum_pi_squared=True)
+        return logprobs, sum_pi_squared
+
+    def _generation_scores(self, module: Any, rollout: Rollout, *, with_sum_pi_squared: bool) -> list[Tensor]:
         size, n = self.micro_batch_size, rollout.num_completions
         with self.precision.autocast(), scoring_model(module) as scored:
-            parts = [self.logprobs(scored, rollout.select(torch.arange(i, min(i + size, n))))[0]
-                     for i in range(0, n, size)]
+            parts = [self.logprobs(scored, rollout.select(torch.arange(i, min(i + size, n))),
+                                   with_sum_pi_squared=with_sum_pi_squared) for i in range(0, n, size)]
         width = rollout.completion_ids.shape[1]
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+        keep = (0, 2) if with_sum_pi_squared else (0,)
+        return [torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1])) for p in parts]) for k in keep]
 
     @contextlib.contextmanager
     def _training_mode(self, module: torch.nn.Module) -> Iterator[None]:

@@ -89,7 +89,9 @@ def token_case(
     min_len: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Token-level inputs: ``rewards [N]``, ``completion_mask [N, T]``, ``token_rewards``, ``values``,
-    ``baseline_rewards [N]`` (float64; values from a hypothesis-drawn seed)."""
+    ``baseline_rewards [N]``, and a sampling policy's ``old_logprobs`` with a consistent ``sum_pi_squared`` (in
+    ``[p^2, p^2 + (1 - p)^2]`` for the sampled token's probability ``p``) and ``rollout_is_weights`` (float64;
+    values from a hypothesis-drawn seed)."""
     mask = draw(
         masks(
             min_b=n or 1,
@@ -104,13 +106,19 @@ def token_case(
     b, t = mask.shape
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
-    return {
+    case = {
         "rewards": torch.randn(b, generator=g, dtype=torch.float64),
         "completion_mask": mask,
         "token_rewards": 0.1 * torch.randn(b, t, generator=g, dtype=torch.float64),
         "values": torch.randn(b, t, generator=g, dtype=torch.float64),
         "baseline_rewards": torch.randn(b, generator=g, dtype=torch.float64),
     }
+    p = torch.rand(b, t, generator=g, dtype=torch.float64).clamp(min=1e-3)
+    rest = torch.rand(b, t, generator=g, dtype=torch.float64)
+    case["old_logprobs"] = p.log()
+    case["sum_pi_squared"] = p * p + rest * (1 - p) ** 2
+    case["rollout_is_weights"] = torch.exp(0.3 * torch.randn(b, t, generator=g, dtype=torch.float64))
+    return case
 
 
 def verl_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,11 @@ EXPECTED = {
     "grpo_passk",
     "maxrl",
     "opo",
+    "optimal_token_baseline",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "reward_norm",
     "rloo",
 }
 ALL = list_advantages()
@@ -60,6 +62,10 @@ def test_unknown_name_lists_valid_names() -> None:
         ("reinforce_pp_baseline", {"whiten": "batch"}, "whiten", "'sequence', 'token'"),
         ("reinforce_pp", {"gamma": 1.5}, "gamma", "<= 1"),
         ("gae", {"lam": -0.1}, "lam", ">= 0"),
+        ("reward_norm", {"mean_level": "prompt"}, "mean_level", "'batch', 'group', 'none'"),
+        ("reward_norm", {"std_level": "token"}, "std_level", "'batch', 'group', 'none'"),
+        ("reward_norm", {"eps": -1.0}, "eps", ">= 0"),
+        ("optimal_token_baseline", {"eps": float("inf")}, "eps", "finite"),
     ],
 )
 def test_bad_option_value_names_option_and_valid_values(
@@ -160,6 +166,9 @@ def test_missing_and_unused_inputs_raise(name: str) -> None:
         "token_rewards": torch.zeros(2, 3, dtype=torch.float64),
         "values": torch.zeros(2, 3, dtype=torch.float64),
         "baseline_rewards": torch.zeros(2, dtype=torch.float64),
+        "old_logprobs": torch.full((2, 3), -0.5, dtype=torch.float64),
+        "sum_pi_squared": torch.full((2, 3), 0.5, dtype=torch.float64),
+        "rollout_is_weights": torch.ones(2, 3, dtype=torch.float64),
     }
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
     for missing in est.needs:
@@ -172,15 +181,23 @@ def test_missing_and_unused_inputs_raise(name: str) -> None:
             est(rewards, group_size=2, **kwargs)
 
 
+def _needed(est: AdvantageEstimator, n: int, t: int) -> dict[str, torch.Tensor]:
+    """The inputs ``est`` needs, for ``n`` completions of ``t`` counted tokens (a plausible sampling policy)."""
+    values = {
+        "completion_mask": torch.ones(n, t, dtype=torch.bool),
+        "old_logprobs": torch.full((n, t), -0.7, dtype=torch.float64),
+        "sum_pi_squared": torch.full((n, t), 0.4, dtype=torch.float64),
+    }
+    return {k: values[k] for k in est.needs}
+
+
 @pytest.mark.parametrize("name", [n for n in ALL if get_advantage(n).uses_groups])
 @given(data=grouped_rewards(min_size=1, max_size=1, values=GRID))
 def test_all_singletons_give_zero(name: str, data: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Documented convention: a group of one completion has no relative information -> advantage 0."""
     rewards, ids = data
     est = get_advantage(name)
-    mask = torch.ones(rewards.shape[0], 3, dtype=torch.bool)
-    extra = {"completion_mask": mask} if "completion_mask" in est.accepts else {}
-    out = est(rewards.abs() if name == "maxrl" else rewards, group_ids=ids, **extra)
+    out = est(rewards.abs() if name == "maxrl" else rewards, group_ids=ids, **_needed(est, rewards.shape[0], 3))
     assert bool((out == 0).all())
 
 
@@ -194,12 +211,7 @@ def test_zero_variance_groups_give_exact_zero(name: str, value: float, size: int
     rewards = torch.tensor([value] * size + [abs(other), abs(other) + 1.0], dtype=torch.float64)
     ids = [0] * size + [1, 1]
     est = get_advantage(name)
-    extra = (
-        {"completion_mask": torch.ones(size + 2, 2, dtype=torch.bool)}
-        if "completion_mask" in est.accepts
-        else {}
-    )
-    out = est(rewards, group_ids=ids, **extra)
+    out = est(rewards, group_ids=ids, **_needed(est, size + 2, 2))
     assert bool((out[:size] == 0).all())
     assert bool((out[size:] != 0).any())
 

@@ -30,6 +30,7 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo.algorithms.cov import ClipCov
+from rlzoo.algorithms.opd import Distillation
 from rlzoo.algorithms.vapo import PositiveNLL
 from rlzoo.batch import BatchError
 from rlzoo.losses import EntropyBonus, KLPenalty, LossInputs, OnPolicy, PolicyLoss, presets
@@ -97,7 +98,7 @@ def test_float32_in_float32_out(name):
     mask = torch.arange(t) < torch.tensor([[5], [2], [0]])
     lp = (-torch.rand(b, t, generator=g)).requires_grad_(True)
     loss_fn = _loss(name, t)
-    fields = {f: -torch.rand(b, t, generator=g) for f in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
+    fields = {f: -torch.rand(b, t, generator=g) for f in ("old_logprobs", "ref_logprobs", "rollout_logprobs", "teacher_logprobs")}
     fields |= {f: example_field(f, b, t, dtype=torch.float32) for f in loss_fn.required_fields() if f not in fields}
     if batch_options_for(loss_fn).get("old") is False:
         del fields["old_logprobs"]
@@ -282,6 +283,12 @@ def _first_iteration_expectation(loss_fn: PolicyLoss, batch: rlzoo.PolicyBatch, 
             n_pos = max(int(positive.sum()), 1)
             own = own + part.positive_nll_coef * torch.where(positive, -lp, zero).sum() / n_pos
             own_grad = own_grad - part.positive_nll_coef * positive.to(lp.dtype) / n_pos
+        elif isinstance(part, Distillation):  # at w = 1: lambda d (PPO of A = -sg[d]: value and gradient d)
+            kl, dkl = kl_closed_form(torch.where(mask, lp, zero), torch.where(mask, batch.teacher_logprobs, zero),
+                                     part.distillation_loss_mode)
+            assert part.distillation_loss_max_clamp is None
+            value = value + part.distillation_loss_coef * kl if value is not None else None
+            grad_token = grad_token + part.distillation_loss_coef * (kl if part.distillation_policy_gradient else dkl)
         else:
             pytest.fail(f"unknown penalty {type(part).__name__}")
     c = aggregation_weights(mask, loss_fn.aggregation.registered_name(),

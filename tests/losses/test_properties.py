@@ -364,6 +364,7 @@ def test_micro_batches_sum_to_full_batch_with_every_optional_part(aggregation, d
     t = data.draw(st.integers(1, 8), label="T")
     loss_fn = rlzoo.get_loss(name, aggregation=aggregation, max_completion_length=t, **options)
     batch = data.draw(policy_batches(t=t, **{"ref": True, "rollout": True, "entropies": True, "entropies_grad": True,
+                                             "teacher": True,
                                              **batch_options_for(loss_fn)}))
     full, g_lp, g_ent = loss_and_grads(loss_fn, batch)
 
@@ -389,6 +390,7 @@ def test_padding_is_inert_with_every_optional_part(data):
     t = data.draw(st.integers(1, 8), label="T")
     loss_fn = rlzoo.get_loss(name, max_completion_length=t, **options)
     batch = data.draw(policy_batches(t=t, **{"ref": True, "rollout": True, "entropies": True, "entropies_grad": True,
+                                             "teacher": True,
                                              **batch_options_for(loss_fn)}))
     clean, g_lp, g_ent = loss_and_grads(loss_fn, batch, seed=3)
     dirty, d_lp, d_ent = loss_and_grads(loss_fn, with_garbage(batch, seed=5), seed=3)

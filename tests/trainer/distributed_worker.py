@@ -79,6 +79,8 @@ def loss_sums(rank: int, world: int) -> dict:
                 fields["rewards"] = (torch.rand(b, generator=gen) > 0.5).to(torch.float64)
             if "group_index" in needs:  # prompt-mean: groups of 3, so the rank split cuts one
                 fields["group_index"] = torch.arange(b) // 3
+            if "teacher_logprobs" in needs:
+                fields["teacher_logprobs"] = lp - 0.3 * torch.rand(b, t, generator=gen, dtype=torch.float64)
             fields["completion_mask"][:, 0] = True
             if loss_fn.batch_coupled:  # statistics over the batch it is given: per rank, documented
                 worst.setdefault("per_rank", []).append(f"{preset}/{aggregation}")

@@ -1,0 +1,70 @@
+"""KL in the reward at generation time: the per-token KL penalty to the reference folded into the rewards before
+the advantage, with its fixed or adaptive coefficient (verl ``algorithm.use_kl_in_reward``, ``algorithm.kl_ctrl``).
+
+The math is :func:`rlzoo.advantages.kl_in_reward` and the controllers of :mod:`rlzoo.advantages.kl_reward`
+(equal to verl 0.9.1's ``apply_kl_penalty`` and ``AdaptiveKLController``: tests/advantages). This module decides
+what the estimator gets: a token-level estimator (``token_rewards`` in its ``accepts``: gae, reinforce_pp, remax,
+optimal_token_baseline) the penalty as ``token_rewards``, an outcome estimator (grpo and its family) the sequence
+total ``R_i - beta sum_t kl_{i,t}`` as its reward (verl's GRPO sums ``token_level_rewards`` over the tokens).
+"""
+
+from typing import Any
+
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
+from rlzoo.trainer.config import SignalConfig
+
+__all__ = ["KLRewardShaping"]
+
+
+class KLRewardShaping:
+    """The KL-in-reward penalty and its controller, over a whole (global) generation batch.
+
+    Args:
+        config: the signal section (``kl_ctrl``, ``kl_coef``, ``target_kl``, ``kl_horizon``, ``kl_penalty``).
+
+    Raises:
+        ValueError: an option out of range (names it).
+    """
+
+    def __init__(self, config: SignalConfig) -> None:
+        self.kl_penalty = config.kl_penalty
+        self.controller: KLController = get_kl_controller(config.kl_ctrl, kl_coef=config.kl_coef,
+                                                          target_kl=config.target_kl, horizon=config.kl_horizon)
+
+    def apply(self, reward: Float[Tensor, " N"], sampling_logprobs: Float[Tensor, "N C"],
+              ref_logprobs: Float[Tensor, "N C"], completion_mask: Bool[Tensor, "N C"], *,
+              token_level: bool) -> tuple[Float[Tensor, " N"], Float[Tensor, "N C"] | None, dict[str, float]]:
+        """Fold the penalty in, then update the controller with this batch's KL.
+
+        Args:
+            reward: ``[N]`` the combined outcome rewards.
+            sampling_logprobs, ref_logprobs: ``[N, C]`` the sampling policy's and the reference's log-probs.
+            completion_mask: ``[N, C]`` the counted completion tokens.
+            token_level: the estimator takes ``token_rewards``.
+
+        Returns:
+            ``(reward, token_rewards, metrics)``: for a token-level estimator the unchanged ``reward`` and the
+            penalty ``-beta kl`` as ``token_rewards``; otherwise ``reward - beta sum_t kl`` and None. ``metrics``:
+            ``reward_kl_penalty`` (the batch's mean per-completion KL) and ``reward_kl_penalty_coeff`` (the beta
+            used), verl's ``actor/reward_kl_penalty`` and ``actor/reward_kl_penalty_coeff``.
+        """
+        beta = self.controller.value
+        penalty, current_kl = kl_in_reward(sampling_logprobs, ref_logprobs, completion_mask, kl_coef=beta,
+                                           kl_penalty=self.kl_penalty)
+        kl = float(current_kl)
+        self.controller.update(kl, int(reward.shape[0]))
+        metrics = {"reward_kl_penalty": kl, "reward_kl_penalty_coeff": beta}
+        if token_level:
+            return reward, penalty, metrics
+        return reward + penalty.sum(-1).to(reward.dtype), None, metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The controller's coefficient (checkpoints: a resume continues with the same beta)."""
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.controller.load_state_dict(state)

@@ -1,0 +1,50 @@
+"""The teacher of on-policy distillation: a second frozen model, scored at generation time like the reference
+policy, whose log-probs of the student's sampled tokens become ``teacher_logprobs`` (``--teacher MODEL``).
+
+The teacher scores the student's token ids, so both must share one tokenizer (the same vocabulary, token for
+token); a teacher with another tokenizer is refused before training starts. Source: the teacher wiring of verl
+0.9.1's distillation (``distillation.teacher_model``, same-tokenizer on-policy distillation), NeMo-RL and
+prime-rl; the loss is ``rlzoo.get_loss("opd")`` (rlzoo/algorithms/opd.py).
+"""
+
+from typing import Any
+
+import torch
+
+__all__ = ["check_same_tokenizer", "load_teacher"]
+
+
+def check_same_tokenizer(teacher: str, teacher_tokenizer: Any, tokenizer: Any) -> None:
+    """Refuse a teacher whose tokenizer maps any token differently from the policy's.
+
+    Raises:
+        ValueError: one line naming ``--teacher``, both vocabulary sizes and the first token that differs.
+    """
+    mine, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if mine == theirs:
+        return
+    differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: (kv[1], kv[0]))
+    token, index = differing[0]
+    raise ValueError(
+        f"--teacher {teacher}: its tokenizer differs from the policy's ({len(theirs)} vs {len(mine)} tokens; first "
+        f"difference: {token!r} -> {index}); the teacher scores the student's token ids, so both must share one "
+        "tokenizer"
+    )
+
+
+def load_teacher(teacher: str, *, tokenizer: Any, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Load ``teacher`` (any ``--model`` spec) frozen, in eval mode, after checking its tokenizer.
+
+    Args:
+        teacher: a built-in name, path, ``.gguf`` file or hub id (:func:`rlzoo.trainer.models.load_model`).
+        tokenizer: the policy's tokenizer.
+        dtype, device: as the policy's parameters.
+
+    Raises:
+        ValueError: another tokenizer (:func:`check_same_tokenizer`); and the errors of ``load_model``.
+    """
+    from rlzoo.trainer.models import load_model
+
+    model, teacher_tokenizer = load_model(teacher, dtype=dtype, device=device)
+    check_same_tokenizer(teacher, teacher_tokenizer, tokenizer)
+    return model.eval().requires_grad_(False)
