@@ -38,10 +38,10 @@ def _scalar(text: str) -> Any:
     """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number)."""
     import yaml
 
-    from rlzoo.trainer.config_files import yaml_numbers
+    from rlzoo.trainer.config_files import yaml_load
 
     try:
-        return yaml_numbers(yaml.safe_load(text))
+        return yaml_load(text)
     except yaml.YAMLError:
         return text
 

@@ -217,3 +217,17 @@ def test_help_is_plain_text(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     assert "``" not in text and ":class:" not in text and "`" not in text
+
+
+def test_verl_threshold_strings_stay_strings_on_the_command_line_and_in_yaml(tmp_path):
+    """YAML 1.1 reads ``_`` as a digit separator (``0.5_5`` -> 0.55); verl's "lower_upper" rollout-correction bounds
+    must reach the loss as written, from a flag and from a YAML config file, while numbers stay numbers."""
+    from rlzoo.cli import _scalar
+    from rlzoo.trainer.config_files import load_config_file
+
+    assert _scalar("0.5_5") == "0.5_5" and _scalar("1_5") == "1_5" and _scalar("0.5_2.0") == "0.5_2.0"
+    assert _scalar("0.28") == 0.28 and _scalar("1e-3") == 0.001 and _scalar("3") == 3 and _scalar("true") is True
+    path = tmp_path / "run.yaml"
+    path.write_text("loss:\n  rollout_is_threshold: 0.5_5\n  rollout_rs_threshold: 1_5\n  epsilon_high: 0.28\n")
+    assert load_config_file(path)["loss"] == {"rollout_is_threshold": "0.5_5", "rollout_rs_threshold": "1_5",
+                                               "epsilon_high": 0.28}

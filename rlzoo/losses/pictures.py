@@ -154,8 +154,12 @@ class _OneToken:
     def __call__(self, r: float) -> tuple[float, float, dict[str, float]]:
         logprob = min(0.0, math.log(r) + self.log_old)  # r * p_old <= 1: only rounding is clamped
         lp = torch.tensor([[logprob]], dtype=torch.float64, requires_grad=True)
-        batch = PolicyBatch(logprobs=lp, old_logprobs=self.old, advantages=self.advantages,
-                            completion_mask=self.mask, **self.fields)
+        if self.loss.bypass_mode:  # the sampler's log-probs are the old ones (verl's bypass_mode)
+            fields = {**self.fields, "rollout_logprobs": self.old}
+            batch = PolicyBatch(logprobs=lp, advantages=self.advantages, completion_mask=self.mask, **fields)
+        else:
+            batch = PolicyBatch(logprobs=lp, old_logprobs=self.old, advantages=self.advantages,
+                                completion_mask=self.mask, **self.fields)
         with torch.random.fork_rng(devices=[]):  # a part that draws random numbers (Clip-Cov) leaves no trace
             out = self.loss(batch)
         (grad,) = torch.autograd.grad(out.loss, lp, allow_unused=True)

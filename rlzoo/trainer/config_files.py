@@ -11,9 +11,38 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
+
 __all__ = ["coerce", "load_config_file", "yaml_numbers"]
 
 _YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's ``_`` digit separator, so that verl's ``"lower_upper"`` bounds
+    (``rollout_is_threshold: 0.5_5``) stay strings instead of becoming the number 0.55."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9]*|0x[0-9a-fA-F]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` of ``text`` with numbers read as YAML 1.2 writes them: no ``_`` separators (``0.5_5`` is
+    the string verl's thresholds use), and ``1e-3`` a float (:func:`yaml_numbers`).
+
+    Raises:
+        yaml.YAMLError: on a syntax error.
+    """
+    return yaml_numbers(yaml.load(text, Loader=_Loader))
 
 
 def yaml_numbers(value: Any) -> Any:
@@ -57,10 +86,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"{path}: TOML syntax error: {err}") from None
     elif path.suffix in (".yaml", ".yml"):
-        import yaml
-
         try:
-            data = yaml_numbers(yaml.safe_load(text) or {})
+            data = yaml_load(text) or {}
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

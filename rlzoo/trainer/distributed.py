@@ -110,10 +110,15 @@ class Distributed:
         ranks (one all-reduce)."""
         if not self.enabled:
             return local
-        counts = torch.stack([torch.as_tensor(local.num_tokens, dtype=torch.float64),
-                              torch.as_tensor(local.num_sequences, dtype=torch.float64)]).to(self._device())
-        total = self.all_reduce(counts)
-        return Normalizer(num_tokens=total[0], num_sequences=total[1])
+        scalars = [local.num_tokens, local.num_sequences]
+        if local.num_positive_tokens is not None:
+            scalars.append(local.num_positive_tokens)
+        groups = [] if local.group_num_tokens is None else [local.group_num_tokens.to(torch.float64).cpu()]
+        counts = torch.cat([torch.stack([torch.as_tensor(c, dtype=torch.float64).cpu() for c in scalars]), *groups])
+        total = self.all_reduce(counts.to(self._device()))
+        return Normalizer(num_tokens=total[0], num_sequences=total[1],
+                          num_positive_tokens=total[2] if len(scalars) == 3 else None,
+                          group_num_tokens=total[len(scalars):] if groups else None)
 
     def shard(self, items: Sequence[Any]) -> list[Any]:
         """This rank's strided share of ``items`` (``items[rank::world_size]``)."""

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.batch import Normalizer
-from rlzoo.losses import PolicyLoss, get_loss, presets
+from rlzoo.losses import PolicyLoss, Rejection, get_loss, presets
 from rlzoo.trainer.adapters import AdapterDisabled
 from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlzoo.trainer.config import (
@@ -65,6 +64,11 @@ log = logging.getLogger("rlzoo.train")
 TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"})
 """The optional advantage inputs the trainer scores at generation time (``token_rewards`` only come from the KL in
 the reward, so an estimator cannot need them)."""
+TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
+                            "group_index", "rewards"})
+"""The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs`` with the vllm backend,
+``teacher_logprobs`` with ``--teacher``); a loss that needs another (``versions`` for AReaL's log-linear proximal
+policy) is refused before the model loads."""
 
 
 def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
@@ -158,7 +162,15 @@ class Trainer:
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
-        required = self.loss_fn.required_fields()
+        self.required = required = self.loss_fn.required_fields()
+        unknown = sorted(required - TRAINER_FIELDS)
+        if unknown:
+            raise ValueError(f"this loss needs PolicyBatch.{', '.join(unknown)}, which the trainer does not provide "
+                             f"(it provides {', '.join(sorted(TRAINER_FIELDS))}); drop the option that asks for it")
+        if self.loss_fn.bypass_mode or any(isinstance(p, Rejection) for p in self.loss_fn.parts()):
+            raise ValueError("the trainer does not run bypass_mode or a rollout rejection (rollout_rs, m2po) yet: "
+                             "the step's counts would have to come from loss_fn.loss_mask and old_logprobs be the "
+                             "sampler's; use them through the loss API (rlzoo.get_loss) or drop the option")
         if "rollout_logprobs" in required and config.backend != "vllm":
             raise ValueError(
                 "this loss needs rollout_logprobs (sampler log-probs, e.g. is_correction), which only the vllm "
@@ -251,10 +263,11 @@ class Trainer:
             while self.step < self.config.max_steps and not self.dist.any(interrupt.requested):
                 started = time.perf_counter()
                 batch = self.rollouts.next_optimizer_step()
-                normalizer = self.dist.normalizer(Normalizer.from_masks(*batch.loss_masks))  # the global step's
+                fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size)
+                normalizer = self.dist.normalizer(batch.normalizer(fields, world_size=self.dist.world_size))
                 losses, generated = LossMetrics(normalizer), time.perf_counter()
-                for micro_batch, loss_mask in zip(batch.micro_batches, batch.loss_masks, strict=True):
-                    out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask),
+                for micro_batch, loss_mask, extra in zip(batch.micro_batches, batch.loss_masks, fields, strict=True):
+                    out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask, **extra),
                                        normalizer=normalizer)
                     self.policy.backward(out.loss)
                     losses.add(out, loss_mask)

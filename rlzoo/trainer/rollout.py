@@ -31,6 +31,8 @@ class Rollout:
         advantages: ``Float[N]`` (or ``Float[N, C]`` for token-level estimators).
         old_logprobs, ref_logprobs, rollout_logprobs, teacher_logprobs: ``Float[N, C]`` or None.
         texts: decoded completions; questions: the prompt of each completion (for logging).
+        prompt_id: ``Int[N]`` the prompt of each completion in the generation batch it came from (kept by
+            :meth:`select`, which re-indexes ``group_index``); None: ``group_index`` (a whole generation batch).
     """
 
     prompt_ids: Int[Tensor, "Np P"]
@@ -47,6 +49,7 @@ class Rollout:
     rollout_logprobs: Float[Tensor, "N C"] | None = None
     teacher_logprobs: Float[Tensor, "N C"] | None = None
     texts: list[str] = dataclasses.field(default_factory=list)
+    prompt_id: Int[Tensor, " N"] | None = None
 
     @property
     def num_completions(self) -> int:
@@ -77,6 +80,7 @@ class Rollout:
             rollout_logprobs=pick(self.rollout_logprobs),
             teacher_logprobs=pick(self.teacher_logprobs),
             texts=[self.texts[i] for i in index.tolist()] if self.texts else [],
+            prompt_id=(self.group_index if self.prompt_id is None else self.prompt_id)[index],
         )
 
     def split(self, parts: int, generator: torch.Generator | None = None, group_size: int = 1) -> list["Rollout"]:

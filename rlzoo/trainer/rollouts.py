@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlzoo.batch import Normalizer
 from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -87,6 +88,33 @@ class OptimizerStepBatch:
     micro_batches: list[Rollout]
     loss_masks: list[Bool[Tensor, "N C"]]
     metrics: dict[str, float]
+    group_offsets: list[int] = dataclasses.field(default_factory=list)
+    num_groups: int = 0
+
+    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int) -> list[dict[str, Tensor]]:
+        """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
+        rollout: ``group_index`` (prompt ids unique over the step's micro-batches and ranks:
+        ``(offset + prompt) * world_size + rank``, for "prompt-mean") and ``rewards`` (the combined reward, for
+        VAPO's positive-example NLL term)."""
+        fields: list[dict[str, Tensor]] = []
+        for mb, offset in zip(self.micro_batches, self.group_offsets, strict=True):
+            row: dict[str, Tensor] = {}
+            if "group_index" in required:
+                prompt = mb.group_index if mb.prompt_id is None else mb.prompt_id
+                row["group_index"] = (prompt + offset) * world_size + rank
+            if "rewards" in required:
+                row["rewards"] = mb.reward
+            fields.append(row)
+        return fields
+
+    def normalizer(self, fields: list[dict[str, Tensor]], *, world_size: int) -> Normalizer:
+        """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over :attr:`loss_masks`, with the
+        group and positive-reward counts when ``fields`` (:meth:`loss_fields`) hold their inputs); sum them
+        over the ranks (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
+        groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
+        rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
+        return Normalizer.from_masks(*self.loss_masks, group_index=groups, rewards=rewards,
+                                     num_groups=self.num_groups * world_size if groups is not None else None)
 
     @property
     def num_tokens(self) -> float:
@@ -311,15 +339,21 @@ class RolloutSource:
         spg = cfg.effective_steps_per_generation
         period = spg * cfg.num_iterations
         micro_batches: list[Rollout] = []
+        offsets: list[int] = []  # per micro-batch: the prompts of the step's earlier generation batches
         stats: dict[str, float] = {}
+        offset = 0
         for _ in range(cfg.gradient_accumulation_steps):
             if self.micro_step % period == 0 or not self.buffer:
+                if micro_batches:  # the step spans two generation batches: the new one's prompts get new ids
+                    offset += cfg.prompts_per_generation
                 rollout, stats = self.generate()
                 self.buffer = rollout.split(spg, generator=self.shuffle_generator, group_size=cfg.num_generations)
             micro_batches.append(self.buffer[self.micro_step % spg])
+            offsets.append(offset)
             self.micro_step += 1
         return OptimizerStepBatch(micro_batches=micro_batches, loss_masks=[self.loss_mask(mb) for mb in micro_batches],
-                                  metrics={"generation_time": 0.0, **stats})
+                                  metrics={"generation_time": 0.0, **stats}, group_offsets=offsets,
+                                  num_groups=offset + cfg.prompts_per_generation)
 
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
         """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them)."""

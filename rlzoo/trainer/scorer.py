@@ -264,17 +264,18 @@ class Scorer:
                       rollout.completion_mask, temperature=self.temperature, share_prefix=self.share_prefix,
                       fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy, **extra)
 
-    def policy_batch(self, module: torch.nn.Module, micro_batch: Rollout,
-                     loss_mask: Bool[Tensor, "N C"]) -> PolicyBatch:
+    def policy_batch(self, module: torch.nn.Module, micro_batch: Rollout, loss_mask: Bool[Tensor, "N C"],
+                     **fields: Tensor) -> PolicyBatch:
         """The :class:`~rlzoo.PolicyBatch` of one micro-batch: the policy's log-probs with gradients (and
-        entropies), the micro-batch's advantages and stored log-probs, and ``loss_mask`` as completion mask."""
+        entropies), the micro-batch's advantages and stored log-probs, ``loss_mask`` as completion mask, and
+        ``fields`` (``group_index``, ``rewards``: :attr:`OptimizerStepBatch.loss_fields`)."""
         with self.precision.autocast(), self._training_mode(module):
             logprobs, entropies = self.logprobs(module, micro_batch, with_entropy=self.with_entropy)
         return PolicyBatch(
             logprobs=logprobs, advantages=micro_batch.advantages, completion_mask=loss_mask,
             old_logprobs=micro_batch.old_logprobs, ref_logprobs=micro_batch.ref_logprobs,
             rollout_logprobs=micro_batch.rollout_logprobs, entropies=entropies,
-            teacher_logprobs=micro_batch.teacher_logprobs,
+            teacher_logprobs=micro_batch.teacher_logprobs, **fields,
         )
 
     @torch.no_grad()
