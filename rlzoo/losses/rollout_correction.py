@@ -326,6 +326,12 @@ class RolloutRejection(Rejection, name="rollout_rs"):
             invalid threshold.
         BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while rollout_rs is set.
 
+    A sequence whose every token is rejected leaves the counts altogether, ``num_sequences`` included (fully masked
+    rows are inert, rlzoo's convention for every aggregation). verl's ``agg_loss`` does the same when it counts
+    the sequences itself; its engine-based trainer (``ray_trainer``, 0.9.1) passes ``global_batch_size`` = every
+    row of the mini-batch instead, so with a ``seq_*`` criterion and a ``seq-mean-*`` aggregation verl divides by
+    more sequences there (the token-mean aggregations agree).
+
     References:
         Matches verl 0.9.1 ``rollout_corr_helper.compute_rollout_rejection_mask`` (verl's mean divides by
         ``n + 1e-8``, here by ``n``: a decision can differ only for a statistic within 1e-8 relative of its

@@ -177,6 +177,11 @@ class Trainer:
                 "backend provides; use --backend vllm or drop the option"
             )
         _check_teacher(config.teacher, "teacher_logprobs" in required)
+        completions = config.section(RolloutConfig).generation_batch_size * dist.world_size
+        if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
+            raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
+                             f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
+                             "horizon can drive beta to 0 or below")
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
         if dist.is_main:

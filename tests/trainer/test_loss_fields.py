@@ -114,3 +114,12 @@ def test_bypass_mode_and_rejections_are_refused_by_the_trainer(tmp_path, options
                             "gradient_accumulation_steps": 2, **options})
     with pytest.raises(ValueError, match="does not run bypass_mode or a rollout rejection"):
         Trainer(config, reward_funcs=[digit_fraction])
+
+
+def test_an_adaptive_kl_horizon_that_could_drive_beta_below_zero_is_refused_at_start(tmp_path):
+    """verl's controller multiplies beta by 1 + clip(e, -0.2, 0.2) N / horizon: horizon <= N / 5 can reach 0."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
+                            "gradient_accumulation_steps": 4, "use_kl_in_reward": True, "kl_ctrl": "adaptive",
+                            "kl_horizon": 1})
+    with pytest.raises(ValueError, match=r"kl_horizon must be > 1\.6"):
+        Trainer(config, reward_funcs=[digit_fraction])
