@@ -73,8 +73,9 @@ def _discounted_returns(r: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return torch.stack(out[::-1], dim=1)
 
 
-def _gae(r: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
-    """Un-whitened GAE over the counted tokens of each row (terminal value 0); 0 at masked positions."""
+def _gae(r: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float | Tensor) -> Tensor:
+    """Un-whitened GAE over the counted tokens of each row (terminal value 0); 0 at masked positions. ``lam``: one
+    number, or one per row (``Float[N]``)."""
     next_value = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
     running = torch.zeros_like(next_value)
     out = []
@@ -165,15 +166,26 @@ class GAE(AdvantageEstimator, name="gae"):
             minus ``V``, lambda 0 the one-step TD error).
         whiten: whiten the advantages over every counted token of the batch (default True, as verl and TRL's
             PPO trainer do); the returns are never whitened.
+        lam_critic: None (default: ``lam``) or a lambda in ``[0, 1]`` for the returns only: VAPO's decoupled GAE
+            (the critic's targets with ``lam_critic = 1``, unbiased; the policy's advantages with ``lam``).
+        length_adaptive_alpha: None (off, default) or ``alpha > 0``: VAPO's length-adaptive GAE, the policy's
+            lambda per completion ``lam_i = 1 - 1 / (alpha * l_i)`` with ``l_i`` its counted tokens (clamped to
+            ``[0, 1]``: completions shorter than ``1 / alpha`` get 0); replaces ``lam`` for the advantages
+            (the paper's ``alpha = 0.05``). Returns use ``lam_critic`` (or ``lam``).
 
     Source: Schulman, Moritz, Levine, Jordan, Abbeel 2015, "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation", arXiv:1506.02438, eq. (16). Matches verl 0.9.1
-    ``compute_gae_advantage_return`` (``adv_estimator="gae"``) at counted tokens.
+    ``compute_gae_advantage_return`` (``adv_estimator="gae"``) at counted tokens (``lam_critic`` and
+    ``length_adaptive_alpha`` off). Decoupled and length-adaptive GAE: Yue et al. 2025, "VAPO: Efficient and
+    Reliable Reinforcement Learning for Advanced Reasoning Tasks", arXiv:2504.05118 (lambda_critic = 1,
+    lambda_policy = 1 - 1 / (alpha l)); no reference implementation is installed, the tests state the formula.
     """
 
     gamma: float = 1.0
     lam: float = 1.0
     whiten: bool = True
+    lam_critic: float | None = None
+    length_adaptive_alpha: float | None = None
 
     needs = frozenset({"completion_mask", "values"})
     accepts = frozenset({"token_rewards"})
@@ -183,6 +195,9 @@ class GAE(AdvantageEstimator, name="gae"):
     def check(self) -> None:
         check_number("gae", "gamma", self.gamma, low=0.0, high=1.0)
         check_number("gae", "lam", self.lam, low=0.0, high=1.0)
+        check_number("gae", "lam_critic", self.lam_critic, low=0.0, high=1.0, allow_none=True)
+        check_number("gae", "length_adaptive_alpha", self.length_adaptive_alpha, low=0.0, low_open=True,
+                     allow_none=True)
         if not isinstance(self.whiten, bool):
             raise ValueError(f"gae: whiten must be True or False, got {self.whiten!r}")
 
@@ -190,8 +205,14 @@ class GAE(AdvantageEstimator, name="gae"):
         mask = inputs.mask
         assert inputs.values is not None
         dense = token_level_rewards(rewards, mask, inputs.token_rewards)
-        advantages = _gae(dense, inputs.values, mask, self.gamma, self.lam)
-        returns = torch.where(mask, advantages + inputs.values, _zero(rewards))
+        lam: float | Tensor = self.lam
+        if self.length_adaptive_alpha is not None:
+            lengths = mask.sum(-1).to(rewards.dtype)
+            lam = (1.0 - 1.0 / (self.length_adaptive_alpha * lengths.clamp(min=1))).clamp(0.0, 1.0)
+        advantages = _gae(dense, inputs.values, mask, self.gamma, lam)
+        critic = advantages if self.lam_critic is None and self.length_adaptive_alpha is None else _gae(
+            dense, inputs.values, mask, self.gamma, self.lam if self.lam_critic is None else self.lam_critic)
+        returns = torch.where(mask, critic + inputs.values, _zero(rewards))
         if self.whiten:
             advantages = torch.where(mask, whiten(advantages, mask.to(rewards.dtype)), _zero(rewards))
         return advantages, returns

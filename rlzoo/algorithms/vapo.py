@@ -100,7 +100,8 @@ class PositiveNLL(Penalty, name="positive_nll"):
     advantage="grpo",
     notes="The paper's advantages are GAE from a pretrained value model with decoupled lambdas (critic 1.0, policy "
     "length-adaptive 1 - 1/(alpha l), alpha = 0.05) and group sampling; those are advantage-side settings "
-    "(rlzoo.get_advantage('gae') and rlzoo.advantages.value_loss with a critic). rlzoo's trainer has no critic, so "
+    "(rlzoo.get_advantage('gae', lam_critic=1.0, length_adaptive_alpha=0.05) and rlzoo.advantages.value_loss with a "
+    "critic). rlzoo's trainer has no critic, so "
     "it uses group-normalised advantages. Needs PolicyBatch.rewards (reward > 0 = a correct answer).",
     parts=(PositiveNLL,),
 )

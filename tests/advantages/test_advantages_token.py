@@ -82,6 +82,32 @@ def test_gae_lambda_one_is_monte_carlo(case: dict[str, torch.Tensor]) -> None:
     torch.testing.assert_close(adv, torch.where(mask, returns - case["values"], 0.0), **TOL)
 
 
+@given(case=token_case(holes=True), gamma=st.sampled_from((1.0, 0.9)), lam=st.sampled_from((0.95, 0.5)),
+       lam_critic=st.sampled_from((None, 1.0, 0.9)), alpha=st.sampled_from((None, 0.05, 0.5, 2.0)))
+def test_vapo_decoupled_and_length_adaptive_gae(case, gamma, lam, lam_critic, alpha) -> None:
+    """VAPO (arXiv:2504.05118): the returns (critic targets) use lam_critic (default lam); the advantages use
+    lam_i = clamp(1 - 1 / (alpha l_i), 0, 1) per completion of l_i counted tokens when alpha is set, else lam.
+    Each row against the explicit sum of TD errors with its own lambda."""
+    mask = case["completion_mask"]
+    inputs = {k: case[k] for k in ("completion_mask", "values", "token_rewards")}
+    adv, ret = get_advantage("gae", gamma=gamma, lam=lam, whiten=False, lam_critic=lam_critic,
+                             length_adaptive_alpha=alpha).with_returns(case["rewards"], **inputs)
+    for i in range(mask.shape[0]):
+        n = int(mask[i].sum())
+        lam_i = lam if alpha is None else min(1.0, max(0.0, 1.0 - 1.0 / (alpha * max(n, 1))))
+        row = {k: v[i:i + 1] for k, v in case.items()}
+        torch.testing.assert_close(adv[i], _gae_by_definition(row, gamma, lam_i)[0], **TOL)
+        critic = _gae_by_definition(row, gamma, lam if lam_critic is None else lam_critic)[0]
+        torch.testing.assert_close(ret[i], torch.where(mask[i], critic + case["values"][i], 0.0), **TOL)
+
+
+def test_vapo_gae_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="gae: lam_critic"):
+        get_advantage("gae", lam_critic=1.5)
+    with pytest.raises(ValueError, match="gae: length_adaptive_alpha"):
+        get_advantage("gae", length_adaptive_alpha=0.0)
+
+
 @given(case=token_case(holes=True), gamma=st.sampled_from((1.0, 0.9, 0.5)))
 def test_reinforce_pp_matches_definition(case: dict[str, torch.Tensor], gamma: float) -> None:
     """G_t = sum_{t' >= t counted} gamma^{#counted steps} r_t', then whitened over all counted tokens."""
