@@ -552,7 +552,8 @@ class PolicyLoss:
             )
         x_all = dataclasses.replace(x_all, normalizer=normalizer)
         x = x_all if keep is None or self.bypass_mode else x_all.with_mask(counted)  # every term's tokens
-        x_policy = x if keep is None or not self.bypass_mode else x_all.with_mask(keep)  # the policy term's
+        split = keep is not None and self.bypass_mode  # the policy term counts other tokens than the penalties
+        x_policy = x_all.with_mask(keep) if split else x  # the policy term's
 
         log_weight, ratio_metrics = self.ratio(x_policy)
         metrics.update(ratio_metrics)
@@ -574,7 +575,7 @@ class PolicyLoss:
                 metrics.update(part_metrics)
 
         x_terms = x_policy
-        if x is not x_policy and any(p.active for p in self.penalties):
+        if split and any(p.active for p in self.penalties):
             x_terms = x.with_weights(self.ratio(x).value, None, per_sequence=self.ratio.per_sequence)
         aggregated = torch.zeros_like(per_token)
         own = torch.zeros((), dtype=per_token.dtype, device=per_token.device)
@@ -587,7 +588,7 @@ class PolicyLoss:
                 else:
                     own = own + torch.where(x.mask, term, torch.zeros_like(term)).sum()
         mcl, groups = self.max_completion_length, x.group_index
-        if x_policy is x:
+        if not split:
             loss = self.aggregation(per_token + aggregated, x.mask, normalizer, mcl, groups)
         else:
             loss = (self.aggregation(per_token, x_policy.mask, normalizer, mcl, groups)
