@@ -106,16 +106,19 @@ class Distributed:
         return int(self.all_reduce(torch.tensor([value], device=self._device()), "max").item())
 
     def normalizer(self, local: Normalizer) -> Normalizer:
-        """The :class:`~rlzoo.Normalizer` of the global optimizer-step batch: this rank's counts summed over the
-        ranks (one all-reduce)."""
+        """The :class:`~rlzoo.Normalizer` of the global optimizer-step batch: this rank's counts (with the per-group
+        token counts and the positive-reward tokens when present) summed over the ranks, in one all-reduce on the
+        collective's device (no host round trip)."""
         if not self.enabled:
             return local
+        device = self._device()
         scalars = [local.num_tokens, local.num_sequences]
         if local.num_positive_tokens is not None:
             scalars.append(local.num_positive_tokens)
-        groups = [] if local.group_num_tokens is None else [local.group_num_tokens.to(torch.float64).cpu()]
-        counts = torch.cat([torch.stack([torch.as_tensor(c, dtype=torch.float64).cpu() for c in scalars]), *groups])
-        total = self.all_reduce(counts.to(self._device()))
+        groups = [] if local.group_num_tokens is None else [local.group_num_tokens.to(device, torch.float64)]
+        counts = torch.cat([torch.stack([torch.as_tensor(c, dtype=torch.float64).to(device) for c in scalars]),
+                            *groups])
+        total = self.all_reduce(counts)
         return Normalizer(num_tokens=total[0], num_sequences=total[1],
                           num_positive_tokens=total[2] if len(scalars) == 3 else None,
                           group_num_tokens=total[len(scalars):] if groups else None)

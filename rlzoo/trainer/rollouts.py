@@ -83,6 +83,9 @@ class OptimizerStepBatch:
             completions under ``mask_truncated_completions``).
         metrics: ``generation_time`` (0 when no batch was generated for this step) and, when one was, the
             dynamic-sampling counts.
+        group_offsets: per micro-batch, the prompts of the step's earlier generation batches (0 unless the step
+            spans two), added to its prompt ids by :meth:`loss_fields`.
+        num_groups: prompt ids of the step on one rank (> every offset + prompt row).
     """
 
     micro_batches: list[Rollout]
