@@ -43,7 +43,8 @@ class Generated:
         completion_mask: ``Bool[N, C]`` up to and including the first EOS (all generated tokens if none).
         is_truncated: ``Bool[N]`` no EOS among the generated tokens.
         texts: decoded completions (special tokens skipped).
-        rollout_logprobs: ``Float[N, C]`` the sampler's log-probs of its tokens (vLLM), else None.
+        rollout_logprobs: ``Float[N, C]`` the sampler's log-probs of its tokens (vLLM; Hugging Face ``generate``
+            when asked), 0 at masked positions, else None.
     """
 
     prompt_ids: Int[Tensor, "Np P"]
@@ -58,6 +59,9 @@ class Generated:
 
 class Generator(Protocol):
     """What the trainer needs from a generation backend."""
+
+    rollout_logprobs: bool
+    """Whether :meth:`generate` returns the sampler's log-probs (``Generated.rollout_logprobs``)."""
 
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
                  greedy: bool = False, seeds: list[int] | None = None) -> Generated:
@@ -109,13 +113,19 @@ class GroupSeededSampling:
     ``[G, V]`` uniforms per step from its own stream, so a group's completions depend only on its seed, not on
     which other prompts share the batch, the rank or the batch size.
 
+    With ``record_logprobs`` it also keeps, per step, the log-probability of the token it picks under the warped
+    distribution (the sampler's log-prob, as vLLM's ``logprobs_mode="processed_logprobs"`` reports it):
+    :meth:`sampled_logprobs` returns them.
+
     Args:
         seeds: one seed per prompt group, in batch order.
         group_size: completions per prompt (``G`` consecutive rows per seed).
         temperature: > 0; top_k: 0 = off; top_p: in (0, 1].
+        record_logprobs: keep the sampled tokens' log-probs (one ``[N]`` float32 vector per step).
     """
 
-    def __init__(self, seeds: list[int], group_size: int, *, temperature: float, top_k: int, top_p: float) -> None:
+    def __init__(self, seeds: list[int], group_size: int, *, temperature: float, top_k: int, top_p: float,
+                 record_logprobs: bool = False) -> None:
         from transformers import (
             LogitsProcessorList,
             TemperatureLogitsWarper,
@@ -130,6 +140,9 @@ class GroupSeededSampling:
         warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
         self.warpers = LogitsProcessorList(warpers)
         self._generators: list[torch.Generator] | None = None
+        self.record_logprobs = record_logprobs
+        self._tokens: list[Tensor] = []
+        self._logprobs: list[Tensor] = []
 
     def __call__(self, input_ids: Int[Tensor, "N L"], scores: Float[Tensor, "N V"]) -> Float[Tensor, "N V"]:
         """Warped ``scores`` plus this step's Gumbel noise (rows = groups x ``group_size``, in seed order)."""
@@ -139,7 +152,30 @@ class GroupSeededSampling:
         shape = (self.group_size, scores.shape[-1])
         uniform = torch.cat([torch.rand(shape, generator=g, device=scores.device) for g in self._generators])
         tiny = torch.finfo(uniform.dtype).tiny
-        return scores - torch.log(-torch.log(uniform.clamp(min=tiny, max=1.0 - 1e-7)))
+        noisy = scores - torch.log(-torch.log(uniform.clamp(min=tiny, max=1.0 - 1e-7)))
+        if self.record_logprobs:
+            token = noisy.argmax(dim=-1, keepdim=True)  # what generate's greedy step picks from these scores
+            self._tokens.append(token.squeeze(-1))
+            self._logprobs.append(scores.log_softmax(dim=-1).gather(-1, token).squeeze(-1))
+        return noisy
+
+    def sampled_logprobs(self, completion_ids: Int[Tensor, "N C"],
+                         completion_mask: Bool[Tensor, "N C"]) -> Float[Tensor, "N C"]:
+        """The recorded log-probs of ``completion_ids`` under the warped sampling distribution, 0 where the mask is
+        False.
+
+        Raises:
+            RuntimeError: nothing was recorded, or the recorded picks differ from ``completion_ids`` at a counted
+                position (a logits processor that ``generate`` ran after this one changed the choice).
+        """
+        if not self._tokens:
+            raise RuntimeError("GroupSeededSampling recorded no log-probs: build it with record_logprobs=True")
+        tokens, logprobs = torch.stack(self._tokens, dim=1), torch.stack(self._logprobs, dim=1)
+        c = completion_ids.shape[1]
+        if tokens.shape != completion_ids.shape or bool((tokens[:, :c] != completion_ids)[completion_mask].any()):
+            raise RuntimeError("the sampled tokens differ from the tokens rlzoo's sampler picked: a logits processor "
+                               "ran after it (check the model's generation_config); sampler log-probs would be wrong")
+        return torch.where(completion_mask, logprobs, torch.zeros_like(logprobs))
 
 
 class HFGenerator:
@@ -155,10 +191,15 @@ class HFGenerator:
         temperature, top_p, top_k: sampling parameters (top_k 0 = off); ignored for greedy decoding.
         max_prompt_length: keep only the last this-many prompt tokens (None: no limit).
         share_prefix: prefill each unique prompt once.
+        rollout_logprobs: return the sampler's log-probs of its tokens (``Generated.rollout_logprobs``) when
+            sampling: the log-softmax of the logits after temperature, top-k and top-p, in float32, as vLLM's
+            ``processed_logprobs``. They differ from the trainer's log-probs by the top-k / top-p truncation and by
+            numerics (the KV-cache forward under autocast), which is what rollout correction corrects.
     """
 
     def __init__(self, tokenizer, *, max_completion_length: int, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, max_prompt_length: int | None = None, share_prefix: bool = True) -> None:
+                 top_k: int = 0, max_prompt_length: int | None = None, share_prefix: bool = True,
+                 rollout_logprobs: bool = False) -> None:
         self.tokenizer = tokenizer
         self.max_completion_length = max_completion_length
         self.temperature = temperature
@@ -166,6 +207,7 @@ class HFGenerator:
         self.top_k = top_k
         self.max_prompt_length = max_prompt_length
         self.share_prefix = share_prefix
+        self.rollout_logprobs = rollout_logprobs
 
     def encode_prompts(self, prompts: list[str], device: torch.device | str) -> tuple[Tensor, Tensor]:
         """Left-padded ``(ids [Np, P], mask [Np, P])``; no special tokens added (the template has them, as TRL)."""
@@ -180,7 +222,8 @@ class HFGenerator:
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
                  greedy: bool = False, seeds: list[int] | None = None) -> Generated:
         """See :class:`Generator`; with ``seeds`` (one per prompt), each prompt's completions are sampled from its
-        own random stream (:class:`GroupSeededSampling`) instead of the global RNG."""
+        own random stream (:class:`GroupSeededSampling`) instead of the global RNG. With ``rollout_logprobs`` and
+        no ``seeds``, the seeds are drawn from the global RNG (the sampler records its log-probs)."""
         from transformers import GenerationConfig, LogitsProcessorList
 
         device = next(model.parameters()).device
@@ -189,6 +232,8 @@ class HFGenerator:
         group_index = torch.arange(len(prompts), device=device).repeat_interleave(g)
         eos = _eos_ids(model, self.tokenizer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        if self.rollout_logprobs and seeds is None and not greedy:
+            seeds = torch.randint(0, 2**62, (len(prompts),)).tolist()
         seeded = seeds is not None and not greedy
         sample = not greedy and not seeded  # seeded sampling is greedy decoding of Gumbel-perturbed logits
         config = GenerationConfig(
@@ -203,10 +248,11 @@ class HFGenerator:
         if seeded:
             if len(seeds) != len(prompts):
                 raise ValueError(f"seeds: {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt")
-            processor = GroupSeededSampling(seeds, g, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+            processor = GroupSeededSampling(seeds, g, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                                            record_logprobs=self.rollout_logprobs)
             kwargs_processor = {"logits_processor": LogitsProcessorList([processor])}
         else:
-            kwargs_processor = {}
+            processor, kwargs_processor = None, {}
         ids = prompt_ids[group_index]
         mask = prompt_mask[group_index]
         kwargs = {}
@@ -229,9 +275,11 @@ class HFGenerator:
         texts = self.tokenizer.batch_decode(
             torch.where(completion_mask, completion_ids, pad), skip_special_tokens=True
         )
+        sampled = processor.sampled_logprobs(completion_ids, completion_mask) if processor and self.rollout_logprobs \
+            else None
         return Generated(prompt_ids=prompt_ids, prompt_mask=prompt_mask, group_index=group_index,
                          completion_ids=completion_ids, completion_mask=completion_mask, is_truncated=truncated,
-                         texts=texts)
+                         texts=texts, rollout_logprobs=sampled)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Nothing to do: ``generate`` samples from the training model itself."""
@@ -250,6 +298,8 @@ class VLLMGenerator:
     Raises:
         RuntimeError: vLLM is not installed or no CUDA device is present.
     """
+
+    rollout_logprobs = True  # vLLM always reports the sampled tokens' log-probs
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_completion_length: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, gpu_memory_utilization: float = 0.3, seed: int = 0,
@@ -275,6 +325,7 @@ class VLLMGenerator:
                 dtype=str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
                 seed=seed,
                 enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",  # after temperature / top-k / top-p, as the HF path and TRL
             )
         finally:  # the engine holds the weights in memory once built
             shutil.rmtree(snapshot, ignore_errors=True)
@@ -337,9 +388,10 @@ class VLLMGenerator:
 
 
 def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: Any, *, share_prefix: bool,
-                    seed: int, precision: Precision) -> HFGenerator | VLLMGenerator:
+                    seed: int, precision: Precision, rollout_logprobs: bool = False) -> HFGenerator | VLLMGenerator:
     """The sampling backend of the rollout section (``hf``: Hugging Face ``generate``; ``vllm``: a colocated
-    vLLM engine).
+    vLLM engine, which always returns the sampler's log-probs; ``rollout_logprobs``: the Hugging Face backend
+    records them too).
 
     Raises:
         RuntimeError: the vLLM backend without vLLM or CUDA.
@@ -353,5 +405,5 @@ def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: An
     return HFGenerator(
         tokenizer, max_completion_length=config.max_completion_length, temperature=config.temperature,
         top_p=config.top_p, top_k=config.top_k, max_prompt_length=config.max_prompt_length,
-        share_prefix=share_prefix,
+        share_prefix=share_prefix, rollout_logprobs=rollout_logprobs,
     )

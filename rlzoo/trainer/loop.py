@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss, Rejection, get_loss, presets
 from rlzoo.trainer.adapters import AdapterDisabled
 from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
@@ -65,10 +66,10 @@ TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"}
 """The optional advantage inputs the trainer scores at generation time (``token_rewards`` only come from the KL in
 the reward, so an estimator cannot need them)."""
 TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
-                            "group_index", "rewards"})
-"""The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs`` with the vllm backend,
-``teacher_logprobs`` with ``--teacher``); a loss that needs another (``versions`` for AReaL's log-linear proximal
-policy) is refused before the model loads."""
+                            "group_index", "rewards", "versions", "current_version"})
+"""The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs``: the sampler's log-probs
+from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the optimizer steps
+completed at generation / now); a loss that needs another is refused before the model loads."""
 
 
 def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
@@ -167,15 +168,12 @@ class Trainer:
         if unknown:
             raise ValueError(f"this loss needs PolicyBatch.{', '.join(unknown)}, which the trainer does not provide "
                              f"(it provides {', '.join(sorted(TRAINER_FIELDS))}); drop the option that asks for it")
-        if self.loss_fn.bypass_mode or any(isinstance(p, Rejection) for p in self.loss_fn.parts()):
-            raise ValueError("the trainer does not run bypass_mode or a rollout rejection (rollout_rs, m2po) yet: "
-                             "the step's counts would have to come from loss_fn.loss_mask and old_logprobs be the "
-                             "sampler's; use them through the loss API (rlzoo.get_loss) or drop the option")
-        if "rollout_logprobs" in required and config.backend != "vllm":
-            raise ValueError(
-                "this loss needs rollout_logprobs (sampler log-probs, e.g. is_correction), which only the vllm "
-                "backend provides; use --backend vllm or drop the option"
-            )
+        sampler_is_old = self.loss_fn.bypass_mode or self.loss_fn.prox_logp_method == "loglinear"
+        rejects = any(isinstance(p, Rejection) for p in self.loss_fn.parts())
+        if rejects and self.loss_fn.prox_logp_method == "loglinear":
+            raise ValueError("a rollout rejection (rollout_rs, m2po) with prox_logp_method='loglinear' judges tokens "
+                             "by the current policy, so the step's counts are not known before its forward passes: "
+                             "use prox_logp_method='recompute' or drop the rejection")
         _check_teacher(config.teacher, "teacher_logprobs" in required)
         completions = config.section(RolloutConfig).generation_batch_size * dist.world_size
         if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
@@ -225,7 +223,8 @@ class Trainer:
                              share_prefix=(config.share_prompt_prefix and not config.gradient_checkpointing
                                            and not self.policy.sharded))
         generator = build_generator(rollout_config, self.model, self.tokenizer, share_prefix=self.scorer.share_prefix,
-                                    seed=config.seed, precision=self.precision)
+                                    seed=config.seed, precision=self.precision,
+                                    rollout_logprobs="rollout_logprobs" in required)
         self.rollouts = RolloutSource(
             rollout_config, config.section(RewardConfig), task=task, rewards=rewards, advantage_fn=advantage_fn,
             scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
@@ -233,7 +232,8 @@ class Trainer:
                        else self.reference and self.reference.module),
             precision=self.precision, seed=config.seed, dist=dist, completion_log=completion_log,
             teacher=self.teacher and self.teacher.module,
-            kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None)
+            kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None,
+            old_logprobs=(rollout_config.old_logprobs_needed or rejects) and not sampler_is_old)
         eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
                                      max_prompt_length=config.max_prompt_length, share_prefix=False)
         self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
@@ -268,9 +268,8 @@ class Trainer:
             while self.step < self.config.max_steps and not self.dist.any(interrupt.requested):
                 started = time.perf_counter()
                 batch = self.rollouts.next_optimizer_step()
-                fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size)
-                normalizer = self.dist.normalizer(batch.normalizer(fields, world_size=self.dist.world_size))
-                losses, generated = LossMetrics(normalizer), time.perf_counter()
+                fields, normalizer, losses = self._step_counts(batch)
+                generated = time.perf_counter()
                 for micro_batch, loss_mask, extra in zip(batch.micro_batches, batch.loss_masks, fields, strict=True):
                     out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask, **extra),
                                        normalizer=normalizer)
@@ -285,6 +284,19 @@ class Trainer:
                 if self.checkpointer.due(self.step, final=final):
                     self.save_checkpoint(plot=not final)
         return self.logger.history
+
+    def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
+        """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
+        loss counts: minus its rollout rejection) and the metrics accumulator (shares of the tokens before the
+        rejection: one more all-reduce when the loss rejects)."""
+        fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size,
+                                   version=self.step)
+        counted = batch.counted_masks(self.loss_fn, fields)
+        normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
+        if all(kept is mask for kept, mask in zip(counted, batch.loss_masks, strict=True)):  # nothing to reject
+            return fields, normalizer, LossMetrics(normalizer)
+        before = self.dist.reduce_floats({"tokens": float(sum(m.sum() for m in batch.loss_masks))})["tokens"]
+        return fields, normalizer, LossMetrics(normalizer, num_tokens=before)
 
     def _step_metrics(self, batch: OptimizerStepBatch, losses: LossMetrics, row: dict[str, float], started: float,
                       generated: float) -> dict[str, Any]:

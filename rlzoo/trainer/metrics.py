@@ -33,10 +33,13 @@ class LossMetrics:
 
     Args:
         normalizer: the counts of the whole optimizer-step batch.
+        num_tokens: the step's tokens over every rank that the shares are taken of (default
+            ``normalizer.num_tokens``); under a rollout rejection, the tokens before it (the masks :meth:`add` gets),
+            so that a micro-batch whose tokens were all rejected still reports its rejection metrics.
     """
 
-    def __init__(self, normalizer: Normalizer) -> None:
-        self.num_tokens = max(1.0, float(normalizer.num_tokens))
+    def __init__(self, normalizer: Normalizer, *, num_tokens: float | None = None) -> None:
+        self.num_tokens = max(1.0, float(normalizer.num_tokens if num_tokens is None else num_tokens))
         self.loss = 0.0
         self.metrics: dict[str, float] = {}
 
@@ -51,7 +54,8 @@ class LossMetrics:
         return self.loss
 
     def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
-        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its counted tokens)."""
+        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its tokens, as counted in
+        ``num_tokens``)."""
         self.loss += float(out.loss.detach())
         share = float(loss_mask.sum()) / self.num_tokens
         for key, value in out.metrics.items():

@@ -33,6 +33,8 @@ class Rollout:
         texts: decoded completions; questions: the prompt of each completion (for logging).
         prompt_id: ``Int[N]`` the prompt of each completion in the generation batch it came from (kept by
             :meth:`select`, which re-indexes ``group_index``); None: ``group_index`` (a whole generation batch).
+        version: the policy version that generated the batch: the optimizer steps completed before its generation
+            (AReaL's ``versions``, for the log-linear proximal policy).
     """
 
     prompt_ids: Int[Tensor, "Np P"]
@@ -50,6 +52,7 @@ class Rollout:
     teacher_logprobs: Float[Tensor, "N C"] | None = None
     texts: list[str] = dataclasses.field(default_factory=list)
     prompt_id: Int[Tensor, " N"] | None = None
+    version: int = 0
 
     @property
     def num_completions(self) -> int:
@@ -81,6 +84,7 @@ class Rollout:
             teacher_logprobs=pick(self.teacher_logprobs),
             texts=[self.texts[i] for i in index.tolist()] if self.texts else [],
             prompt_id=(self.group_index if self.prompt_id is None else self.prompt_id)[index],
+            version=self.version,
         )
 
     def split(self, parts: int, generator: torch.Generator | None = None, group_size: int = 1) -> list["Rollout"]:

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from rlzoo.batch import Normalizer
+from rlzoo.batch import LossMasker, Normalizer
 from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -94,29 +94,44 @@ class OptimizerStepBatch:
     group_offsets: list[int] = dataclasses.field(default_factory=list)
     num_groups: int = 0
 
-    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int) -> list[dict[str, Tensor]]:
+    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int,
+                    version: int) -> list[dict[str, Any]]:
         """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
         rollout: ``group_index`` (prompt ids unique over the step's micro-batches and ranks:
-        ``(offset + prompt) * world_size + rank``, for "prompt-mean") and ``rewards`` (the combined reward, for
-        VAPO's positive-example NLL term)."""
-        fields: list[dict[str, Tensor]] = []
+        ``(offset + prompt) * world_size + rank``, for "prompt-mean"), ``rewards`` (the combined reward, for
+        VAPO's positive-example NLL term), ``versions`` (each completion's :attr:`Rollout.version`) and
+        ``current_version`` (``version``: the optimizer steps completed, for the log-linear proximal policy)."""
+        fields: list[dict[str, Any]] = []
         for mb, offset in zip(self.micro_batches, self.group_offsets, strict=True):
-            row: dict[str, Tensor] = {}
+            row: dict[str, Any] = {}
             if "group_index" in required:
                 prompt = mb.group_index if mb.prompt_id is None else mb.prompt_id
                 row["group_index"] = (prompt + offset) * world_size + rank
             if "rewards" in required:
                 row["rewards"] = mb.reward
+            if "versions" in required:
+                row["versions"] = torch.full((mb.num_completions,), mb.version, device=mb.completion_ids.device)
+            if "current_version" in required:
+                row["current_version"] = version
             fields.append(row)
         return fields
 
-    def normalizer(self, fields: list[dict[str, Tensor]], *, world_size: int) -> Normalizer:
-        """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over :attr:`loss_masks`, with the
-        group and positive-reward counts when ``fields`` (:meth:`loss_fields`) hold their inputs); sum them
-        over the ranks (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
+    def counted_masks(self, loss: LossMasker, fields: list[dict[str, Any]]) -> list[Bool[Tensor, "N C"]]:
+        """Per micro-batch, the tokens ``loss`` counts: :attr:`loss_masks` minus the tokens its rollout rejection
+        drops (:meth:`rlzoo.losses.PolicyLoss.loss_mask`, verl's modified response mask), judged from the old and
+        the sampler's log-probs stored with the rollout; :attr:`loss_masks` themselves without a rejection."""
+        return [loss.loss_mask(mask, old_logprobs=mb.old_logprobs, rollout_logprobs=mb.rollout_logprobs,
+                               versions=f.get("versions"), current_version=f.get("current_version"))
+                for mb, mask, f in zip(self.micro_batches, self.loss_masks, fields, strict=True)]
+
+    def normalizer(self, fields: list[dict[str, Any]], masks: list[Bool[Tensor, "N C"]], *,
+                   world_size: int) -> Normalizer:
+        """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over ``masks``, the
+        :meth:`counted_masks`, with the group and positive-reward counts when ``fields`` (:meth:`loss_fields`)
+        hold their inputs); sum them over the ranks (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
         groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
         rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
-        return Normalizer.from_masks(*self.loss_masks, group_index=groups, rewards=rewards,
+        return Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
                                      num_groups=self.num_groups * world_size if groups is not None else None)
 
     @property
@@ -149,6 +164,10 @@ class RolloutSource:
         teacher: what teacher log-probs are scored with (``--teacher``: a frozen model's
             :class:`~rlzoo.trainer.scorer.LogProbModule`, possibly wrapped), when the loss needs them, else None.
         kl_reward: the KL-in-reward shaping (``--use-kl-in-reward``), or None.
+        old_logprobs: score the old log-probs at generation time (default ``config.old_logprobs_needed``); the
+            trainer also asks for them when the loss rejects tokens (its counts are known before the step) and
+            never when the loss takes its old policy from the sampler (``bypass_mode``, the log-linear proximal
+            policy), where ``old_logprobs`` must stay None.
 
     Old, reference and teacher log-probs (and, when the estimator needs them, the sampling policy's log-probs and
     ``sum_pi_squared``) are scored before the advantage, which may use them (KL in the reward, the optimal token
@@ -159,8 +178,9 @@ class RolloutSource:
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
                  policy: ParallelModel, reference: Any, precision: Precision, seed: int,
                  dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None, teacher: Any = None,
-                 kl_reward: KLRewardShaping | None = None) -> None:
+                 kl_reward: KLRewardShaping | None = None, old_logprobs: bool | None = None) -> None:
         self.config = config
+        self.score_old = config.old_logprobs_needed if old_logprobs is None else old_logprobs
         self.reward_config = reward_config
         self.task = task
         self.rewards = rewards
@@ -226,6 +246,7 @@ class RolloutSource:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
+        rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # optimizer steps completed
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
@@ -268,9 +289,9 @@ class RolloutSource:
         if "sum_pi_squared" in wanted:
             sampling["old_logprobs"], sampling["sum_pi_squared"] = self.scorer.generation_stats(self.policy.module,
                                                                                                rollout)
-        elif self.config.old_logprobs_needed or self.kl_reward is not None or "old_logprobs" in wanted:
+        elif self.score_old or self.kl_reward is not None or "old_logprobs" in wanted:
             sampling["old_logprobs"] = self.scorer.generation_logprobs(self.policy.module, rollout)
-        if self.config.old_logprobs_needed:
+        if self.score_old:
             rollout.old_logprobs = sampling["old_logprobs"]
         if self.reference is not None:
             rollout.ref_logprobs = self.scorer.generation_logprobs(self.reference, rollout)
@@ -422,6 +443,11 @@ class RolloutSource:
             raise ValueError(
                 "the checkpoint holds an unfinished generation batch without teacher_logprobs, which the loss now "
                 "needs: resume from a checkpoint at a generation boundary, or add --teacher later"
+            )
+        if self.generator.rollout_logprobs and any(r.rollout_logprobs is None for r in buffer):
+            raise ValueError(
+                "the checkpoint holds an unfinished generation batch without rollout_logprobs, which the loss now "
+                "needs: resume from a checkpoint at a generation boundary, or add the option later"
             )
         if self.kl_reward is not None and "kl_ctrl" in state:
             self.kl_reward.load_state_dict(state["kl_ctrl"])

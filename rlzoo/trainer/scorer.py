@@ -265,10 +265,10 @@ class Scorer:
                       fused=self.config.logprobs_backend == "fused", with_entropy=with_entropy, **extra)
 
     def policy_batch(self, module: torch.nn.Module, micro_batch: Rollout, loss_mask: Bool[Tensor, "N C"],
-                     **fields: Tensor) -> PolicyBatch:
+                     **fields: Any) -> PolicyBatch:
         """The :class:`~rlzoo.PolicyBatch` of one micro-batch: the policy's log-probs with gradients (and
         entropies), the micro-batch's advantages and stored log-probs, ``loss_mask`` as completion mask, and
-        ``fields`` (``group_index``, ``rewards``: :attr:`OptimizerStepBatch.loss_fields`)."""
+        ``fields`` (``group_index``, ``rewards``, ``versions``, ``current_version``: :meth:`OptimizerStepBatch.loss_fields`)."""
         with self.precision.autocast(), self._training_mode(module):
             logprobs, entropies = self.logprobs(module, micro_batch, with_entropy=self.with_entropy)
         return PolicyBatch(

@@ -99,23 +99,6 @@ def test_vapo_gets_the_rewards_and_the_positive_token_count(tmp_path):
     assert torch.isfinite(torch.tensor(history[0]["loss"]))
 
 
-def test_a_field_the_trainer_cannot_fill_is_refused_before_the_model_loads(tmp_path):
-    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
-                            "gradient_accumulation_steps": 2, "algorithm": "decoupled_ppo", "loss": {"prox_logp_method": "loglinear"}})
-    with pytest.raises(ValueError, match="PolicyBatch.current_version, versions"):
-        Trainer(config, reward_funcs=[digit_fraction])
-
-
-@pytest.mark.parametrize("options", [{"algorithm": "m2po"}, {"loss": {"bypass_mode": True}},
-                                     {"loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}}])
-def test_bypass_mode_and_rejections_are_refused_by_the_trainer(tmp_path, options):
-    """Not wired yet (the step's counts would come from loss_fn.loss_mask): a one-line refusal, not a wrong count."""
-    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
-                            "gradient_accumulation_steps": 2, **options})
-    with pytest.raises(ValueError, match="does not run bypass_mode or a rollout rejection"):
-        Trainer(config, reward_funcs=[digit_fraction])
-
-
 def test_an_adaptive_kl_horizon_that_could_drive_beta_below_zero_is_refused_at_start(tmp_path):
     """verl's controller multiplies beta by 1 + clip(e, -0.2, 0.2) N / horizon: horizon <= N / 5 can reach 0."""
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
