@@ -24,6 +24,8 @@ CASES = {
     "grpo_beta": {"algorithm": "grpo", "loss": {"beta": 0.04}},
     "dr_grpo": {"algorithm": "dr_grpo"},
     "gspo": {"algorithm": "gspo"},
+    "prompt_mean": {"algorithm": "grpo", "loss": {"aggregation": "prompt-mean"}},  # group counts over ranks
+    "decoupled_ppo": {"algorithm": "decoupled_ppo", "top_p": 0.8},  # the sampler's log-probs (HF generate)
 }
 
 
