@@ -20,12 +20,17 @@ import dataclasses
 import math
 import typing
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
-
-import tyro
+from typing import Any, Literal
 
 from rlzoo.trainer.config_files import coerce
+from rlzoo.trainer.run_config import (
+    AdapterConfig,
+    CheckpointConfig,
+    EvalConfig,
+    RunConfig,
+    TrackingConfig,
+)
+from rlzoo.trainer.section import DottedOptions, OptionalDottedOptions, S, Section
 
 __all__ = [
     "AdapterConfig",
@@ -47,37 +52,6 @@ __all__ = [
 
 DEFAULT_TASK = "chain_sum"
 DEFAULT_TASK_KWARGS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-
-# Mapping options are given as dotted flags (--loss.epsilon_high 0.28), parsed by rlzoo.cli, not by tyro.
-DottedOptions = Annotated[Mapping[str, Any], tyro.conf.Suppress]
-OptionalDottedOptions = Annotated[Mapping[str, Any] | None, tyro.conf.Suppress]
-
-S = TypeVar("S", bound="Section")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Section:
-    """Base of the config sections: values are type-checked (:func:`coerce`) and range-checked on construction.
-
-    A section lists its range checks in :meth:`checks`; sections combined by inheritance (``TrainConfig``)
-    run all of them (each ``checks`` extends ``super().checks()``).
-
-    Raises:
-        ValueError: a value of the wrong type or out of range, naming the field and what it must be.
-    """
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for field in dataclasses.fields(self):
-            object.__setattr__(self, field.name, coerce(field.name, getattr(self, field.name), hints[field.name]))
-        for name, ok, want in self.checks():
-            if not ok:
-                raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
-
-    def checks(self) -> list[tuple[str, bool, str]]:
-        """``(field, holds, what it must be)`` for each range check of this section."""
-        return []
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig(Section):
@@ -344,99 +318,6 @@ class OptimizerConfig(Section):
             ("max_grad_norm", self.max_grad_norm >= 0, ">= 0"),
             *super().checks(),
         ]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EvalConfig(Section):
-    """When and how the held-out set is evaluated."""
-
-    eval_steps: int = 10
-    """Evaluate every N optimizer steps, besides before and after training (0: only those two)."""
-    eval_batch_size: int = 200
-    """Prompts per greedy evaluation batch."""
-
-    def checks(self) -> list[tuple[str, bool, str]]:
-        return [("eval_steps", self.eval_steps >= 0, ">= 0"), ("eval_batch_size", self.eval_batch_size >= 1, ">= 1"),
-                *super().checks()]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig(Section):
-    """When checkpoints are written, how many are kept, and where a run resumes from."""
-
-    save_steps: int = 10
-    """Checkpoint every N optimizer steps (and at the end); 0: only at the end."""
-    save_total_limit: int = 2
-    """Keep this many most recent checkpoints."""
-    resume: str | None = None
-    """Resume: 'latest' (the output dir's newest checkpoint) or a checkpoint directory."""
-
-    def checks(self) -> list[tuple[str, bool, str]]:
-        resume_ok = self.resume is None or self.resume == "latest" or Path(self.resume).is_dir()
-        return [
-            ("save_steps", self.save_steps >= 0, ">= 0"),
-            ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
-            ("resume", resume_ok, "'latest' or an existing checkpoint directory"),
-            *super().checks(),
-        ]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunConfig(Section):
-    """The run as a whole: its length, seed, directory and console output."""
-
-    max_steps: int = 20
-    """Optimizer steps."""
-    seed: int = 0
-    """Seed of model sampling and shuffling."""
-    output_dir: str | None = None
-    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP)."""
-    overwrite: bool = False
-    """Start a fresh run in an output dir that already holds one, deleting it (without it, such a start is refused)."""
-    progress: bool = True
-    """Show a live progress bar."""
-
-    def checks(self) -> list[tuple[str, bool, str]]:
-        return [("max_steps", self.max_steps >= 0, ">= 0"), *super().checks()]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AdapterConfig(Section):
-    """A PEFT adapter (LoRA) trained instead of the whole model."""
-
-    peft: OptionalDottedOptions = None
-    """LoRA: fields of peft.LoraConfig as dotted options, e.g. --peft.r 16 --peft.lora_alpha 32
-    --peft.target_modules all-linear (None: train the whole model)."""
-
-
-REPORT_TO = ("tensorboard", "trackio", "wandb")
-"""Trackers ``report_to`` accepts (besides ``none`` and ``all``)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrackingConfig(Section):
-    """Live logging: trackers and the completions table."""
-
-    report_to: str = "none"
-    """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
-    run_name: str | None = None
-    """The run's name in the trackers (None: the output directory's name)."""
-    log_completions: bool = False
-    """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
-
-    def checks(self) -> list[tuple[str, bool, str]]:
-        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
-        ok = bool(names) and all(n in (*REPORT_TO, "none", "all") for n in names)
-        return [("report_to", ok, f"a comma-separated list of {', '.join(REPORT_TO)}, all or none"),
-                *super().checks()]
-
-    @property
-    def trackers(self) -> tuple[str, ...]:
-        """The trackers to report to (``all``: every one of :data:`REPORT_TO`; ``none``: none)."""
-        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
-        if "all" in names:
-            return REPORT_TO
-        return tuple(dict.fromkeys(n for n in names if n != "none"))
 
 
 # Bases are listed last-first: dataclasses collect inherited fields from the end of the MRO, so --help lists

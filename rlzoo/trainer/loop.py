@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Normalizer
-from rlzoo.losses import PolicyLoss, Rejection, get_loss, presets
+from rlzoo.losses import PolicyLoss, Rejection
 from rlzoo.trainer.adapters import AdapterDisabled
+from rlzoo.trainer.algorithm import build_loss
 from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlzoo.trainer.config import (
     AdapterConfig,
@@ -52,9 +53,10 @@ from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
-from rlzoo.trainer.rollouts import OptimizerStepBatch, RolloutSource
+from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
+from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.trackers import CompletionLog, Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
@@ -62,54 +64,11 @@ __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
 log = logging.getLogger("rlzoo.train")
 
 
-TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"})
-"""The optional advantage inputs the trainer scores at generation time (``token_rewards`` only come from the KL in
-the reward, so an estimator cannot need them)."""
 TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
                             "group_index", "rewards", "versions", "current_version"})
 """The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs``: the sampler's log-probs
 from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the optimizer steps
 completed at generation / now); a loss that needs another is refused before the model loads."""
-
-
-def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
-               max_completion_length: int) -> tuple[PolicyLoss, Any, str]:
-    """The run's loss and advantage estimator: ``(loss, estimator, estimator name)``.
-
-    Without ``loss``, the preset ``config.algorithm`` with ``config.loss`` overrides and the preset's
-    recommended estimator; with a loss composed in Python, ``config.loss`` overrides its options and the
-    estimator is ``grpo``. ``config.advantage`` / ``advantage_options`` override the estimator. The loss gets
-    the run's ``max_completion_length`` unless it sets its own.
-
-    Raises:
-        UnknownNameError: unknown preset or estimator (lists the valid names).
-        ValueError: an estimator that needs inputs the trainer does not provide (a value model, token
-            rewards); names the usable ones.
-    """
-    from rlzoo.advantages import advantage_estimators, get_advantage
-
-    if loss is None:
-        card = presets.get(config.algorithm)
-        loss = get_loss(config.algorithm, **{"max_completion_length": max_completion_length, **config.loss})
-        advantage_name, advantage_options = card.advantage, dict(card.advantage_options)
-    else:
-        if config.loss:
-            loss = loss.with_options(**config.loss)
-        if loss.max_completion_length is None:
-            loss = loss.with_options(max_completion_length=max_completion_length)
-        advantage_name, advantage_options = "grpo", {}
-    if config.advantage is not None:
-        advantage_name, advantage_options = config.advantage, {}
-    advantage_options.update(config.advantage_options)
-    estimator = get_advantage(advantage_name, **advantage_options)
-    unsupported = set(estimator.needs) - TRAINER_INPUTS
-    if unsupported:
-        usable = [n for n, cls in advantage_estimators.items() if cls.needs <= TRAINER_INPUTS]
-        raise ValueError(
-            f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
-            f"provide (no value model / token rewards); choose one of {', '.join(usable)}"
-        )
-    return loss, estimator, advantage_name
 
 
 class Trainer:
@@ -153,7 +112,7 @@ class Trainer:
         from rlzoo.trainer.adapters import build_policy
         from rlzoo.trainer.rewards import build_rewards
         from rlzoo.trainer.tasks import build_task
-        from rlzoo.trainer.teacher import load_teacher
+        from rlzoo.trainer.teacher import check_teacher, load_teacher
 
         self.config = config
         if config.num_threads:
@@ -174,7 +133,7 @@ class Trainer:
             raise ValueError("a rollout rejection (rollout_rs, m2po) with prox_logp_method='loglinear' judges tokens "
                              "by the current policy, so the step's counts are not known before its forward passes: "
                              "use prox_logp_method='recompute' or drop the rejection")
-        _check_teacher(config.teacher, "teacher_logprobs" in required)
+        check_teacher(config.teacher, "teacher_logprobs" in required)
         completions = config.section(RolloutConfig).generation_batch_size * dist.world_size
         if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
             raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
@@ -407,21 +366,6 @@ class Trainer:
         if self.dist.is_main:
             log.info("resumed from %s at step %d", path, self.step)
         return changes
-
-
-def _check_teacher(teacher: str | None, needed: bool) -> None:
-    """A teacher exactly when the loss uses teacher log-probs.
-
-    Raises:
-        ValueError: the loss needs ``teacher_logprobs`` without ``--teacher``, or ``--teacher`` with a loss that
-            does not use them (names both ways to fix it).
-    """
-    if needed and teacher is None:
-        raise ValueError("this loss needs teacher_logprobs (on-policy distillation): give --teacher MODEL, a frozen "
-                         "model with the policy's tokenizer")
-    if teacher is not None and not needed:
-        raise ValueError(f"--teacher {teacher} is set but the loss does not use teacher_logprobs: use --algorithm opd "
-                         "or --loss.distillation_loss_coef > 0, or drop --teacher")
 
 
 def train(config: TrainConfig, **kwargs: Any) -> list[dict[str, Any]]:

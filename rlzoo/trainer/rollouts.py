@@ -8,12 +8,11 @@ completions is sampled every ``steps_per_generation * num_iterations`` micro-ste
 Under torchrun every rank draws the same global list of prompts (``prompts_per_generation`` per rank) from the
 task stream and generates its own consecutive share of the groups, so whole groups stay on one rank. Each
 group is sampled from its own random stream, seeded by the run seed, the generation round and the group's
-global index (:class:`~rlzoo.trainer.generation.GroupSeededSampling`): a run's completions do not depend on the
+global index (:class:`~rlzoo.trainer.sampling.GroupSeededSampling`): a run's completions do not depend on the
 number of ranks. Advantages are computed on the rewards gathered from every rank (exact for batch-level
 scaling too) and each rank keeps its own rows.
 """
 
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -22,7 +21,6 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from rlzoo.batch import LossMasker, Normalizer
 from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -33,11 +31,12 @@ from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rewards import RewardSet, nanstd
 from rlzoo.trainer.rollout import Rollout
 from rlzoo.trainer.scorer import Scorer
+from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import TaskItem, TaskStream
 from rlzoo.trainer.tasks.base import derive_seed
 from rlzoo.trainer.trackers import CompletionLog
 
-__all__ = ["OptimizerStepBatch", "RolloutSource", "shape_rewards"]
+__all__ = ["RolloutSource", "shape_rewards"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -71,73 +70,6 @@ def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N
         penalty = ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
         reward = reward + penalty
     return reward
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerStepBatch:
-    """The micro-batches of one optimizer step.
-
-    Attributes:
-        micro_batches: ``gradient_accumulation_steps`` slices of generation batches.
-        loss_masks: the tokens each micro-batch's loss counts (its completion mask, minus truncated
-            completions under ``mask_truncated_completions``).
-        metrics: ``generation_time`` (0 when no batch was generated for this step) and, when one was, the
-            dynamic-sampling counts.
-        group_offsets: per micro-batch, the prompts of the step's earlier generation batches (0 unless the step
-            spans two), added to its prompt ids by :meth:`loss_fields`.
-        num_groups: prompt ids of the step on one rank (> every offset + prompt row).
-    """
-
-    micro_batches: list[Rollout]
-    loss_masks: list[Bool[Tensor, "N C"]]
-    metrics: dict[str, float]
-    group_offsets: list[int] = dataclasses.field(default_factory=list)
-    num_groups: int = 0
-
-    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int,
-                    version: int) -> list[dict[str, Any]]:
-        """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
-        rollout: ``group_index`` (prompt ids unique over the step's micro-batches and ranks:
-        ``(offset + prompt) * world_size + rank``, for "prompt-mean"), ``rewards`` (the combined reward, for
-        VAPO's positive-example NLL term), ``versions`` (each completion's :attr:`Rollout.version`) and
-        ``current_version`` (``version``: the optimizer steps completed, for the log-linear proximal policy)."""
-        fields: list[dict[str, Any]] = []
-        for mb, offset in zip(self.micro_batches, self.group_offsets, strict=True):
-            row: dict[str, Any] = {}
-            if "group_index" in required:
-                prompt = mb.group_index if mb.prompt_id is None else mb.prompt_id
-                row["group_index"] = (prompt + offset) * world_size + rank
-            if "rewards" in required:
-                row["rewards"] = mb.reward
-            if "versions" in required:
-                row["versions"] = torch.full((mb.num_completions,), mb.version, device=mb.completion_ids.device)
-            if "current_version" in required:
-                row["current_version"] = version
-            fields.append(row)
-        return fields
-
-    def counted_masks(self, loss: LossMasker, fields: list[dict[str, Any]]) -> list[Bool[Tensor, "N C"]]:
-        """Per micro-batch, the tokens ``loss`` counts: :attr:`loss_masks` minus the tokens its rollout rejection
-        drops (:meth:`rlzoo.losses.PolicyLoss.loss_mask`, verl's modified response mask), judged from the old and
-        the sampler's log-probs stored with the rollout; :attr:`loss_masks` themselves without a rejection."""
-        return [loss.loss_mask(mask, old_logprobs=mb.old_logprobs, rollout_logprobs=mb.rollout_logprobs,
-                               versions=f.get("versions"), current_version=f.get("current_version"))
-                for mb, mask, f in zip(self.micro_batches, self.loss_masks, fields, strict=True)]
-
-    def normalizer(self, fields: list[dict[str, Any]], masks: list[Bool[Tensor, "N C"]], *,
-                   world_size: int) -> Normalizer:
-        """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over ``masks``, the
-        :meth:`counted_masks`, with the group and positive-reward counts when ``fields`` (:meth:`loss_fields`)
-        hold their inputs); sum them over the ranks (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
-        groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
-        rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
-        return Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
-                                     num_groups=self.num_groups * world_size if groups is not None else None)
-
-    @property
-    def num_tokens(self) -> float:
-        """Prompt + completion tokens processed by this step."""
-        return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
 
 
 class RolloutSource:

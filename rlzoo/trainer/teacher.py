@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_same_tokenizer", "load_teacher"]
+__all__ = ["check_same_tokenizer", "check_teacher", "load_teacher"]
 
 
 def check_same_tokenizer(teacher: str, teacher_tokenizer: Any, tokenizer: Any) -> None:
@@ -48,3 +48,18 @@ def load_teacher(teacher: str, *, tokenizer: Any, dtype: torch.dtype, device: to
     model, teacher_tokenizer = load_model(teacher, dtype=dtype, device=device)
     check_same_tokenizer(teacher, teacher_tokenizer, tokenizer)
     return model.eval().requires_grad_(False)
+
+
+def check_teacher(teacher: str | None, needed: bool) -> None:
+    """A teacher exactly when the loss uses teacher log-probs.
+
+    Raises:
+        ValueError: the loss needs ``teacher_logprobs`` without ``--teacher``, or ``--teacher`` with a loss that
+            does not use them (names both ways to fix it).
+    """
+    if needed and teacher is None:
+        raise ValueError("this loss needs teacher_logprobs (on-policy distillation): give --teacher MODEL, a frozen "
+                         "model with the policy's tokenizer")
+    if teacher is not None and not needed:
+        raise ValueError(f"--teacher {teacher} is set but the loss does not use teacher_logprobs: use --algorithm opd "
+                         "or --loss.distillation_loss_coef > 0, or drop --teacher")

@@ -1,0 +1,53 @@
+"""The run's algorithm: its loss (a preset with overrides, or a loss composed in Python) and its advantage
+estimator, checked against what the trainer can give the estimator."""
+
+from typing import Any
+
+from rlzoo.losses import PolicyLoss, get_loss, presets
+from rlzoo.trainer.config import AlgorithmConfig
+
+__all__ = ["TRAINER_INPUTS", "build_loss"]
+
+TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"})
+"""The optional advantage inputs the trainer scores at generation time (``token_rewards`` only come from the KL in
+the reward, so an estimator cannot need them)."""
+
+
+def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
+               max_completion_length: int) -> tuple[PolicyLoss, Any, str]:
+    """The run's loss and advantage estimator: ``(loss, estimator, estimator name)``.
+
+    Without ``loss``, the preset ``config.algorithm`` with ``config.loss`` overrides and the preset's
+    recommended estimator; with a loss composed in Python, ``config.loss`` overrides its options and the
+    estimator is ``grpo``. ``config.advantage`` / ``advantage_options`` override the estimator. The loss gets
+    the run's ``max_completion_length`` unless it sets its own.
+
+    Raises:
+        UnknownNameError: unknown preset or estimator (lists the valid names).
+        ValueError: an estimator that needs inputs the trainer does not provide (a value model, token
+            rewards); names the usable ones.
+    """
+    from rlzoo.advantages import advantage_estimators, get_advantage
+
+    if loss is None:
+        card = presets.get(config.algorithm)
+        loss = get_loss(config.algorithm, **{"max_completion_length": max_completion_length, **config.loss})
+        advantage_name, advantage_options = card.advantage, dict(card.advantage_options)
+    else:
+        if config.loss:
+            loss = loss.with_options(**config.loss)
+        if loss.max_completion_length is None:
+            loss = loss.with_options(max_completion_length=max_completion_length)
+        advantage_name, advantage_options = "grpo", {}
+    if config.advantage is not None:
+        advantage_name, advantage_options = config.advantage, {}
+    advantage_options.update(config.advantage_options)
+    estimator = get_advantage(advantage_name, **advantage_options)
+    unsupported = set(estimator.needs) - TRAINER_INPUTS
+    if unsupported:
+        usable = [n for n, cls in advantage_estimators.items() if cls.needs <= TRAINER_INPUTS]
+        raise ValueError(
+            f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
+            f"provide (no value model / token rewards); choose one of {', '.join(usable)}"
+        )
+    return loss, estimator, advantage_name

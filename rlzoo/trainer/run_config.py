@@ -1,0 +1,102 @@
+"""The config sections of the run around training: evaluation, checkpoints, the run itself, a PEFT adapter and
+live tracking (joined into :class:`~rlzoo.trainer.config.TrainConfig`, importable from there)."""
+
+import dataclasses
+from pathlib import Path
+
+from rlzoo.trainer.section import OptionalDottedOptions, Section
+
+__all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig(Section):
+    """When and how the held-out set is evaluated."""
+
+    eval_steps: int = 10
+    """Evaluate every N optimizer steps, besides before and after training (0: only those two)."""
+    eval_batch_size: int = 200
+    """Prompts per greedy evaluation batch."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("eval_steps", self.eval_steps >= 0, ">= 0"), ("eval_batch_size", self.eval_batch_size >= 1, ">= 1"),
+                *super().checks()]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig(Section):
+    """When checkpoints are written, how many are kept, and where a run resumes from."""
+
+    save_steps: int = 10
+    """Checkpoint every N optimizer steps (and at the end); 0: only at the end."""
+    save_total_limit: int = 2
+    """Keep this many most recent checkpoints."""
+    resume: str | None = None
+    """Resume: 'latest' (the output dir's newest checkpoint) or a checkpoint directory."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        resume_ok = self.resume is None or self.resume == "latest" or Path(self.resume).is_dir()
+        return [
+            ("save_steps", self.save_steps >= 0, ">= 0"),
+            ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
+            ("resume", resume_ok, "'latest' or an existing checkpoint directory"),
+            *super().checks(),
+        ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig(Section):
+    """The run as a whole: its length, seed, directory and console output."""
+
+    max_steps: int = 20
+    """Optimizer steps."""
+    seed: int = 0
+    """Seed of model sampling and shuffling."""
+    output_dir: str | None = None
+    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP)."""
+    overwrite: bool = False
+    """Start a fresh run in an output dir that already holds one, deleting it (without it, such a start is refused)."""
+    progress: bool = True
+    """Show a live progress bar."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("max_steps", self.max_steps >= 0, ">= 0"), *super().checks()]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdapterConfig(Section):
+    """A PEFT adapter (LoRA) trained instead of the whole model."""
+
+    peft: OptionalDottedOptions = None
+    """LoRA: fields of peft.LoraConfig as dotted options, e.g. --peft.r 16 --peft.lora_alpha 32
+    --peft.target_modules all-linear (None: train the whole model)."""
+
+
+REPORT_TO = ("tensorboard", "trackio", "wandb")
+"""Trackers ``report_to`` accepts (besides ``none`` and ``all``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrackingConfig(Section):
+    """Live logging: trackers and the completions table."""
+
+    report_to: str = "none"
+    """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
+    run_name: str | None = None
+    """The run's name in the trackers (None: the output directory's name)."""
+    log_completions: bool = False
+    """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        ok = bool(names) and all(n in (*REPORT_TO, "none", "all") for n in names)
+        return [("report_to", ok, f"a comma-separated list of {', '.join(REPORT_TO)}, all or none"),
+                *super().checks()]
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers to report to (``all``: every one of :data:`REPORT_TO`; ``none``: none)."""
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        if "all" in names:
+            return REPORT_TO
+        return tuple(dict.fromkeys(n for n in names if n != "none"))
