@@ -220,19 +220,20 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, Any]]:
-        """Run to ``max_steps`` (resuming if asked); returns the per-step metrics (also in ``metrics.jsonl``).
-        Raises :class:`RunInterrupted` after SIGINT / SIGTERM (its last completed step checkpointed), and
-        ``FloatingPointError`` on a non-finite loss or gradient norm (that step not taken)."""
+        """Run to ``max_steps`` (resuming if asked); returns the per-step metrics (also in ``metrics.jsonl``). Raises
+        :class:`RunInterrupted` after SIGINT / SIGTERM (the last completed step checkpointed), ``FloatingPointError``
+        on a non-finite loss or gradient norm (that step not taken)."""
         with self._session() as interrupt:
             while self.step < self.config.max_steps and not self.dist.any(interrupt.requested):
                 started = time.perf_counter()
                 batch = self.rollouts.next_optimizer_step()
                 fields, normalizer, losses = self._step_counts(batch)
                 generated = time.perf_counter()
-                for micro_batch, loss_mask, extra in zip(batch.micro_batches, batch.loss_masks, fields, strict=True):
-                    out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask, **extra),
-                                       normalizer=normalizer)
-                    self.policy.backward(out.loss)
+                for micro_batch, loss_mask, extra, last in batch.micro_steps(fields):
+                    with self.policy.accumulating(sync=last):  # DDP all-reduces once, after the last
+                        out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask,
+                                                                    **extra), normalizer=normalizer)
+                        self.policy.backward(out.loss)
                     losses.add(out, loss_mask)
                 row = self.optimizer.step(self.policy.module, loss=losses.reduce(self.dist), step=self.step + 1)
                 self.rollouts.sync_weights()

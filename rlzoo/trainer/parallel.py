@@ -92,6 +92,21 @@ class ParallelModel:
             module = DistributedDataParallel(module, device_ids=device_ids)
         self.module = module
 
+    @contextlib.contextmanager
+    def accumulating(self, *, sync: bool) -> Iterator[None]:
+        """Around one micro-batch's forward and backward. Under DDP, ``sync`` False (a micro-batch before the
+        optimizer step's last) skips the gradient all-reduce (DDP's ``no_sync``): the gradients add up locally and
+        the last micro-batch's all-reduce averages their sum, the same update with one all-reduce per optimizer step
+        instead of one per micro-batch (as accelerate does under gradient accumulation). FSDP2 reduce-scatters after
+        every micro-batch (skipping it would hold whole unsharded gradients on every rank); one process: a no-op."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if sync or not isinstance(self.module, DistributedDataParallel):
+            yield
+            return
+        with self.module.no_sync():
+            yield
+
     def backward(self, loss: Tensor) -> None:
         """``loss.backward()``, times the world size to undo the wrappers' gradient averaging."""
         (loss * self.dist.world_size if self.dist.enabled else loss).backward()

@@ -2,6 +2,7 @@
 derived from the rollout (group ids, rewards, versions), the tokens the loss counts and the step's counts."""
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -56,6 +57,14 @@ class OptimizerStepBatch:
                 row["current_version"] = version
             fields.append(row)
         return fields
+
+    def micro_steps(self, fields: list[dict[str, Any]]) -> Iterator[tuple[Rollout, Bool[Tensor, "N C"],
+                                                                           dict[str, Any], bool]]:
+        """``(micro_batch, loss_mask, its fields, is the step's last)`` for each micro-batch, in order (``fields``:
+        :meth:`loss_fields`)."""
+        last = len(self.micro_batches) - 1
+        for i, row in enumerate(zip(self.micro_batches, self.loss_masks, fields, strict=True)):
+            yield (*row, i == last)
 
     def counted_masks(self, loss: LossMasker, fields: list[dict[str, Any]]) -> list[Bool[Tensor, "N C"]]:
         """Per micro-batch, the tokens ``loss`` counts: :attr:`loss_masks` minus the tokens its rollout rejection

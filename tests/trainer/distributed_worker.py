@@ -45,9 +45,26 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
     config = TrainConfig(**{**TINY, **CASES[name], "per_device_train_batch_size": per_device,
                             "parallelism": parallelism, "output_dir": str(out / f"{name}-{parallelism}"), **extra})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
+    reductions = count_gradient_all_reduces(trainer) if parallelism == "ddp" else None
     history = trainer.train()
     return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
-            "weights": weights(trainer), "world_size": trainer.dist.world_size}
+            "weights": weights(trainer), "world_size": trainer.dist.world_size,
+            "gradient_all_reduces": reductions and reductions[0]}
+
+
+def count_gradient_all_reduces(trainer) -> list[int]:
+    """A DDP communication hook that all-reduces as DDP does and counts the backward passes that reduced (its
+    first bucket's reductions): one per optimizer step under ``no_sync`` accumulation."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    count = [0]
+
+    def hook(state, bucket):
+        count[0] += bucket.index() == 0
+        return allreduce_hook(state, bucket)
+
+    trainer.policy.module.register_comm_hook(None, hook)
+    return count
 
 
 def loss_sums(rank: int, world: int) -> dict:

@@ -67,6 +67,8 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
     assert history[1]["ratio/mean"] != 1.0 or history[1]["ratio/max"] != 1.0  # the second pass: a real check
     for parallelism in ("ddp", "fsdp"):
         _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer)
+    # DDP accumulates the 2 micro-batches of a step locally (no_sync): one gradient all-reduce per optimizer step
+    assert two_ranks[f"{name}-ddp"]["gradient_all_reduces"] == len(history) == 3
     if name == "dapo":  # activation checkpointing composes with FSDP2
         _assert_same_run(two_ranks["dapo-fsdp-checkpointing"], history, trainer)
 
