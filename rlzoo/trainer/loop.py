@@ -109,36 +109,15 @@ class Trainer:
         import datasets
         from transformers.utils import logging as hf_logging
 
-        from rlzoo.trainer.adapters import build_policy
-        from rlzoo.trainer.rewards import build_rewards
-        from rlzoo.trainer.tasks import build_task
-        from rlzoo.trainer.teacher import check_teacher, load_teacher
-
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        parallel = config.section(ParallelConfig)
-        self.dist = dist = init_distributed(timeout_s=parallel.distributed_timeout, device=config.device)
+        self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device)
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
-        self.required = required = self.loss_fn.required_fields()
-        unknown = sorted(required - TRAINER_FIELDS)
-        if unknown:
-            raise ValueError(f"this loss needs PolicyBatch.{', '.join(unknown)}, which the trainer does not provide "
-                             f"(it provides {', '.join(sorted(TRAINER_FIELDS))}); drop the option that asks for it")
-        sampler_is_old = self.loss_fn.bypass_mode or self.loss_fn.prox_logp_method == "loglinear"
-        rejects = any(isinstance(p, Rejection) for p in self.loss_fn.parts())
-        if rejects and self.loss_fn.prox_logp_method == "loglinear":
-            raise ValueError("a rollout rejection (rollout_rs, m2po) with prox_logp_method='loglinear' judges tokens "
-                             "by the current policy, so the step's counts are not known before its forward passes: "
-                             "use prox_logp_method='recompute' or drop the rejection")
-        check_teacher(config.teacher, "teacher_logprobs" in required)
-        completions = config.section(RolloutConfig).generation_batch_size * dist.world_size
-        if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
-            raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
-                             f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
-                             "horizon can drive beta to 0 or below")
+        self.required = self.loss_fn.required_fields()
+        score_old = self._check_inputs()
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
         if dist.is_main:
@@ -147,10 +126,49 @@ class Trainer:
         datasets.disable_progress_bars()
         torch.manual_seed(config.seed)
         random.seed(config.seed)
+        self._build_models(model=model, tokenizer=tokenizer, peft_config=peft_config)
+        self._build_components(advantage_fn, reward_funcs, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                               score_old=score_old)
+        self.step = 0
+        self._saved_step = -1
+
+    def _check_inputs(self) -> bool:
+        """Refuse, before the model loads, what the run cannot give the loss; returns whether the generation batch
+        is scored for old log-probs (when the data can be stale, and for a rejection's counts; never when the
+        loss takes its old policy from the sampler: bypass mode, the log-linear proximal policy)."""
+        from rlzoo.trainer.teacher import check_teacher
+
+        config, loss_fn, required = self.config, self.loss_fn, self.required
+        unknown = sorted(required - TRAINER_FIELDS)
+        if unknown:
+            raise ValueError(f"this loss needs PolicyBatch.{', '.join(unknown)}, which the trainer does not provide "
+                             f"(it provides {', '.join(sorted(TRAINER_FIELDS))}); drop the option that asks for it")
+        sampler_is_old = loss_fn.bypass_mode or loss_fn.prox_logp_method == "loglinear"
+        rejects = any(isinstance(p, Rejection) for p in loss_fn.parts())
+        if rejects and loss_fn.prox_logp_method == "loglinear":
+            raise ValueError("a rollout rejection (rollout_rs, m2po) with prox_logp_method='loglinear' judges tokens "
+                             "by the current policy, so the step's counts are not known before its forward passes: "
+                             "use prox_logp_method='recompute' or drop the rejection")
+        check_teacher(config.teacher, "teacher_logprobs" in required)
+        rollout_config = config.section(RolloutConfig)
+        completions = rollout_config.generation_batch_size * self.dist.world_size
+        if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
+            raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
+                             f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
+                             "horizon can drive beta to 0 or below")
+        return (rollout_config.old_logprobs_needed or rejects) and not sampler_is_old
+
+    def _build_models(self, *, model: Any, tokenizer: Any, peft_config: Any) -> None:
+        """The policy (and its tokenizer), the reference and the teacher, as the ranks hold them."""
+        from rlzoo.trainer.adapters import build_policy
+        from rlzoo.trainer.teacher import load_teacher
+
+        config, dist, precision = self.config, self.dist, self.precision
+        parallel = config.section(ParallelConfig)
         self.model, self.tokenizer, reference = build_policy(  # dropout off: the first ratio is exactly 1
-            config.section(ModelConfig), config.section(AdapterConfig), dtype=self.precision.param_dtype,
-            device=self.precision.device, model=model,
-            needs_reference="ref_logprobs" in required or config.use_kl_in_reward,
+            config.section(ModelConfig), config.section(AdapterConfig), dtype=precision.param_dtype,
+            device=precision.device, model=model,
+            needs_reference="ref_logprobs" in self.required or config.use_kl_in_reward,
             tokenizer=tokenizer, peft_config=peft_config)
         if config.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
@@ -158,52 +176,59 @@ class Trainer:
             log.warning("loss %s selects tokens from statistics of the batch it is given (clip_cov / kl_cov / "
                         "top_entropy_quantile): under torchrun each rank computes them on its own share",
                         self.loss_fn.name or "custom")
-        self.policy = ParallelModel(self.model, dist=dist, config=parallel, precision=self.precision)
+        self.policy = ParallelModel(self.model, dist=dist, config=parallel, precision=precision)
         if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
             self.reference: Any = AdapterDisabled(self.model, module=self.policy.module)
         else:
             self.reference = reference and ParallelModel(reference, dist=dist, config=parallel,
-                                                         precision=self.precision, trainable=False)
+                                                         precision=precision, trainable=False)
         self.teacher = config.teacher and ParallelModel(
-            load_teacher(config.teacher, tokenizer=self.tokenizer, dtype=self.precision.param_dtype,
-                         device=self.precision.device), dist=dist, config=parallel, precision=self.precision,
+            load_teacher(config.teacher, tokenizer=self.tokenizer, dtype=precision.param_dtype,
+                         device=precision.device), dist=dist, config=parallel, precision=precision,
             trainable=False)
+
+    def _build_components(self, advantage_fn: Any, reward_funcs: Sequence[Callable[..., list[float | None]]], *,
+                          train_dataset: Any, eval_dataset: Any, score_old: bool) -> None:
+        """The task, rewards, scorer, rollout source, evaluator, optimizer step, checkpointer and metrics logger,
+        each from its own config section."""
+        from rlzoo.trainer.rewards import build_rewards
+        from rlzoo.trainer.tasks import build_task
+
+        config, dist, precision, required = self.config, self.dist, self.precision, self.required
         task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
         rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
-                                device=self.precision.device)
+                                device=precision.device)
         trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
                     if dist.is_main else None)
         completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
                                        trackers=trackers) if config.log_completions and dist.is_main else None
         rollout_config = config.section(RolloutConfig)
-        self.scorer = Scorer(config.section(ScorerConfig), precision=self.precision, temperature=config.temperature,
+        self.scorer = Scorer(config.section(ScorerConfig), precision=precision, temperature=config.temperature,
                              micro_batch_size=config.per_device_train_batch_size,
                              gradient_checkpointing=config.gradient_checkpointing, with_entropy="entropies" in required,
                              share_prefix=(config.share_prompt_prefix and not config.gradient_checkpointing
                                            and not self.policy.sharded))
         generator = build_generator(rollout_config, self.model, self.tokenizer, share_prefix=self.scorer.share_prefix,
-                                    seed=config.seed, precision=self.precision,
+                                    seed=config.seed, precision=precision,
                                     rollout_logprobs="rollout_logprobs" in required)
         self.rollouts = RolloutSource(
             rollout_config, config.section(RewardConfig), task=task, rewards=rewards, advantage_fn=advantage_fn,
             scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
             reference=(self.reference if isinstance(self.reference, AdapterDisabled)
                        else self.reference and self.reference.module),
-            precision=self.precision, seed=config.seed, dist=dist, completion_log=completion_log,
+            precision=precision, seed=config.seed, dist=dist, completion_log=completion_log,
             teacher=self.teacher and self.teacher.module,
             kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None,
-            old_logprobs=(rollout_config.old_logprobs_needed or rejects) and not sampler_is_old)
+            old_logprobs=score_old)
         eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
                                      max_prompt_length=config.max_prompt_length, share_prefix=False)
         self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
-                                   generator=eval_generator, precision=self.precision, dist=dist,
+                                   generator=eval_generator, precision=precision, dist=dist,
                                    progress=config.progress and dist.is_main)
         self.optimizer = OptimizerStep(config.section(OptimizerConfig), self.policy.module, max_steps=config.max_steps)
         self.checkpointer = Checkpointer(config.section(CheckpointConfig), self.run_dir.checkpoints)
         self.logger = MetricsLogger(self.run_dir.path, max_steps=config.max_steps, progress=config.progress,
                                     writes=dist.is_main, trackers=trackers, title=self._title(task.task.name))
-        self.step = 0
-        self._saved_step = -1
 
     @property
     def output_dir(self) -> Path:
