@@ -67,8 +67,8 @@ log = logging.getLogger("rlzoo.train")
 TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
                             "group_index", "rewards", "versions", "current_version"})
 """The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs``: the sampler's log-probs
-from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the optimizer steps
-completed at generation / now); a loss that needs another is refused before the model loads."""
+from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the generation batches
+before each batch / before the newest one); a loss that needs another is refused before the model loads."""
 
 
 class Trainer:
@@ -150,6 +150,7 @@ class Trainer:
                              "by the current policy, so the step's counts are not known before its forward passes: "
                              "use prox_logp_method='recompute' or drop the rejection")
         check_teacher(config.teacher, "teacher_logprobs" in required)
+        self._drops_tokens = rejects and not loss_fn.bypass_mode  # the counts lose tokens (not so in bypass mode)
         rollout_config = config.section(RolloutConfig)
         completions = rollout_config.generation_batch_size * self.dist.world_size
         if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
@@ -274,11 +275,10 @@ class Trainer:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
         loss counts: minus its rollout rejection) and the metrics accumulator (shares of the tokens before the
         rejection: one more all-reduce when the loss rejects)."""
-        fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size,
-                                   version=self.step)
+        fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size)
         counted = batch.counted_masks(self.loss_fn, fields)
         normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
-        if all(kept is mask for kept, mask in zip(counted, batch.loss_masks, strict=True)):  # nothing to reject
+        if not self._drops_tokens:  # a config-level choice: every rank takes the same collectives
             return fields, normalizer, LossMetrics(normalizer)
         before = self.dist.reduce_floats({"tokens": float(sum(m.sum() for m in batch.loss_masks))})["tokens"]
         return fields, normalizer, LossMetrics(normalizer, num_tokens=before)

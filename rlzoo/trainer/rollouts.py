@@ -178,7 +178,7 @@ class RolloutSource:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # optimizer steps completed
+        rollout.version = self.micro_step // (cfg.effective_steps_per_generation * cfg.num_iterations)  # batches before
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
@@ -365,7 +365,17 @@ class RolloutSource:
                 reference log-probs the loss now needs (names the field and what to do).
         """
         self.task.load_state_dict(state["task"])
-        buffer = [Rollout(**r) for r in state["buffer"]]
+        period = self.config.effective_steps_per_generation * self.config.num_iterations
+        buffer = [Rollout(**{"version": state["micro_step"] // period, **r}) for r in state["buffer"]]  # older: none
+        if self.score_old and any(r.old_logprobs is None for r in buffer):
+            raise ValueError(
+                "the checkpoint holds an unfinished generation batch without old_logprobs, which this run needs (the "
+                "data is stale or the loss rejects tokens, and bypass_mode / prox_logp_method='loglinear' are off): "
+                "resume from a checkpoint at a generation boundary, or keep the loss options until then"
+            )
+        if not self.score_old:  # the loss takes its old policy from the sampler (bypass / loglinear): none given
+            for r in buffer:
+                r.old_logprobs = None
         if self.reference is not None and any(r.ref_logprobs is None for r in buffer):
             raise ValueError(
                 "the checkpoint holds an unfinished generation batch without ref_logprobs, which the loss now needs "

@@ -36,14 +36,15 @@ class OptimizerStepBatch:
     group_offsets: list[int] = dataclasses.field(default_factory=list)
     num_groups: int = 0
 
-    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int,
-                    version: int) -> list[dict[str, Any]]:
+    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int) -> list[dict[str, Any]]:
         """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
         rollout: ``group_index`` (prompt ids unique over the step's micro-batches and ranks:
         ``(offset + prompt) * world_size + rank``, for "prompt-mean"), ``rewards`` (the combined reward, for
         VAPO's positive-example NLL term), ``versions`` (each completion's :attr:`Rollout.version`) and
-        ``current_version`` (``version``: the optimizer steps completed, for the log-linear proximal policy)."""
+        ``current_version`` (the newest of the step's batch versions: the weights the sampler last had, AReaL's
+        ``current_version``, fixed until the next generation), for the log-linear proximal policy."""
         fields: list[dict[str, Any]] = []
+        current = max(mb.version for mb in self.micro_batches)
         for mb, offset in zip(self.micro_batches, self.group_offsets, strict=True):
             row: dict[str, Any] = {}
             if "group_index" in required:
@@ -54,7 +55,7 @@ class OptimizerStepBatch:
             if "versions" in required:
                 row["versions"] = torch.full((mb.num_completions,), mb.version, device=mb.completion_ids.device)
             if "current_version" in required:
-                row["current_version"] = version
+                row["current_version"] = current
             fields.append(row)
         return fields
 

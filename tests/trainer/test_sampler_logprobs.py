@@ -151,16 +151,17 @@ def test_bypass_mode_trains_on_the_samplers_logprobs_without_old_logprobs(tmp_pa
         torch.testing.assert_close(got, loss_fn(_whole(step)).loss, **F64)
 
 
-@pytest.mark.parametrize("options", [
-    {"top_p": 0.5, "loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.99"}},
-    {"top_p": 0.95, "algorithm": "m2po", "loss": {"m2_threshold": 0.0024}}], ids=["rollout_rs", "m2po"])
-def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options):
+@pytest.mark.parametrize(("options", "per_token"), [
+    ({"top_p": 0.5, "loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.99"}}, True),
+    ({"top_p": 0.95, "algorithm": "m2po", "loss": {"m2_threshold": 0.0024}}, False)], ids=["rollout_rs", "m2po"])
+def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options, per_token):
     """Top-p < 1 makes the sampler's log-probs exceed the trainer's (on the near-uniform random model the ratio
     pi_old / pi_sampler is the kept mass, about top_p; verl's k1 bounds its inverse), so a tight rejection drops some tokens: the
     step's Normalizer counts exactly the kept tokens (loss_fn.loss_mask over every micro-batch, verl's modified
-    response mask), fewer than the completion tokens, and the micro-batch losses sum to the loss of the whole step
-    (whose rejection is judged per micro-batch, as the trainer calls it). Old log-probs are scored at generation
-    (the counts are known before the step) although the data is on-policy."""
+    response mask), fewer than the completion tokens. A per-token rejection does not depend on the batch: the
+    micro-batch losses sum to the loss of the whole step in one call; M2PO's mask judges the batch it is given (each
+    micro-batch, as the trainer calls it), so its sum is checked against the micro-batches' own kept tokens. Old
+    log-probs are scored at generation (the counts are known before the step) although the data is on-policy."""
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 2,
                             "gradient_accumulation_steps": 2, **options})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
@@ -177,8 +178,11 @@ def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options):
         dropped += sum(int(b.completion_mask.sum()) for b, _ in step) - int(normalizer.num_tokens)
         counted += int(normalizer.num_tokens)
         got = sum(loss_fn(_detached(b), normalizer=n).loss for b, n in step)
-        expected = sum(loss_fn(_detached(b), normalizer=rlzoo.Normalizer.from_masks(*kept)).loss
-                       for b, _ in step)
+        if per_token:
+            expected = loss_fn(_whole(step)).loss
+        else:
+            expected = sum(loss_fn(_detached(b), normalizer=rlzoo.Normalizer.from_masks(*kept)).loss
+                           for b, _ in step)
         torch.testing.assert_close(got, expected, **F64)
     assert dropped > 0 and counted > 0
 
@@ -211,17 +215,49 @@ def test_decoupled_ppo_trains_with_the_behaviour_policy_from_the_sampler(tmp_pat
 
 
 def test_loglinear_proximal_policy_gets_the_versions(tmp_path):
-    """prox_logp_method='loglinear': no old log-probs; each micro-batch carries the version that generated it (the
-    optimizer steps completed before its generation) and the current version (those completed now). One
-    generation batch over 3 optimizer steps (steps_per_generation 3): versions 0, current 0, 1, 2; then 3."""
+    """prox_logp_method='loglinear': no old log-probs; each micro-batch carries the version that generated it and
+    the current version, counted as AReaL counts them: one version per generation batch (the weights the sampler
+    was given), fixed over the optimizer steps that consume it. One generation batch over 3 optimizer steps
+    (steps_per_generation 3): version 0, current 0 three times (alpha = 0: the synchronous loop's proximal policy is
+    the sampler's, as AReaL's synchronous mode); then the next batch, 1."""
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 4,
                             "gradient_accumulation_steps": 1, "steps_per_generation": 3, "num_generations": 2,
                             "algorithm": "decoupled_ppo", "loss": {"prox_logp_method": "loglinear"}})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
     _, steps, _ = _train(trainer)
     seen = [(batch.versions.unique().tolist(), batch.current_version) for step in steps for batch, _ in step]
-    assert seen == [([0], 0), ([0], 1), ([0], 2), ([3], 3)]
+    assert seen == [([0], 0), ([0], 0), ([0], 0), ([1], 1)]
     assert all(batch.old_logprobs is None for step in steps for batch, _ in step)
+
+
+def _mid_cycle_checkpoint(tmp_path, **options):
+    """A run of 1 step of a 2-step generation cycle (num_iterations 2), checkpointed with its unfinished batch."""
+    base = {**TINY, "num_generations": 2, "num_iterations": 2, "save_steps": 1}
+    Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "first"), "max_steps": 1, **options}),
+            reward_funcs=[digit_fraction]).train()
+    return base, tmp_path / "first" / "checkpoints" / "step-000001"
+
+
+def test_resuming_a_batch_without_old_logprobs_into_a_loss_that_needs_them_is_refused(tmp_path):
+    """bypass_mode stored no old log-probs; resumed without it, the stale micro-step would silently train with
+    ratio 1: refused, naming the way out."""
+    base, checkpoint = _mid_cycle_checkpoint(tmp_path, loss={"bypass_mode": True})
+    resumed = Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "second"), "max_steps": 2,
+                                     "resume": str(checkpoint)}), reward_funcs=[digit_fraction])
+    with pytest.raises(ValueError, match="without old_logprobs.*generation boundary"):
+        resumed.train()
+
+
+def test_resuming_into_the_loglinear_proximal_policy_drops_the_stored_old_logprobs(tmp_path):
+    """decoupled_ppo (recomputed proximal policy) stored old log-probs; resumed with prox_logp_method='loglinear'
+    the loss must get none (it would raise), and the buffered batch keeps its version."""
+    base, checkpoint = _mid_cycle_checkpoint(tmp_path, algorithm="decoupled_ppo")
+    resumed = Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "second"), "max_steps": 2,
+                                     "resume": str(checkpoint), "algorithm": "decoupled_ppo",
+                                     "loss": {"prox_logp_method": "loglinear"}}), reward_funcs=[digit_fraction])
+    _, steps, _ = _train(resumed)
+    (batch, _), = steps[0]
+    assert batch.old_logprobs is None and batch.versions.tolist() == [0, 0] and batch.current_version == 0
 
 
 def test_loglinear_with_a_rejection_is_refused_before_the_model_loads(tmp_path):
