@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlzoo.trainer.loop import write_json
+from rlzoo.trainer.io import atomic_write_text
 
 
 def machine_info() -> dict:
@@ -134,7 +134,7 @@ def run_rlzoo(args) -> dict:
 def held_out_accuracy(model, tokenizer, task) -> dict:
     """rlzoo's greedy evaluation (200 problems, batch 200) of a trained model."""
     from rlzoo.trainer.generation import HFGenerator
-    from rlzoo.trainer.loop import greedy_accuracy
+    from rlzoo.trainer.evaluation import greedy_accuracy
 
     model.eval()
     result = greedy_accuracy(model, tokenizer, task, HFGenerator(tokenizer, max_completion_length=32,
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         result["ratio_mean_step_time"] = result["rlzoo"]["summary"]["mean_s"] / result["trl"]["summary"]["mean_s"]
         result["ratio_train_wall_time"] = result["rlzoo"]["train_wall_time"] / result["trl"]["train_wall_time"]
 
-    write_json(args.out, result)  # atomic
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k in ("ratio_mean_step_time", "ratio_train_wall_time")}))
     for name in ("rlzoo", "trl"):
         if name in result:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from rlzoo.trainer.loop import write_json
+from rlzoo.trainer.io import atomic_write_text
 
 LOSS_TYPES = {
     "dapo": {"loss_type": "dapo"},
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     result["max_step_ratio"] = max(v["step_ratio"] for v in rows)
     result["meets_target"] = (result["max_added_share_of_trl_step"] <= result["target_added_share"]
                               and result["max_step_cpu_ratio"] <= 1 + result["target_added_share"])
-    write_json(args.out, result)  # atomic
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("max_added_share_of_trl_step", "max_step_cpu_ratio", "max_step_ratio",
                                              "meets_target")}))
     return 0
