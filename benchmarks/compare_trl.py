@@ -133,8 +133,8 @@ def run_rlzoo(args) -> dict:
 
 def held_out_accuracy(model, tokenizer, task) -> dict:
     """rlzoo's greedy evaluation (200 problems, batch 200) of a trained model."""
-    from rlzoo.trainer.generation import HFGenerator
     from rlzoo.trainer.evaluation import greedy_accuracy
+    from rlzoo.trainer.generation import HFGenerator
 
     model.eval()
     result = greedy_accuracy(model, tokenizer, task, HFGenerator(tokenizer, max_completion_length=32,
