@@ -27,6 +27,7 @@ CASES = {
     "prompt_mean": {"algorithm": "grpo", "loss": {"aggregation": "prompt-mean"}},  # group counts over ranks
     "decoupled_ppo": {"algorithm": "decoupled_ppo", "top_p": 0.8},  # the sampler's log-probs (HF generate)
     "rollout_rs": {"top_p": 0.5, "loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.99"}},  # counts
+    "vapo": {"algorithm": "vapo"},  # the positive-example NLL term: positive-reward token counts summed over ranks
 }
 
 

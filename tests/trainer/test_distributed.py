@@ -61,7 +61,8 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
     """dapo (token-mean), grpo with beta (seq-mean-token-mean, a reference model), dr_grpo
     (seq-mean-token-sum-norm), gspo, grpo with prompt-mean (per-group token counts summed over ranks) and
     decoupled_ppo with top_p 0.8 (the sampler's log-probs as the behaviour policy), a token rejection (rollout_rs
-    at top_p 0.5: the kept-token counts summed over ranks), with
+    at top_p 0.5: the kept-token counts summed over ranks) and vapo (its NLL term's positive-token count summed over
+    ranks), with
     gradient_accumulation_steps 2 and num_iterations 2 (old log-probs, ratio != 1): 2 ranks x 4 completions under
     DDP and FSDP2 follow the 1 x 8 run."""
     trainer, history = _one_process(tmp_path, name)
