@@ -1,7 +1,10 @@
-"""The benchmark scripts stay runnable: each one imports against today's rlzoo and parses ``--help`` (their full
-runs take minutes to an hour and are run by hand; their results are committed under benchmarks/results). Two of
-them once imported a helper a refactor had removed, and nothing noticed."""
+"""The benchmark scripts stay runnable: each one imports against today's rlzoo, every rlzoo name it imports (also
+inside functions) exists, and it parses ``--help`` (their full runs take minutes to an hour and are run by hand;
+their results are committed under benchmarks/results). Two of them once imported helpers a refactor had moved, and
+nothing noticed."""
 
+import ast
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -25,3 +28,18 @@ def test_benchmark_script_imports_and_parses_its_arguments(script, monkeypatch, 
         module.main()
     assert stop.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_rlzoo_name_a_benchmark_script_imports_exists(script):
+    missing = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rlzoo":
+            module = importlib.import_module(node.module)
+            missing += [f"{node.module}.{a.name}" for a in node.names if not hasattr(module, a.name) and not (
+                hasattr(module, "__path__") and importlib.util.find_spec(f"{node.module}.{a.name}"))]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "rlzoo" and importlib.util.find_spec(alias.name) is None:
+                    missing.append(alias.name)
+    assert not missing, f"{script.name} imports names rlzoo no longer has: {missing}"

@@ -46,7 +46,8 @@ __all__ = ["decoupled_ppo"]
     advantage="grpo",
     notes="Inputs: old_logprobs are the proximal policy (AReaL's recompute_logprob / prox_logp, scored with the "
     "trainer's weights before its update; rlzoo train scores them once per generation batch, with the weights that "
-    "sampled it), rollout_logprobs the behaviour policy (the sampler's, AReaL's inference logprobs). With prox_logp_method='loglinear' pass old_logprobs=None, versions "
+    "sampled it), rollout_logprobs the behaviour policy (the sampler's, AReaL's inference logprobs). With "
+    "prox_logp_method='loglinear' pass old_logprobs=None, versions "
     "(the version that generated each sequence or token) and current_version. Denominator: AReaL divides by the "
     "tokens before its rejection, so a masked weight keeps its token in the count (an IS weight of 0, rlzoo's "
     "is_correction='token_mask'); verl's rollout_rs would remove it from the counts. AReaL computes the behaviour "

@@ -67,8 +67,8 @@ log = logging.getLogger("rlzoo.train")
 TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
                             "group_index", "rewards", "versions", "current_version"})
 """The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs``: the sampler's log-probs
-from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the generation batches
-before each batch / before the newest one); a loss that needs another is refused before the model loads."""
+from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the optimizer steps
+completed before each batch's generation / before the newest one's); a loss that needs another is refused before the model loads."""
 
 
 class Trainer:
@@ -135,7 +135,8 @@ class Trainer:
     def _check_inputs(self) -> bool:
         """Refuse, before the model loads, what the run cannot give the loss; returns whether the generation batch
         is scored for old log-probs (when the data can be stale, and for a rejection's counts; never when the
-        loss takes its old policy from the sampler: bypass mode, the log-linear proximal policy)."""
+        loss takes its old policy from the sampler: bypass mode, the log-linear proximal policy). Sets
+        ``_drops_tokens``: the loss's rejection removes tokens from the counts (not in bypass mode)."""
         from rlzoo.trainer.teacher import check_teacher
 
         config, loss_fn, required = self.config, self.loss_fn, self.required

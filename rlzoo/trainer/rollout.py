@@ -34,8 +34,8 @@ class Rollout:
         prompt_id: ``Int[N]`` the prompt of each completion in the generation batch it came from (kept by
             :meth:`select`, which re-indexes ``group_index``); None: ``group_index`` (a whole generation batch).
         version: the policy version that generated the batch, AReaL's ``versions`` (for the log-linear proximal
-            policy): the generation batches sampled before it, i.e. the weight versions the sampler was given. As
-            AReaL's version, it moves once per batch, not per optimizer step.
+            policy): the optimizer steps completed before its generation, i.e. the weights the sampler had (batches
+            sampled with the same weights share it).
     """
 
     prompt_ids: Int[Tensor, "Np P"]

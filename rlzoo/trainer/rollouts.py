@@ -178,7 +178,7 @@ class RolloutSource:
                         len(kept), need, rounds)
             kept += dropped[: need - len(kept)]
         rollout = self._assemble(kept[:need])
-        rollout.version = self.micro_step // (cfg.effective_steps_per_generation * cfg.num_iterations)  # batches before
+        rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # the sampler's weights: steps completed
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
         reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
@@ -362,11 +362,14 @@ class RolloutSource:
 
         Raises:
             ValueError: the task state is from another training stream; or the restored generation batch lacks
-                reference log-probs the loss now needs (names the field and what to do).
+                reference, teacher, old or sampler log-probs the loss now needs (names the field and what to do).
         """
         self.task.load_state_dict(state["task"])
-        period = self.config.effective_steps_per_generation * self.config.num_iterations
-        buffer = [Rollout(**{"version": state["micro_step"] // period, **r}) for r in state["buffer"]]  # older: none
+        cfg = self.config
+        period = cfg.effective_steps_per_generation * cfg.num_iterations
+        generated_at = state["micro_step"] - state["micro_step"] % period  # the unfinished batch's micro-step
+        buffer = [Rollout(**{"version": generated_at // cfg.gradient_accumulation_steps, **r})  # older: no version
+                  for r in state["buffer"]]
         if self.score_old and any(r.old_logprobs is None for r in buffer):
             raise ValueError(
                 "the checkpoint holds an unfinished generation batch without old_logprobs, which this run needs (the "

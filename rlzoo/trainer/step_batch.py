@@ -42,7 +42,8 @@ class OptimizerStepBatch:
         ``(offset + prompt) * world_size + rank``, for "prompt-mean"), ``rewards`` (the combined reward, for
         VAPO's positive-example NLL term), ``versions`` (each completion's :attr:`Rollout.version`) and
         ``current_version`` (the newest of the step's batch versions: the weights the sampler last had, AReaL's
-        ``current_version``, fixed until the next generation), for the log-linear proximal policy."""
+        ``current_version``, fixed until the next generation with new weights), for the log-linear proximal policy.
+        In the synchronous loop every micro-batch's version is then ``current_version`` (alpha = 0)."""
         fields: list[dict[str, Any]] = []
         current = max(mb.version for mb in self.micro_batches)
         for mb, offset in zip(self.micro_batches, self.group_offsets, strict=True):

@@ -67,6 +67,10 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
     DDP and FSDP2 follow the 1 x 8 run."""
     trainer, history = _one_process(tmp_path, name)
     assert history[1]["ratio/mean"] != 1.0 or history[1]["ratio/max"] != 1.0  # the second pass: a real check
+    if name == "rollout_rs":  # the rejection drops tokens (so their counts are what is compared)
+        assert 0 < history[0]["rollout_corr/rollout_rs_masked_fraction"] < 1
+    if name == "vapo":  # some completions are positive examples (so the NLL term's count is compared)
+        assert history[0]["reward"] > 0
     for parallelism in ("ddp", "fsdp"):
         _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer)
     # DDP accumulates the 2 micro-batches of a step locally (no_sync): one gradient all-reduce per optimizer step

@@ -2,6 +2,7 @@
 that need them: bypass mode, rollout rejection (``rollout_rs``, M2PO), decoupled PPO with a recomputed or a
 log-linear proximal policy. Tiny random model, a few tiny steps each."""
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from tolerances import tol
 
 import rlzoo
-from rlzoo.losses import Penalty, PolicyLoss
+from rlzoo.losses import Penalty, PolicyLoss, loglinear_proximal_logprobs
 from rlzoo.losses.base import PartOutput
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.generation import HFGenerator
@@ -158,10 +159,11 @@ def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options, 
     """Top-p < 1 makes the sampler's log-probs exceed the trainer's (on the near-uniform random model the ratio
     pi_old / pi_sampler is the kept mass, about top_p; verl's k1 bounds its inverse), so a tight rejection drops some tokens: the
     step's Normalizer counts exactly the kept tokens (loss_fn.loss_mask over every micro-batch, verl's modified
-    response mask), fewer than the completion tokens. A per-token rejection does not depend on the batch: the
-    micro-batch losses sum to the loss of the whole step in one call; M2PO's mask judges the batch it is given (each
-    micro-batch, as the trainer calls it), so its sum is checked against the micro-batches' own kept tokens. Old
-    log-probs are scored at generation (the counts are known before the step) although the data is on-policy."""
+    response mask), fewer than the completion tokens, and the micro-batch losses equal the same loss without its
+    rejection on the kept tokens only. A per-token rejection does not depend on the batch: the micro-batch losses also
+    sum to the loss of the whole step in one call (M2PO's mask judges the batch it is given, each micro-batch as the
+    trainer calls it). Old log-probs are scored at generation (the counts are known before the step) although the
+    data is on-policy."""
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 2,
                             "gradient_accumulation_steps": 2, **options})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
@@ -178,12 +180,13 @@ def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options, 
         dropped += sum(int(b.completion_mask.sum()) for b, _ in step) - int(normalizer.num_tokens)
         counted += int(normalizer.num_tokens)
         got = sum(loss_fn(_detached(b), normalizer=n).loss for b, n in step)
+        without_rejection = dataclasses.replace(loss_fn, rejections=())
+        on_kept = sum(without_rejection(_detached(b, completion_mask=k),
+                                        normalizer=rlzoo.Normalizer.from_masks(*kept)).loss
+                      for (b, _), k in zip(step, kept, strict=True))
+        torch.testing.assert_close(got, on_kept, **F64)
         if per_token:
-            expected = loss_fn(_whole(step)).loss
-        else:
-            expected = sum(loss_fn(_detached(b), normalizer=rlzoo.Normalizer.from_masks(*kept)).loss
-                           for b, _ in step)
-        torch.testing.assert_close(got, expected, **F64)
+            torch.testing.assert_close(got, loss_fn(_whole(step)).loss, **F64)
     assert dropped > 0 and counted > 0
 
 
@@ -215,18 +218,37 @@ def test_decoupled_ppo_trains_with_the_behaviour_policy_from_the_sampler(tmp_pat
 
 
 def test_loglinear_proximal_policy_gets_the_versions(tmp_path):
-    """prox_logp_method='loglinear': no old log-probs; each micro-batch carries the version that generated it and
-    the current version, counted as AReaL counts them: one version per generation batch (the weights the sampler
-    was given), fixed over the optimizer steps that consume it. One generation batch over 3 optimizer steps
-    (steps_per_generation 3): version 0, current 0 three times (alpha = 0: the synchronous loop's proximal policy is
-    the sampler's, as AReaL's synchronous mode); then the next batch, 1."""
+    """prox_logp_method='loglinear': no old log-probs; each micro-batch carries the version that generated it (the
+    optimizer steps completed before its generation) and the current version (the newest batch version of the step,
+    fixed while a batch is consumed, as AReaL's version over a ppo_update). One generation batch over 3 optimizer
+    steps (steps_per_generation 3): version 0, current 0 three times (alpha = 0: the synchronous loop's proximal
+    policy is the sampler's, as AReaL's synchronous mode); then the next batch, generated after 3 steps."""
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 4,
                             "gradient_accumulation_steps": 1, "steps_per_generation": 3, "num_generations": 2,
                             "algorithm": "decoupled_ppo", "loss": {"prox_logp_method": "loglinear"}})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
     _, steps, _ = _train(trainer)
     seen = [(batch.versions.unique().tolist(), batch.current_version) for step in steps for batch, _ in step]
-    assert seen == [([0], 0), ([0], 0), ([0], 0), ([1], 1)]
+    assert seen == [([0], 0), ([0], 0), ([0], 0), ([3], 3)]
+
+
+def test_batches_sampled_with_the_same_weights_share_their_version(tmp_path):
+    """Three generation batches in one optimizer step (gradient_accumulation_steps 3, one micro-step each): all
+    sampled with the same weights, so all carry the step's current version and the log-linear proximal policy is the
+    sampler's for every token (alpha = 0)."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 2, "top_p": 0.5,
+                            "gradient_accumulation_steps": 3, "steps_per_generation": 1, "num_generations": 2,
+                            "algorithm": "decoupled_ppo", "loss": {"prox_logp_method": "loglinear"}})
+    trainer = Trainer(config, reward_funcs=[digit_fraction])
+    _, steps, _ = _train(trainer)
+    assert [[(b.versions.unique().tolist(), b.current_version) for b, _ in step] for step in steps] == [
+        [([0], 0)] * 3, [([1], 1)] * 3]
+    for step in steps:
+        for batch, _ in step:
+            mask = batch.completion_mask
+            proximal = loglinear_proximal_logprobs(batch.rollout_logprobs, batch.logprobs, batch.versions,
+                                                   batch.current_version)
+            assert torch.equal(proximal[mask], batch.rollout_logprobs[mask].to(proximal.dtype))
     assert all(batch.old_logprobs is None for step in steps for batch, _ in step)
 
 
