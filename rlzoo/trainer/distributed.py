@@ -92,6 +92,14 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable; tensors on the CPU) in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         """Wait for every rank."""
         if self.enabled:

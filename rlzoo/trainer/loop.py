@@ -50,7 +50,7 @@ from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
 from rlzoo.trainer.optim import OptimizerStep
-from rlzoo.trainer.parallel import ParallelModel
+from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
 from rlzoo.trainer.rollouts import RolloutSource
@@ -151,6 +151,8 @@ class Trainer:
                              "by the current policy, so the step's counts are not known before its forward passes: "
                              "use prox_logp_method='recompute' or drop the rejection")
         check_teacher(config.teacher, "teacher_logprobs" in required)
+        check_parallelism(config.section(ParallelConfig), dist=self.dist, device=self.precision.device,
+                          backend=config.backend)
         self._drops_tokens = rejects and not loss_fn.bypass_mode  # the counts lose tokens (not so in bypass mode)
         rollout_config = config.section(RolloutConfig)
         completions = rollout_config.generation_batch_size * self.dist.world_size
@@ -203,7 +205,7 @@ class Trainer:
         trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
                     if dist.is_main else None)
         completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
-                                       trackers=trackers) if config.log_completions and dist.is_main else None
+                                       trackers=trackers, dist=dist) if config.log_completions else None
         rollout_config = config.section(RolloutConfig)
         self.scorer = Scorer(config.section(ScorerConfig), precision=precision, temperature=config.temperature,
                              micro_batch_size=config.per_device_train_batch_size,
@@ -276,7 +278,7 @@ class Trainer:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
         loss counts: minus its rollout rejection) and the metrics accumulator (shares of the tokens before the
         rejection: one more all-reduce when the loss rejects)."""
-        fields = batch.loss_fields(self.required, rank=self.dist.rank, world_size=self.dist.world_size)
+        fields = batch.loss_fields(self.required, world_size=self.dist.world_size)
         counted = batch.counted_masks(self.loss_fn, fields)
         normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
         if not self._drops_tokens:  # a config-level choice: every rank takes the same collectives
@@ -387,7 +389,8 @@ class Trainer:
                 f"checkpoint {path} was written by {checkpoint.world_size} ranks in the middle of a generation "
                 f"cycle (an unfinished batch split across its ranks); it resumes only on {checkpoint.world_size} "
                 "ranks. Resume on other world sizes from a checkpoint at a generation boundary")
-        self.rollouts.load_state_dict(checkpoint.states["rollouts"])
+        self.rollouts.load_state_dict(checkpoint.states["rollouts"],
+                                      same_world_size=checkpoint.world_size == self.dist.world_size)
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
         if self.dist.is_main:

@@ -23,12 +23,15 @@ __all__ = ["LossMetrics", "MetricsLogger", "plot_metrics", "read_metrics", "writ
 
 log = logging.getLogger("rlzoo.train")
 
+_MIN, _MAX = ("/min", "_min"), ("/max", "_max")  # suffixes of metrics merged by min / max (TRL's and verl's names)
+
 
 class LossMetrics:
     """The loss and loss metrics of one optimizer step, accumulated over its micro-batches.
 
     ``loss`` is the sum of the micro-batch losses (each normalised by the whole step's ``normalizer``, so the
-    sum is the full-batch loss). Metrics ending in ``/min`` and ``/max`` are merged by min / max, the others
+    sum is the full-batch loss). Metrics ending in ``/min`` or ``_min`` and ``/max`` or ``_max`` (verl's
+    ``rollout_corr/rollout_is_max``) are merged by min / max, the others
     weighted by each micro-batch's share of the step's counted tokens.
 
     Args:
@@ -48,8 +51,8 @@ class LossMetrics:
         the global counts, so the sum is the global loss); returns the loss."""
         if dist.enabled:
             self.loss = dist.reduce_floats({"loss": self.loss})["loss"]
-            for op, keep in (("min", lambda k: k.endswith("/min")), ("max", lambda k: k.endswith("/max")),
-                             ("sum", lambda k: not k.endswith(("/min", "/max")))):
+            for op, keep in (("min", lambda k: k.endswith(_MIN)), ("max", lambda k: k.endswith(_MAX)),
+                             ("sum", lambda k: not k.endswith(_MIN + _MAX))):
                 self.metrics.update(dist.reduce_floats({k: v for k, v in self.metrics.items() if keep(k)}, op))
         return self.loss
 
@@ -60,9 +63,9 @@ class LossMetrics:
         share = float(loss_mask.sum()) / self.num_tokens
         for key, value in out.metrics.items():
             value = float(value)
-            if key.endswith("/min"):
+            if key.endswith(_MIN):
                 self.metrics[key] = min(self.metrics.get(key, math.inf), value)
-            elif key.endswith("/max"):
+            elif key.endswith(_MAX):
                 self.metrics[key] = max(self.metrics.get(key, -math.inf), value)
             else:
                 self.metrics[key] = self.metrics.get(key, 0.0) + share * value

@@ -12,6 +12,7 @@ loss (already divided by the global counts of :meth:`Distributed.normalizer`) is
 """
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,30 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.scorer import LogProbModule
 
-__all__ = ["ParallelModel", "decoder_layers"]
+__all__ = ["ParallelModel", "check_parallelism", "decoder_layers"]
+
+log = logging.getLogger("rlzoo.train")
+
+
+def check_parallelism(config: ParallelConfig, *, dist: Distributed, device: torch.device, backend: str) -> None:
+    """Refuse, before the model loads, a parallelism the run cannot honour; warn when it has no effect.
+
+    Raises:
+        ValueError: ``fsdp_cpu_offload`` without a CUDA device (FSDP2's CPU offload pins host memory for copies to
+            the GPU); ``--backend vllm`` under torchrun with FSDP2 (each rank's engine needs whole weights, which
+            the sharded parameters are not).
+    """
+    sharded = config.parallelism == "fsdp"
+    if dist.enabled and sharded and config.fsdp_cpu_offload and device.type != "cuda":
+        raise ValueError(f"fsdp_cpu_offload needs CUDA devices (it moves FSDP2's shards between pinned host memory and "
+                         f"the GPU), but the run is on {device.type}: drop --fsdp-cpu-offload")
+    if dist.enabled and sharded and backend == "vllm":
+        raise ValueError("--backend vllm under torchrun needs --parallelism ddp: each rank's vLLM engine takes whole "
+                         "weights after every optimizer step, which FSDP2's sharded parameters are not (not "
+                         "implemented); or use --backend hf, which generates from the gathered FSDP2 model")
+    if not dist.enabled and (sharded or config.fsdp_cpu_offload):
+        log.warning("--parallelism fsdp / --fsdp-cpu-offload have no effect in one process (the model is whole): "
+                    "launch with torchrun --nproc_per_node N -m rlzoo train ... to shard it")
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

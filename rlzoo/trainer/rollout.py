@@ -31,8 +31,9 @@ class Rollout:
         advantages: ``Float[N]`` (or ``Float[N, C]`` for token-level estimators).
         old_logprobs, ref_logprobs, rollout_logprobs, teacher_logprobs: ``Float[N, C]`` or None.
         texts: decoded completions; questions: the prompt of each completion (for logging).
-        prompt_id: ``Int[N]`` the prompt of each completion in the generation batch it came from (kept by
-            :meth:`select`, which re-indexes ``group_index``); None: ``group_index`` (a whole generation batch).
+        prompt_id: ``Int[N]`` the prompt of each completion in the generation batch it came from, indexed over
+            every rank's share (rank ``r``'s prompts from ``r * prompts_per_generation``; kept by :meth:`select`,
+            which re-indexes ``group_index``); None: ``group_index`` (a whole generation batch of one process).
         version: the policy version that generated the batch, AReaL's ``versions`` (for the log-linear proximal
             policy): the optimizer steps completed before its generation, i.e. the weights the sampler had (batches
             sampled with the same weights share it).

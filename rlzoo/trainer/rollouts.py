@@ -9,8 +9,10 @@ Under torchrun every rank draws the same global list of prompts (``prompts_per_g
 task stream and generates its own consecutive share of the groups, so whole groups stay on one rank. Each
 group is sampled from its own random stream, seeded by the run seed, the generation round and the group's
 global index (:class:`~rlzoo.trainer.sampling.GroupSeededSampling`): a run's completions do not depend on the
-number of ranks. Advantages are computed on the rewards gathered from every rank (exact for batch-level
-scaling too) and each rank keeps its own rows.
+number of ranks. Dynamic sampling's choice of kept groups and, when a generation batch spans several optimizer
+steps, its shuffle into micro-batches are made over the whole batch (:mod:`rlzoo.trainer.group_shares`).
+Advantages are computed on the rewards gathered from every rank (exact for batch-level scaling too) and each rank
+keeps its own rows.
 """
 
 import logging
@@ -25,6 +27,7 @@ from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
+from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_globally
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
@@ -156,28 +159,27 @@ class RolloutSource:
             RewardFunctionError: a reward function failed (names it).
         """
         cfg, g = self.config, self.config.num_generations
-        need, rank = cfg.prompts_per_generation, self.dist.rank
-        kept: list[tuple[Generated, int, Tensor, Tensor]] = []
-        dropped: list[tuple[Generated, int, Tensor, Tensor]] = []
-        rounds, t0, sampled = 0, time.perf_counter(), []
+        need, rank, world = cfg.prompts_per_generation, self.dist.rank, self.dist.world_size
+        kept: list[tuple[GroupKey, Group]] = []
+        dropped: list[tuple[GroupKey, Group]] = []
+        rounds, t0, first_round = 0, time.perf_counter(), self.round
         self.rewards.take_logged()  # forget what the reward check logged
         self.rewards.trainer_state.global_step = self.micro_step // cfg.gradient_accumulation_steps
         with self.policy.gathered() as model:
             while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
-                if not self.dist.any(len(kept) < need):  # every rank has its share
-                    break
+                if rounds and self.dist.reduce_floats({"kept": float(len(kept))})["kept"] >= need * world:
+                    break  # the kept groups of every rank fill the global batch
                 rounds += 1
-                items = self.task.next_train(need * self.dist.world_size)[rank * need:(rank + 1) * need]
-                round_index, self.round = self.round, self.round + 1
-                if len(kept) >= need:  # this rank is full; it drew the items to keep the stream in step
-                    continue
-                seeds = [derive_seed("sample", self.seed, round_index, rank * need + i) for i in range(len(items))]
-                sampled.append(id(self._keep(model, items, seeds, kept, dropped)))
-        if len(kept) < need:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
+                items = self.task.next_train(need * world)[rank * need:(rank + 1) * need]
+                self._keep(model, items, self.round, rank * need, kept, dropped)
+                self.round += 1
+        num_kept = self.dist.reduce_floats({"kept": float(len(kept))})["kept"] if world > 1 else len(kept)
+        if num_kept < need * world:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
             log.warning("dynamic sampling kept %d/%d groups after %d rounds; filling with zero-variance groups",
-                        len(kept), need, rounds)
-            kept += dropped[: need - len(kept)]
-        rollout = self._assemble(kept[:need])
+                        num_kept, need * world, rounds)
+        share = select_groups(kept, dropped, need=need, dist=self.dist)
+        rollout = assemble([group for _, group, _ in share], pad_token_id=self._pad_token_id, device=self.precision.device)
+        rollout.prompt_id = rollout.group_index + rank * need  # the global prompt index (group ids of the loss)
         rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # the sampler's weights: steps completed
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
@@ -187,29 +189,30 @@ class RolloutSource:
         rollout.advantages, kl_metrics = batch_advantages(self.advantage_fn, rollout, sampling, dist=self.dist,
                                                           group_size=g, kl_reward=self.kl_reward)
         stats.update(kl_metrics)
-        if self.completion_log is not None:  # rows of the kept groups among every round's completions
-            rows = [sampled.index(id(gen)) * need * g + i * g + j for gen, i, *_ in kept[:need] for j in range(g)]
+        if self.completion_log is not None:  # rows of the share among this rank's completions of every round
+            rows = [((r - first_round) * need + i - rank * need) * g + j if here else None
+                    for (r, i), _, here in share for j in range(g)]
             self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
         if cfg.dynamic_sampling:
-            stats.update({"dynamic_sampling/rounds": float(rounds),
-                          "dynamic_sampling/groups_dropped": float(len(dropped))})
+            stats.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/groups_dropped":
+                          self.dist.reduce_floats({"dropped": float(len(dropped))})["dropped"]})
         return rollout, stats
 
-    def _keep(self, model: torch.nn.Module, items: list[TaskItem], seeds: list[int],
-              kept: list[tuple[Generated, int, Tensor, Tensor]],
-              dropped: list[tuple[Generated, int, Tensor, Tensor]]) -> Generated:
-        """Sample ``items`` (one seed per group) and sort their groups into kept and dropped (dynamic
-        sampling drops groups whose combined rewards are all equal); returns the generation."""
+    def _keep(self, model: torch.nn.Module, items: list[TaskItem], round_index: int, first: int,
+              kept: list[tuple[GroupKey, Group]], dropped: list[tuple[GroupKey, Group]]) -> None:
+        """Sample ``items`` (global group indices from ``first``; one seed per group from the round and that index)
+        and sort their groups into kept and dropped (dynamic sampling drops groups whose combined rewards are all
+        equal)."""
         g = self.config.num_generations
+        seeds = [derive_seed("sample", self.seed, round_index, first + i) for i in range(len(items))]
         gen, values, reward = self._sample(model, items, seeds)
         for i in range(len(items)):
             sl = slice(i * g, (i + 1) * g)
-            group = (gen, i, values[sl], reward[sl])
+            group = ((round_index, first + i), (gen, i, values[sl], reward[sl]))
             if self.config.dynamic_sampling and bool(torch.all(reward[sl] == reward[sl][0])):
                 dropped.append(group)
             else:
                 kept.append(group)
-        return gen
 
     def _score(self, rollout: Rollout) -> dict[str, Tensor]:
         """Score the generation batch without gradients: old log-probs when the data can be stale, reference and
@@ -247,42 +250,6 @@ class RolloutSource:
                                group_size=g, max_completion_length=self.config.max_completion_length)
         return gen, values, reward
 
-    def _assemble(self, groups: list[tuple[Generated, int, Tensor, Tensor]]) -> Rollout:
-        """Concatenate kept groups (possibly from several generation rounds) into one rollout."""
-        g = self.config.num_generations
-        width_p = max(gen.prompt_ids.shape[1] for gen, *_ in groups)
-        width_c = max(gen.completion_ids.shape[1] for gen, *_ in groups)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-
-        def left(x: Tensor, width: int, value: int | bool) -> Tensor:
-            return torch.nn.functional.pad(x, (width - x.shape[-1], 0), value=value)
-
-        def right(x: Tensor, width: int, value: float | bool) -> Tensor:
-            return torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)
-
-        prompt_ids, prompt_mask, comp_ids, comp_mask, trunc, texts, values, rewards, rollout_lp = ([] for _ in range(9))
-        for gen, i, vals, rew in groups:
-            prompt_ids.append(left(gen.prompt_ids[i], width_p, pad))
-            prompt_mask.append(left(gen.prompt_mask[i], width_p, False))
-            sl = slice(i * g, (i + 1) * g)
-            comp_ids.append(right(gen.completion_ids[sl], width_c, pad))
-            comp_mask.append(right(gen.completion_mask[sl], width_c, False))
-            trunc.append(gen.is_truncated[sl])
-            texts += gen.texts[sl]
-            values.append(vals)
-            rewards.append(rew)
-            if gen.rollout_logprobs is not None:
-                rollout_lp.append(right(gen.rollout_logprobs[sl], width_c, 0.0))
-        n_prompts = len(groups)
-        return Rollout(
-            prompt_ids=torch.stack(prompt_ids), prompt_mask=torch.stack(prompt_mask),
-            group_index=torch.arange(n_prompts, device=self.precision.device).repeat_interleave(g),
-            completion_ids=torch.cat(comp_ids), completion_mask=torch.cat(comp_mask),
-            is_truncated=torch.cat(trunc), rewards=torch.cat(values), reward=torch.cat(rewards),
-            advantages=torch.zeros(n_prompts * g), texts=texts,
-            rollout_logprobs=torch.cat(rollout_lp) if rollout_lp else None,
-        )
-
     def loss_mask(self, micro_batch: Rollout) -> Bool[Tensor, "N C"]:
         """The tokens the loss counts: the completion mask, minus truncated completions when asked (DAPO)."""
         if self.config.mask_truncated_completions:
@@ -303,13 +270,27 @@ class RolloutSource:
                 if micro_batches:  # the step spans two generation batches: the new one's prompts get new ids
                     offset += cfg.prompts_per_generation
                 rollout, stats = self.generate()
-                self.buffer = rollout.split(spg, generator=self.shuffle_generator, group_size=cfg.num_generations)
+                self.buffer = self._split(rollout, spg)
             micro_batches.append(self.buffer[self.micro_step % spg])
             offsets.append(offset)
             self.micro_step += 1
         return OptimizerStepBatch(micro_batches=micro_batches, loss_masks=[self.loss_mask(mb) for mb in micro_batches],
                                   metrics={"generation_time": 0.0, **stats}, group_offsets=offsets,
                                   num_groups=offset + cfg.prompts_per_generation)
+
+    @property
+    def _pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _split(self, rollout: Rollout, spg: int) -> list[Rollout]:
+        """This rank's ``spg`` micro-batches of a generation batch. When they span several optimizer steps, the
+        whole batch is shuffled as one process does (:func:`split_globally`), so that which completions share a
+        step does not depend on the number of ranks; otherwise every micro-batch is in the same step and each
+        rank shuffles its own share."""
+        if spg > self.config.gradient_accumulation_steps:
+            return split_globally(rollout, spg, generator=self.shuffle_generator, group_size=self.config.num_generations,
+                                  pad_token_id=self._pad_token_id, dist=self.dist)
+        return rollout.split(spg, generator=self.shuffle_generator, group_size=self.config.num_generations)
 
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
         """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them)."""
@@ -352,13 +333,15 @@ class RolloutSource:
         unfinished = self.buffer if self.micro_step % period else []  # a used-up batch is not needed to resume
         state = {"micro_step": self.micro_step, "round": self.round, "buffer": [r.state_dict() for r in unfinished],
                  "shuffle": self.shuffle_generator.get_state(), "task": self.task.state_dict(),
-                 "num_tokens": self.num_tokens}
+                 "num_tokens": self.num_tokens, "global_prompt_ids": True,
+                 "num_tokens_all_ranks": self.dist.reduce_floats({"n": self.num_tokens})["n"]}
         if self.kl_reward is not None:
             state["kl_ctrl"] = self.kl_reward.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`.
+    def load_state_dict(self, state: dict[str, Any], *, same_world_size: bool = True) -> None:
+        """Restore :meth:`state_dict` (``same_world_size`` False: written by another number of ranks, from rank 0's
+        file; the token count of all its ranks goes to rank 0).
 
         Raises:
             ValueError: the task state is from another training stream; or the restored generation batch lacks
@@ -396,8 +379,13 @@ class RolloutSource:
             )
         if self.kl_reward is not None and "kl_ctrl" in state:
             self.kl_reward.load_state_dict(state["kl_ctrl"])
+        if not state.get("global_prompt_ids"):  # written before prompt ids were global: this rank's prompts
+            for r in buffer:
+                r.prompt_id = (r.group_index if r.prompt_id is None else r.prompt_id) + self.dist.rank * cfg.prompts_per_generation
         self.buffer = buffer
         self.micro_step = state["micro_step"]
         self.round = state["round"]
         self.num_tokens = state.get("num_tokens", 0.0)
+        if not same_world_size:  # rank 0's file: the count of every rank that wrote it, summed once
+            self.num_tokens = state.get("num_tokens_all_ranks", self.num_tokens) if self.dist.is_main else 0.0
         self.shuffle_generator.set_state(state["shuffle"])

@@ -27,7 +27,7 @@ class OptimizerStepBatch:
             dynamic-sampling counts.
         group_offsets: per micro-batch, the prompts of the step's earlier generation batches (0 unless the step
             spans two), added to its prompt ids by :meth:`loss_fields`.
-        num_groups: prompt ids of the step on one rank (> every offset + prompt row).
+        num_groups: prompts per rank of the step's generation batches (every prompt id < ``num_groups * world_size``).
     """
 
     micro_batches: list[Rollout]
@@ -36,10 +36,11 @@ class OptimizerStepBatch:
     group_offsets: list[int] = dataclasses.field(default_factory=list)
     num_groups: int = 0
 
-    def loss_fields(self, required: frozenset[str], *, rank: int, world_size: int) -> list[dict[str, Any]]:
+    def loss_fields(self, required: frozenset[str], *, world_size: int) -> list[dict[str, Any]]:
         """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
         rollout: ``group_index`` (prompt ids unique over the step's micro-batches and ranks:
-        ``(offset + prompt) * world_size + rank``, for "prompt-mean"), ``rewards`` (the combined reward, for
+        ``offset * world_size + prompt`` with ``prompt`` the global prompt index in its generation batch, for
+        "prompt-mean"), ``rewards`` (the combined reward, for
         VAPO's positive-example NLL term), ``versions`` (each completion's :attr:`Rollout.version`) and
         ``current_version`` (the newest of the step's batch versions: the weights the sampler last had, AReaL's
         ``current_version``, fixed until the next generation with new weights), for the log-linear proximal policy.
@@ -50,7 +51,7 @@ class OptimizerStepBatch:
             row: dict[str, Any] = {}
             if "group_index" in required:
                 prompt = mb.group_index if mb.prompt_id is None else mb.prompt_id
-                row["group_index"] = (prompt + offset) * world_size + rank
+                row["group_index"] = prompt + offset * world_size
             if "rewards" in required:
                 row["rewards"] = mb.reward
             if "versions" in required:

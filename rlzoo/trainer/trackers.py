@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.trainer.config import TrackingConfig
+from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.io import atomic_write_bytes
 from rlzoo.trainer.rollout import Rollout
 
@@ -148,24 +149,27 @@ class CompletionLog:
         tokenizer: decodes the prompts.
         reward_names: the reward functions' names (one column each).
         trackers: also log the table there, or None.
+        dist: the process group (each rank records its share; rank 0 writes them all).
     """
 
     def __init__(self, output_dir: str | Path, *, tokenizer: Any, reward_names: Sequence[str],
-                 trackers: Trackers | None = None) -> None:
+                 trackers: Trackers | None = None, dist: Distributed = ONE_PROCESS) -> None:
         self.directory = Path(output_dir) / "completions"
         self.tokenizer = tokenizer
         self.reward_names = tuple(reward_names)
         self.trackers = trackers
+        self.dist = dist
 
     def table(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
-              rows: Sequence[int] | None = None) -> dict[str, list[Any]]:
+              rows: Sequence[int | None] | None = None) -> dict[str, list[Any]]:
         """The table of one generation batch (column -> one value per completion).
 
         Args:
             step: the optimizer step that trains on the batch.
             rollout: the generation batch (completions, rewards, advantages).
             extra: ``log_extra`` columns, one value per sampled completion (all rounds of dynamic sampling).
-            rows: the positions of the rollout's completions among those sampled (None: the same order).
+            rows: the positions of the rollout's completions among those sampled (None: the same order; an entry
+                None: sampled on another rank, no ``extra`` values here).
         """
         prompts = [self.tokenizer.decode(ids[mask], skip_special_tokens=False)
                    for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask, strict=True)]
@@ -176,7 +180,7 @@ class CompletionLog:
         for k, name in enumerate(self.reward_names):
             table[name] = [None if math.isnan(v) else v for v in rollout.rewards[:, k].tolist()]
         for column, values in (extra or {}).items():
-            table[column] = [values[r] if r < len(values) else None for r in rows]
+            table[column] = [values[r] if r is not None and r < len(values) else None for r in rows]
         advantages = rollout.advantages
         if advantages.ndim == 2:  # token-level estimators: the mean over the completion's tokens
             mask = rollout.completion_mask.to(advantages.dtype)
@@ -185,9 +189,10 @@ class CompletionLog:
         return table
 
     def record(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
-               rows: Sequence[int] | None = None) -> Path:
+               rows: Sequence[int | None] | None = None) -> Path | None:
         """Write the table of a generation batch (:meth:`table`) to ``completions/step-NNNNNN.parquet``
-        (atomically) and to the trackers; returns the file.
+        (atomically) and to the trackers; returns the file. Under torchrun every rank calls it with its share:
+        rank 0 writes every rank's rows (in rank order) and returns the file, the others None.
 
         Raises:
             OSError: the write failed.
@@ -195,6 +200,13 @@ class CompletionLog:
         import datasets
 
         table = self.table(step, rollout, extra=extra, rows=rows)
+        if self.dist.enabled:
+            shares = self.dist.all_gather_object(table)
+            if not self.dist.is_main:
+                return None
+            n = [len(t["step"]) for t in shares]
+            columns = list(dict.fromkeys(c for t in shares for c in t))  # a log_extra column of some ranks only
+            table = {c: [v for t, k in zip(shares, n, strict=True) for v in t.get(c, [None] * k)] for c in columns}
         buffer = io.BytesIO()
         datasets.Dataset.from_dict(table).to_parquet(buffer)
         path = self.directory / f"step-{step:06d}.parquet"

@@ -28,6 +28,9 @@ CASES = {
     "decoupled_ppo": {"algorithm": "decoupled_ppo", "top_p": 0.8},  # the sampler's log-probs (HF generate)
     "rollout_rs": {"top_p": 0.5, "loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.99"}},  # counts
     "vapo": {"algorithm": "vapo"},  # the positive-example NLL term: positive-reward token counts summed over ranks
+    "dynamic_sampling": {"algorithm": "dapo", "dynamic_sampling": True,  # kept groups chosen in global order
+                         "log_completions": True},  # every rank's rows in the table
+    "spg_4": {"algorithm": "grpo", "steps_per_generation": 4},  # a batch spans 2 steps: shuffled as one process
 }
 
 
@@ -50,6 +53,7 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
     reductions = count_gradient_all_reduces(trainer) if parallelism == "ddp" else None
     history = trainer.train()
     return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
+            "grad_norms": [row["grad_norm"] for row in history], "num_tokens": [row["num_tokens"] for row in history],
             "weights": weights(trainer), "world_size": trainer.dist.world_size,
             "gradient_all_reduces": reductions and reductions[0]}
 

@@ -346,17 +346,21 @@ def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path, monkeyp
 
 
 def test_merged_metrics_take_min_and_max_across_micro_batches():
-    """Means are token-weighted across micro-batches (shares 1/4 and 3/4 here), mins and maxes are merged."""
+    """Means are token-weighted across micro-batches (shares 1/4 and 3/4 here), mins and maxes are merged (TRL's
+    ``/min`` ``/max`` and verl's ``rollout_corr/rollout_is_min`` ``_max`` spellings)."""
     from rlzoo.batch import LossOutput, Normalizer
     from rlzoo.trainer.metrics import LossMetrics
 
     losses = LossMetrics(Normalizer(num_tokens=4, num_sequences=2))
-    for loss, metrics, tokens in ((0.5, {"ratio/mean": 1.0, "ratio/min": 0.9, "ratio/max": 1.1}, 1),
-                                  (0.25, {"ratio/mean": 2.0, "ratio/min": 0.5, "ratio/max": 1.05}, 3)):
+    for loss, metrics, tokens in ((0.5, {"ratio/mean": 1.0, "ratio/min": 0.9, "ratio/max": 1.1,
+                                         "rollout_corr/rollout_is_min": 0.8, "rollout_corr/rollout_is_max": 3.0}, 1),
+                                  (0.25, {"ratio/mean": 2.0, "ratio/min": 0.5, "ratio/max": 1.05,
+                                          "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 1.5}, 3)):
         out = LossOutput(loss=torch.tensor(loss), metrics={k: torch.tensor(v) for k, v in metrics.items()})
         losses.add(out, torch.arange(4)[None, :] < tokens)
     assert losses.loss == 0.75
-    assert losses.metrics == pytest.approx({"ratio/mean": 1.75, "ratio/min": 0.5, "ratio/max": 1.1})
+    assert losses.metrics == pytest.approx({"ratio/mean": 1.75, "ratio/min": 0.5, "ratio/max": 1.1,
+                                            "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 3.0})
 
 
 def test_reward_functions_receive_completion_ids(tmp_path):

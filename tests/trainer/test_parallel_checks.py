@@ -1,0 +1,37 @@
+"""What a parallelism setting cannot honour is refused before the model loads; what has no effect is said."""
+
+import logging
+
+import pytest
+import torch
+
+from rlzoo.trainer.config import ParallelConfig
+from rlzoo.trainer.distributed import Distributed
+from rlzoo.trainer.parallel import check_parallelism
+
+TWO = Distributed(rank=0, world_size=2)
+CPU = torch.device("cpu")
+
+
+def test_cpu_offload_needs_cuda():
+    with pytest.raises(ValueError, match="fsdp_cpu_offload needs CUDA devices"):
+        check_parallelism(ParallelConfig(parallelism="fsdp", fsdp_cpu_offload=True), dist=TWO, device=CPU,
+                          backend="hf")
+    check_parallelism(ParallelConfig(parallelism="fsdp", fsdp_cpu_offload=True), dist=TWO,
+                      device=torch.device("cuda", 0), backend="hf")  # accepted where it can run
+
+
+def test_vllm_under_torchrun_needs_ddp():
+    with pytest.raises(ValueError, match="--backend vllm under torchrun needs --parallelism ddp"):
+        check_parallelism(ParallelConfig(parallelism="fsdp"), dist=TWO, device=CPU, backend="vllm")
+    check_parallelism(ParallelConfig(parallelism="ddp"), dist=TWO, device=CPU, backend="vllm")
+
+
+def test_fsdp_in_one_process_is_said_to_have_no_effect(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        check_parallelism(ParallelConfig(parallelism="fsdp"), dist=Distributed(), device=CPU, backend="hf")
+    assert "no effect in one process" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        check_parallelism(ParallelConfig(), dist=Distributed(), device=CPU, backend="hf")
+    assert not caplog.text
