@@ -215,12 +215,11 @@ class Checkpointer:
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
         world_size = int(trainer_state.get("world_size", 1))
         rank = dist.rank if world_size == dist.world_size else 0
-        device = next(policy.model.parameters()).device
         states = {}
-        for file in sorted(path.glob("*.pt")):
+        for file in sorted(path.glob("*.pt")):  # on the CPU: RNG states must stay there (their owners move the rest)
             name, _, owner = file.stem.partition("-rank")
             if not owner or int(owner) == rank:
-                states[name] = torch.load(file, map_location=device, weights_only=True)
+                states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
                           settings=trainer_state.get("settings", {}), states=states)
 

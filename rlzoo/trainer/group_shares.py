@@ -68,7 +68,7 @@ def assemble(groups: list[Group], *, pad_token_id: int, device: torch.device) ->
         group_index=torch.arange(n_prompts, device=device).repeat_interleave(g),
         completion_ids=torch.cat(comp_ids), completion_mask=torch.cat(comp_mask),
         is_truncated=torch.cat(trunc), rewards=torch.cat(values), reward=torch.cat(rewards),
-        advantages=torch.zeros(n_prompts * g), texts=texts,
+        advantages=torch.zeros(n_prompts * g, device=device), texts=texts,
         rollout_logprobs=torch.cat(rollout_lp) if rollout_lp else None,
     )
 

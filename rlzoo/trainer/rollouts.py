@@ -245,7 +245,7 @@ class RolloutSource:
         completion_ids = [row[:n] for row, n in zip(gen.completion_ids.tolist(), lengths, strict=True)]
         values = self.rewards.compute(prompts=[p for p in prompts for _ in range(g)], completions=gen.texts,
                                       items=[item for item in items for _ in range(g)],
-                                      completion_ids=completion_ids)
+                                      completion_ids=completion_ids).to(gen.completion_mask.device)
         reward = shape_rewards(values, gen.completion_mask, config=self.reward_config, weights=self.rewards.weights,
                                group_size=g, max_completion_length=self.config.max_completion_length)
         return gen, values, reward
@@ -351,7 +351,9 @@ class RolloutSource:
         cfg = self.config
         period = cfg.effective_steps_per_generation * cfg.num_iterations
         generated_at = state["micro_step"] - state["micro_step"] % period  # the unfinished batch's micro-step
-        buffer = [Rollout(**{"version": generated_at // cfg.gradient_accumulation_steps, **r})  # older: no version
+        device = self.precision.device  # checkpoints load on the CPU
+        buffer = [Rollout(**{"version": generated_at // cfg.gradient_accumulation_steps,  # older: no version
+                             **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in r.items()}})
                   for r in state["buffer"]]
         if self.score_old and any(r.old_logprobs is None for r in buffer):
             raise ValueError(
