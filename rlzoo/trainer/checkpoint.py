@@ -156,7 +156,7 @@ class Checkpointer:
             state = {"model": get_model_state_dict(policy.module),
                      "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
             with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
-                dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.enabled)
+                dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
             full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
             if dist.is_main:
                 save_pretrained_atomic(policy.model, tokenizer, tmp / "model", state_dict=full)
@@ -210,7 +210,7 @@ class Checkpointer:
         _check_fits(path, model_state)
         state = {"model": model_state, "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
         with _one_process_quietly(dist):
-            dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.enabled)
+            dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.initialized)
         set_model_state_dict(policy.module, state["model"])
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
         world_size = int(trainer_state.get("world_size", 1))
@@ -242,7 +242,7 @@ def _staging(path: Path, dist: Distributed) -> Iterator[Path]:
 def _one_process_quietly(dist: Distributed) -> Iterator[None]:
     """DCP warns at every single-process save and load that it assumes one process; that is the intent here."""
     with warnings.catch_warnings():
-        if not dist.enabled:
+        if not dist.initialized:
             warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
         yield
 

@@ -4,7 +4,8 @@ trainer needs, each a thin call of ``torch.distributed`` (identities in one proc
 ``torchrun --nproc_per_node N -m rlzoo train ...`` starts N processes with ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE`` set; :func:`init_distributed` joins them into one process group (NCCL on CUDA, gloo on CPU,
 timing out after ``distributed_timeout`` seconds so that a dead or stuck rank fails the job instead of hanging
-it). Without torchrun (``WORLD_SIZE`` unset or 1) nothing is initialised and every collective returns its input.
+it). Without torchrun (``WORLD_SIZE`` unset, or 1 without FSDP2) nothing is initialised and every collective
+returns its input.
 """
 
 import dataclasses
@@ -32,11 +33,14 @@ class Distributed:
         rank: global rank in [0, world_size).
         world_size: number of processes.
         local_rank: rank on this node (selects the CUDA device).
+        initialized: a process group exists (torchrun), even of one rank: FSDP2 can shard over it (CPU offload on
+            one GPU); the collectives are identities all the same when ``world_size`` is 1.
     """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    initialized: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -145,19 +149,23 @@ ONE_PROCESS = Distributed()
 """The context of a run without torchrun (rank 0 of 1; every collective is the identity)."""
 
 
-def init_distributed(*, timeout_s: int, device: str) -> Distributed:
-    """Join the process group torchrun set up (``WORLD_SIZE`` > 1), or return the one-process context.
+def init_distributed(*, timeout_s: int, device: str, shard: bool = False) -> Distributed:
+    """Join the process group torchrun set up (``WORLD_SIZE`` > 1, or 1 when ``shard``), or return the
+    one-process context.
 
     Args:
         timeout_s: seconds a collective waits for the others before failing.
         device: the configured device (``auto``, ``cpu``, ``cuda``...): NCCL with one GPU per local rank when
             it resolves to CUDA, gloo otherwise.
+        shard: FSDP2 is asked for: a torchrun launch of one process joins a group of one rank too (FSDP2 needs
+            one), so that ``torchrun --nproc_per_node 1 -m rlzoo train --parallelism fsdp`` shards (and offloads)
+            on one GPU.
 
     Raises:
         ValueError: more ranks on a node than visible CUDA devices (names LOCAL_RANK and the device count).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and not (shard and "RANK" in os.environ):
         return ONE_PROCESS
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
@@ -169,4 +177,4 @@ def init_distributed(*, timeout_s: int, device: str) -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s),
                                 **({"device_id": torch.device("cuda", local_rank)} if cuda else {}))
-    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
+    return Distributed(rank=rank, world_size=world_size, local_rank=local_rank, initialized=True)

@@ -112,7 +112,8 @@ class Trainer:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device)
+        self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
+                                            shard=config.parallelism == "fsdp")
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
@@ -350,7 +351,7 @@ class Trainer:
                 "resolved_autocast_dtype": (str(precision.autocast_dtype).removeprefix("torch.")
                                             if precision.autocast_dtype else None),
                 "resolved_world_size": self.dist.world_size,
-                "resolved_parallelism": ("fsdp" if self.policy.sharded else "ddp") if self.dist.enabled else None,
+                "resolved_parallelism": "fsdp" if self.policy.sharded else "ddp" if self.dist.enabled else None,
                 "output_dir": str(self.run_dir.path)}
 
     # --------------------------------------------------------------------------------------------- checkpoints

@@ -38,16 +38,16 @@ def check_parallelism(config: ParallelConfig, *, dist: Distributed, device: torc
             the sharded parameters are not).
     """
     sharded = config.parallelism == "fsdp"
-    if dist.enabled and sharded and config.fsdp_cpu_offload and device.type != "cuda":
+    if dist.initialized and sharded and config.fsdp_cpu_offload and device.type != "cuda":
         raise ValueError(f"fsdp_cpu_offload needs CUDA devices (it moves FSDP2's shards between pinned host memory and "
                          f"the GPU), but the run is on {device.type}: drop --fsdp-cpu-offload")
-    if dist.enabled and sharded and backend == "vllm":
+    if dist.initialized and sharded and backend == "vllm":
         raise ValueError("--backend vllm under torchrun needs --parallelism ddp: each rank's vLLM engine takes whole "
                          "weights after every optimizer step, which FSDP2's sharded parameters are not (not "
                          "implemented); or use --backend hf, which generates from the gathered FSDP2 model")
-    if not dist.enabled and (sharded or config.fsdp_cpu_offload):
-        log.warning("--parallelism fsdp / --fsdp-cpu-offload have no effect in one process (the model is whole): "
-                    "launch with torchrun --nproc_per_node N -m rlzoo train ... to shard it")
+    if not dist.initialized and (sharded or config.fsdp_cpu_offload):
+        log.warning("--parallelism fsdp / --fsdp-cpu-offload have no effect without torchrun (the model is whole): "
+                    "launch with torchrun --nproc_per_node N -m rlzoo train ... (N = 1 too) to shard it")
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -92,7 +92,7 @@ class ParallelModel:
                  trainable: bool = True) -> None:
         self.model = model
         self.dist = dist
-        self.sharded = dist.enabled and config.parallelism == "fsdp"
+        self.sharded = dist.initialized and config.parallelism == "fsdp"
         module: torch.nn.Module = LogProbModule(model)
         if self.sharded:
             from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard

@@ -54,6 +54,7 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
     history = trainer.train()
     return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
             "grad_norms": [row["grad_norm"] for row in history], "num_tokens": [row["num_tokens"] for row in history],
+            "sharded": trainer.policy.sharded,
             "weights": weights(trainer), "world_size": trainer.dist.world_size,
             "gradient_all_reduces": reductions and reductions[0]}
 
@@ -149,6 +150,10 @@ def main() -> None:
     out, mode = Path(sys.argv[1]), sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     results: dict = {}
+    if mode == "alone":  # torchrun --nproc_per_node 1: FSDP2 over a group of one rank (CPU offload on one GPU)
+        results["dapo-fsdp"] = run_case(out, "dapo", "fsdp", per_device=8)
+        (out / "results.json").write_text(json.dumps(results))
+        return
     if mode == "kill":
         from rlzoo.trainer import TrainConfig, Trainer
 

@@ -22,9 +22,9 @@ sys.path.insert(0, str(WORKER.parent))
 from distributed_worker import CASES, TINY, digit_fraction
 
 
-def _launch(out: Path, mode: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _launch(out: Path, mode: str, timeout: int = 600, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
                            str(WORKER), str(out), mode], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -125,6 +125,22 @@ def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_p
     assert set(saved) == set(resume["full"]["weights"])
     for name, values in resume["full"]["weights"].items():  # the checkpoint holds step 2's weights, not step 3's
         assert saved[name].numel() == len(values)
+
+
+def test_fsdp_shards_over_one_rank_under_torchrun(tmp_path):
+    """``torchrun --nproc_per_node 1 ... --parallelism fsdp`` shards over a group of one rank (what CPU offload on
+    one GPU needs) and trains as the plain process does; without torchrun the flag has no effect."""
+    proc = _launch(tmp_path, "alone", ranks=1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    alone = json.loads((tmp_path / "results.json").read_text())["dapo-fsdp"]
+    assert alone["sharded"] and alone["world_size"] == 1
+    trainer, history = _one_process(tmp_path, "dapo", parallelism="fsdp")
+    assert not trainer.policy.sharded
+    assert alone["grad_norms"] == pytest.approx([row["grad_norm"] for row in history], rel=1e-5)
+    assert alone["losses"] == pytest.approx([row["loss"] for row in history], rel=1e-5, abs=1e-7)
+    mine = trainer.policy.full_state_dict()
+    worst = max(float((torch.tensor(alone["weights"][k]) - mine[k].float().flatten()).abs().max()) for k in mine)
+    assert worst < 3e-5, worst
 
 
 def test_a_killed_rank_ends_the_job_and_the_run_resumes(tmp_path):

@@ -9,7 +9,7 @@ from rlzoo.trainer.config import ParallelConfig
 from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.parallel import check_parallelism
 
-TWO = Distributed(rank=0, world_size=2)
+TWO = Distributed(rank=0, world_size=2, initialized=True)
 CPU = torch.device("cpu")
 
 
@@ -27,10 +27,10 @@ def test_vllm_under_torchrun_needs_ddp():
     check_parallelism(ParallelConfig(parallelism="ddp"), dist=TWO, device=CPU, backend="vllm")
 
 
-def test_fsdp_in_one_process_is_said_to_have_no_effect(caplog):
+def test_fsdp_without_torchrun_is_said_to_have_no_effect(caplog):
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(parallelism="fsdp"), dist=Distributed(), device=CPU, backend="hf")
-    assert "no effect in one process" in caplog.text
+    assert "no effect without torchrun" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(), dist=Distributed(), device=CPU, backend="hf")
