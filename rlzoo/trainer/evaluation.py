@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.tasks import TaskStream, build_task
 
-__all__ = ["EvalResult", "Evaluator", "evaluate", "greedy_accuracy", "wilson_interval"]
+__all__ = ["EvalResult", "EvaluationAbandoned", "Evaluator", "evaluate", "greedy_accuracy", "wilson_interval"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -60,21 +61,33 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
                     batch_size: int, limit: int | None = None, dist: Distributed = ONE_PROCESS,
-                    progress: bool = False) -> EvalResult:
+                    progress: bool = False, should_stop: Callable[[], int | None] | None = None) -> EvalResult:
     """Greedy-decode the task's held-out problems in batches and score them with the task's scorer (``progress``:
     a progress bar over the problems, for long evaluations).
 
     Under torchrun each rank decodes its strided share of the problems and the scores are summed over the
     ranks (every rank returns the same accuracy; the samples are rank 0's).
+
+    Raises:
+        EvaluationAbandoned: ``should_stop()`` (asked before every batch, agreed over the ranks) said so, e.g. a
+            signal asked the run to stop.
     """
-    items = dist.shard(list(task.eval_items)[:limit])
+    everything = list(task.eval_items)[:limit]
+    items = dist.shard(everything)
     scores: list[float] = []
     samples: list[tuple[str, str, float]] = []
     bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
-    for start in range(0, len(items), batch_size):
-        if bar is not None:
-            bar.update(min(batch_size, len(items) - start))
+    most = -(-len(everything) // dist.world_size)  # the largest share: every rank asks as often
+    for start in range(0, most, batch_size):
+        if should_stop is not None and dist.any(should_stop()):
+            if bar is not None:
+                bar.close()
+            raise EvaluationAbandoned
         chunk = items[start:start + batch_size]
+        if not chunk:
+            continue
+        if bar is not None:
+            bar.update(len(chunk))
         prompts = [task.prompt(tokenizer, item) for item in chunk]
         gen = generator.generate(model, prompts, 1, greedy=True)
         for item, text in zip(chunk, gen.texts, strict=True):
@@ -89,6 +102,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     low, high = wilson_interval(total, n)
     return EvalResult(accuracy=total / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples))
+
+
+class EvaluationAbandoned(Exception):
+    """An evaluation stopped before its end (a signal asked the run to stop)."""
 
 
 def _progress_bar(total: int) -> Any:
@@ -121,6 +138,7 @@ class Evaluator:
         self.generator = generator
         self.precision = precision
         self.dist = dist
+        self.should_stop: Callable[[], int | None] | None = None  # the trainer's signal: abandon an evaluation
 
     @property
     def enabled(self) -> bool:
@@ -134,7 +152,7 @@ class Evaluator:
         with gathered as whole, self.precision.autocast():
             return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
                                    batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
-                                   progress=self.progress)
+                                   progress=self.progress, should_stop=self.should_stop)
 
     def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *, final: bool) -> dict[str, float]:
         """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),
@@ -142,7 +160,12 @@ class Evaluator:
         due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
         if not (self.enabled and due):
             return {}
-        result = self.run(model)
+        try:
+            result = self.run(model)
+        except EvaluationAbandoned:
+            if self.dist.is_main:
+                log.warning("step %d held-out evaluation abandoned: the run is stopping", step)
+            return {}
         if self.dist.is_main:
             log.info("step %d held-out greedy accuracy %s", step, result)
         return result.metrics()

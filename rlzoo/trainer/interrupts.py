@@ -1,6 +1,7 @@
 """Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (cluster preemption).
 
-The first signal asks the run to stop: the step in progress finishes, a checkpoint of it is written, and the
+The first signal asks the run to stop: the step in progress finishes (an evaluation in progress is abandoned at its
+next batch), a checkpoint of the last completed step is written, and the
 run ends with :class:`RunInterrupted` (the command exits 130 for SIGINT, 143 for SIGTERM, as a shell reports a
 process killed by the signal). A second signal stops at once (``KeyboardInterrupt``); every write is atomic,
 so that leaves the last complete checkpoint and no partial file behind.

@@ -301,6 +301,7 @@ class Trainer:
         and after a signal checkpoint the last completed step and raise :class:`RunInterrupted`."""
         lock = self.run_dir.lock() if self.dist.is_main else contextlib.nullcontext()
         with lock, GracefulInterrupt() as interrupt:
+            self.evaluator.should_stop = lambda: interrupt.requested  # a signal abandons a running evaluation
             try:
                 self._start()
                 yield interrupt
