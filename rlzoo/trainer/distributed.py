@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from jaxtyping import Shaped
 from torch import Tensor
 
 from rlzoo.batch import Normalizer
@@ -52,7 +53,7 @@ class Distributed:
         """Rank 0: the one that writes the run directory, metrics and logs."""
         return self.rank == 0
 
-    def all_reduce(self, value: Tensor, op: str = "sum") -> Tensor:
+    def all_reduce(self, value: Shaped[Tensor, "*shape"], op: str = "sum") -> Shaped[Tensor, "*shape"]:
         """``value`` reduced over the ranks (``op``: sum, max or min); a new tensor, the input is untouched."""
         out = value.detach().clone()
         if self.enabled:
@@ -66,7 +67,7 @@ class Distributed:
         reduced = self.all_reduce(torch.tensor(list(values.values()), dtype=torch.float64, device=self._device()), op)
         return dict(zip(values, reduced.tolist(), strict=True))
 
-    def all_gather(self, value: Tensor, *, pad_value: float | bool = 0) -> Tensor:
+    def all_gather(self, value: Shaped[Tensor, "n ..."], *, pad_value: float | bool = 0) -> Shaped[Tensor, "total ..."]:
         """Every rank's ``value`` concatenated along dim 0 in rank order (the same on every rank).
 
         Dim 0 may differ between ranks; a 2-D value whose dim 1 differs is padded at the end with ``pad_value``

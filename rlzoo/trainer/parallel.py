@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.trainer.config import ParallelConfig
@@ -131,7 +132,7 @@ class ParallelModel:
         with self.module.no_sync():
             yield
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Float[Tensor, ""]) -> None:
         """``loss.backward()``, times the world size to undo the wrappers' gradient averaging."""
         (loss * self.dist.world_size if self.dist.enabled else loss).backward()
 
