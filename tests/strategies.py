@@ -66,8 +66,8 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+", "low_var_kl", "low_var_k
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # rollout_rs criteria with thresholds that reject some, not all, of policy_batches' tokens
 RS_EXAMPLES = (("token_k1", "0.7_1.4"), ("token_k2", "0.05"), ("token_k3", "0.05"), ("seq_sum_k1", "0.5_2.0"),
-               ("seq_sum_k3", "0.2"), ("seq_mean_k1", "0.85_1.15"), ("seq_mean_k2", "0.03"), ("seq_max_k2", "0.1"),
-               ("seq_max_k3", "0.1"))
+               ("seq_sum_k2", "0.2"), ("seq_sum_k3", "0.2"), ("seq_mean_k1", "0.85_1.15"), ("seq_mean_k2", "0.03"),
+               ("seq_mean_k3", "0.03"), ("seq_max_k2", "0.1"), ("seq_max_k3", "0.1"))  # every verl rollout_rs level
 # What padding may hold: anything.
 GARBAGE = (math.nan, math.inf, -math.inf, 1e300, -1e300, 7.0, 0.0, -3.0)
 
