@@ -149,11 +149,11 @@ class Checkpointer:
                 checkpoints are untouched.
         """
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         path = self.path(step)
-        with _staging(path, dist) as tmp:
-            state = {"model": get_model_state_dict(policy.module),
+        with _staging(path, dist) as tmp:  # the trained parameters: a LoRA run's adapter, not its frozen base
+            state = {"model": _trained_state(policy.module),
                      "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
             with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
                 dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
@@ -206,12 +206,13 @@ class Checkpointer:
 
         path = Path(path)
         trainer_state = _trainer_state(path)
-        model_state = get_model_state_dict(policy.module)
-        _check_fits(path, model_state)
+        model_state = _trained_state(policy.module)
+        frozen = set(get_model_state_dict(policy.module)) - set(model_state)
+        _check_fits(path, model_state, frozen=frozen)
         state = {"model": model_state, "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
         with _one_process_quietly(dist):
             dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.initialized)
-        set_model_state_dict(policy.module, state["model"])
+        set_model_state_dict(policy.module, state["model"], options=_trained_only())
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
         world_size = int(trainer_state.get("world_size", 1))
         rank = dist.rank if world_size == dist.world_size else 0
@@ -222,6 +223,29 @@ class Checkpointer:
                 states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
                           settings=trainer_state.get("settings", {}), states=states)
+
+
+def _trained_only() -> Any:
+    """Options that set a model state without requiring its frozen parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _trained_state(module: torch.nn.Module) -> dict[str, Any]:
+    """The model state of checkpoints: the trained parameters only (a LoRA run's adapter; its frozen base comes from
+    ``--model``). ``ignore_frozen_params`` keeps the second name of a tied frozen weight (``lm_head.weight`` tied to
+    the frozen embedding): tensors sharing a frozen parameter's storage are dropped too."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    def storage(t: Any) -> int:
+        return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().data_ptr()
+
+    full = get_model_state_dict(module)
+    trained = get_model_state_dict(module, options=_trained_only())
+    frozen = {storage(v) for k, v in full.items() if k not in trained}
+    return {k: v for k, v in trained.items() if storage(v) not in frozen}
 
 
 @contextlib.contextmanager
@@ -254,8 +278,9 @@ def _trainer_state(path: Path) -> dict[str, Any]:
     return json.loads(state_file.read_text())
 
 
-def _check_fits(path: Path, model_state: Mapping[str, Any]) -> None:
-    """Raise naming the first tensor where the checkpoint and the model differ."""
+def _check_fits(path: Path, model_state: Mapping[str, Any], *, frozen: set[str] = frozenset()) -> None:
+    """Raise naming the first tensor where the checkpoint and the model's trained parameters differ (``frozen``: the
+    model's frozen parameters, which checkpoints written before they were left out may still hold)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     saved = {k.removeprefix("model."): v for k, v in FileSystemReader(str(path / "dcp")).read_metadata()
@@ -268,7 +293,7 @@ def _check_fits(path: Path, model_state: Mapping[str, Any]) -> None:
         if want != have:
             raise ValueError(f"checkpoint {path} does not fit the model: {name.removeprefix('model.')} has shape "
                              f"{want} in the checkpoint and {have} in the model (a checkpoint of another model?)")
-    extra = sorted(set(saved) - set(model_state))
+    extra = sorted(set(saved) - set(model_state) - frozen)
     if extra:
         raise ValueError(f"checkpoint {path} does not fit the model: it has a tensor {extra[0].removeprefix('model.')!r} "
                          "the model lacks (a checkpoint of another model?)")

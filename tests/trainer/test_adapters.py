@@ -39,6 +39,11 @@ def test_lora_trains_the_adapter_only_and_checkpoints_resume_exactly(tmp_path):
     for name, tensor in base.state_dict().items():  # every base weight unchanged
         assert torch.equal(full.model.get_base_model().state_dict()[name.replace("proj.weight", "proj.base_layer.weight")
                                                                      if "proj" in name else name], tensor), name
+    from torch.distributed.checkpoint import FileSystemReader
+
+    dcp_keys = [k for k in FileSystemReader(str(tmp_path / "a" / "checkpoints" / "step-000003" / "dcp"))
+                .read_metadata().state_dict_metadata if k.startswith("model.")]  # the adapter, not the frozen base
+    assert dcp_keys and all("lora_" in k for k in dcp_keys), [k for k in dcp_keys if "lora_" not in k][:3]
     saved = tmp_path / "a" / "checkpoints" / "step-000003" / "model"
     assert (saved / "adapter_model.safetensors").is_file() and not (saved / "model.safetensors").exists()
     assert json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny-random"
