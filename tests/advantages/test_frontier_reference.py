@@ -7,8 +7,9 @@
   with verl's ``FixedKLController`` / ``AdaptiveKLController``, over several consecutive batches (the controller
   state carries over). ``ray_trainer`` imports worker code that needs ``torchdata``, ``cachetools`` and
   ``fastapi`` at module load: stubbed like ``ray`` (tests/oracles.py); ``apply_kl_penalty`` itself uses none.
-* ``reward_norm`` == AReaL's ``Normalization`` (areal/utils/data.py, not installable here): the formula is
-  restated below in float64 loops, item by item, as the oracle.
+* ``reward_norm`` == AReaL's ``Normalization`` (areal/utils/data.py; called in test_areal_normalization.py on
+  AReaL's consecutive-groups layout): the formula is restated below in float64 loops, item by item, for any group
+  labels and order.
 """
 
 import math

@@ -1,8 +1,8 @@
-"""decoupled_ppo, m2po and vapo against their definitions (no reference implementation is installable here).
+"""decoupled_ppo, m2po and vapo against their definitions, stated independently of any library.
 
-AReaL (decoupled PPO, the log-linear proximal policy, M2PO) is not a pip dependency and VAPO has no public code,
-so each test states the formula independently, in float64, from the paper and from AReaL's documented
-semantics (areal/utils/functional/functional.py ``ppo_actor_loss_fn``; areal/trainer/ppo/actor.py
+VAPO has no public code; AReaL (decoupled PPO, the log-linear proximal policy, M2PO) is also called as the oracle
+in test_areal_losses.py (a test dependency installed with --no-deps). Here each test states the formula
+independently, in float64, from the paper and from AReaL's semantics (areal/utils/functional/functional.py ``ppo_actor_loss_fn``; areal/trainer/ppo/actor.py
 ``compute_prox_logp_approximations``, ``_apply_m2po_masking``), and checks rlzoo's loss value and gradient
 against it, plus the key identities: decoupled PPO with the proximal policy equal to the behaviour policy is
 PPO; the log-linear proximal policy of a one-update-stale token is the behaviour policy; M2PO masks exactly the

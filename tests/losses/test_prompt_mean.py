@@ -1,6 +1,6 @@
 """The "prompt-mean" aggregation: SkyRL's ``loss_reduction="prompt_mean"``, exact under any split.
 
-SkyRL is not installed here; its documented formula (skyrl ``ppo_utils.apply_loss_reduction_to_advantages_
+SkyRL itself is called in test_skyrl_losses.py; here its documented formula (skyrl ``ppo_utils.apply_loss_reduction_to_advantages_
 minibatch``: token ``t`` of completion ``i`` of prompt ``p`` weighs ``1 / (num_prompts * tokens_in_prompt_p)``)
 is written out below as the oracle, in float64 with Python loops, independent of rlzoo's vectorised code.
 """

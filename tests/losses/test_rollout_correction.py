@@ -253,9 +253,9 @@ def test_rollout_rs_needs_its_threshold():
 @given(batch=policy_batches(old=True, rollout=True, min_counted=1),
        bounds=st.sampled_from([(None, 1.1), (0.9, None), (0.9, 1.1), (0.5, 2.0), (0.0, 1.3)]))
 def test_skyrl_outlier_veto_and_geometric_mask_by_definition(batch, bounds):
-    """SkyRL's masks (not installed; its definitions written out per sequence, in Python): the outlier veto
-    zeroes a sequence if any counted token's rho = exp(old - rollout) is outside [low, high]; the geometric
-    mask if exp(mean_t log rho) is. Both are weights of the policy term (the counts keep the tokens): the loss
+    """SkyRL's masks (SkyRL itself is called in test_skyrl_losses.py; here its definitions per sequence, in
+    Python): the outlier veto zeroes a sequence if any counted token's rho = exp(old - rollout) is outside
+    [low, high]; the geometric mask if exp(mean_t log rho) is. Both are weights of the policy term (the counts keep the tokens): the loss
     is ppo's per-token loss times the weight, token-mean over every counted token."""
     low, high = bounds
     mask = batch.completion_mask
