@@ -100,9 +100,8 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
     for got, want in zip(got_logs, want_logs, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], abs=REFERENCE_ATOL, rel=0)
         assert got["entropy"] == pytest.approx(want["entropy"], abs=REFERENCE_ATOL, rel=0)
-        # TRL's names, token-weighted as TRL's; at sequence level TRL averages the clip flags over sequences
-        # and rlzoo over tokens (docs/integrations.md), so only the token-level clip metrics compare
-        names = ["kl"] if args.importance_sampling_level == "sequence" else ["kl", "clip_ratio/region_mean"]
+        # TRL's names and reductions: token-weighted, and per sequence at importance_sampling_level="sequence"
+        names = ["kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio"]
         for name in names:
             if name in want:
                 assert got[name] == pytest.approx(want[name], abs=REFERENCE_ATOL, rel=0), name
@@ -112,6 +111,8 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
     assert any(row["completions/min_length"] < row["completions/max_length"] for row in want_logs if
                "completions/min_length" in row)
     assert max(row["ratio/max"] for row in got_logs) > 1.0 + 1e-3
+    if case == "gspo":  # some sequences clipped, not all: a per-token count would give other fractions
+        assert any(0.0 < row["clip_ratio/low_mean"] < 1.0 for row in got_logs)
 
 
 def build_flat_initial(tiny) -> torch.Tensor:
