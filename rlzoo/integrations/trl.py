@@ -15,17 +15,31 @@ Field map (TRL's ``_generate_and_score_completions`` output -> ``PolicyBatch``, 
 ``old_logprobs`` (absent: on-policy); ``ref_per_token_logps`` -> ``ref_logprobs`` (TRL computes it when
 ``GRPOConfig.beta != 0``); ``sampling_per_token_logps`` -> ``rollout_logprobs`` (vLLM; NaN tokens, which vLLM
 could not score, take ``old_logprobs`` there, i.e. no correction, as TRL); the entropies TRL's fused LM head
-returns -> ``entropies`` (when the loss needs them).
+returns -> ``entropies`` (when the loss needs them). Two fields are added to TRL's generation batch, only when
+the loss needs them, before TRL shuffles and splits it into micro-batches (so they travel with their rows):
+``group_index`` (for ``aggregation="prompt-mean"``), each completion's prompt as TRL groups them for the
+advantages (``num_generations`` consecutive rows of the batch gathered over processes: ``global row //
+num_generations``), and ``rewards`` (for VAPO's positive-example NLL term), the combined reward as TRL logs it,
+the weighted sum of the reward functions (0 where every function returned None, as in ``rlzoo train``). In
+bypass mode (``bypass_mode=True``: the sampler's log-probs are the old policy) TRL's ``old_per_token_logps`` are
+not passed. Losses that need what TRL does not compute (a teacher's log-probs for ``opd``, policy versions for
+``prox_logp_method="loglinear"``) are refused at construction (:func:`resolve_loss`).
 
 Normalisation. For an optimizer step, ``N`` is the number of counted tokens and ``S`` the number of sequences of
 its ``gradient_accumulation_steps`` micro-batches on all ``P`` processes (``S`` counts every row for the default
-TRL loss, as TRL does, and the rows with a counted token for any other rlzoo loss, as rlzoo and verl do). Each
-micro-batch's loss is ``P * loss_fn(micro_batch, Normalizer(num_tokens=N, num_sequences=S))``: the micro-batch
-losses of one process sum, and DDP's gradient average over processes gives, exactly the loss of the whole
-optimizer-step batch. The counts come from TRL's buffered generation batch (one all-reduce per generation). They
-are exact when ``steps_per_generation`` is a multiple of ``gradient_accumulation_steps`` (TRL's default makes
-them equal); otherwise an optimizer step spans two generation batches and ``N`` is estimated as TRL does
-(the generation batch's count times ``gradient_accumulation_steps / steps_per_generation``), with a warning.
+TRL loss, as TRL does, and the rows with a counted token for any other rlzoo loss, as rlzoo and verl do). The
+counted tokens are those of ``loss_fn.loss_mask`` (:meth:`rlzoo.losses.PolicyLoss.loss_mask`): the completion
+mask (times TRL's ``tool_mask``) minus the tokens the loss's rollout rejection drops (``rollout_rs``, M2PO),
+judged from TRL's old and sampler log-probs. Each micro-batch's loss is ``P * loss_fn(micro_batch,
+Normalizer(num_tokens=N, num_sequences=S, ...))``: the micro-batch losses of one process sum, and DDP's gradient
+average over processes gives, exactly the loss of the whole optimizer-step batch. The Normalizer also holds the
+step's counted tokens per prompt (``group_num_tokens``, prompt-mean) and of the sequences with reward > 0
+(``num_positive_tokens``, VAPO) when the loss needs them. The counts come from TRL's buffered generation batch
+(one all-reduce per generation). They are exact when ``steps_per_generation`` is a multiple of
+``gradient_accumulation_steps`` (TRL's default makes them equal); otherwise an optimizer step spans two generation
+batches and the counts are estimated as TRL does (the generation batch's count times
+``gradient_accumulation_steps / steps_per_generation``), with a warning (prompt-mean, which needs the step's
+prompts, is refused there).
 
 With the default loss (:func:`rlzoo.compat.trl.loss_from_grpo_config` of ``args``) training matches TRL 1.16
 ``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for every ``loss_type`` except two cases where
@@ -51,7 +65,7 @@ except ImportError as err:  # pragma: no cover - TRL is a test dependency
 
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss, batch_from_trl_inputs, loss_from_grpo_config
-from rlzoo.losses import PolicyLoss, get_loss
+from rlzoo.losses import Correction, PolicyLoss, Rejection, get_loss
 
 __all__ = ["GRPOTrainer", "resolve_loss"]
 
@@ -71,6 +85,13 @@ _GENERATION_METRICS = "sampling/"
 # How a metric is reduced over processes (row of _log_loss_metrics' reductions); others: token-weighted mean,
 # or max / min for names ending in /max, /min.
 _METRIC_REDUCTION = {"policy_loss": 3, "aux_loss": 4}
+# Keys this trainer adds to TRL's generation batch (rlzoo-prefixed: TRL's own keys stay untouched).
+_GROUP_INDEX_KEY = "rlzoo_group_index"
+_REWARDS_KEY = "rlzoo_rewards"
+# PolicyBatch fields the TRL path can fill (each under its condition, checked by resolve_loss).
+_PROVIDED_FIELDS = frozenset({"ref_logprobs", "rollout_logprobs", "entropies", "group_index", "rewards"})
+# Columns of a slice's counts before the per-prompt token counts.
+_SCALAR_COUNTS = 4  # tokens, rows, sequences (rows with a counted token), tokens of rows with reward > 0
 
 
 def resolve_loss(
@@ -96,10 +117,15 @@ def resolve_loss(
     Raises:
         TypeError: ``loss`` is of another type.
         UnknownNameError: an unknown preset name (lists the presets).
-        ValueError: the loss needs what TRL will not compute, naming the ``GRPOConfig`` field to set:
-            ``ref_logprobs`` (a KL penalty) with ``beta=0``; ``rollout_logprobs`` (an IS correction) without
-            ``use_vllm`` or a ``rollout_func``. Also any error of :func:`~rlzoo.compat.trl.loss_from_grpo_config`
-            (e.g. ``use_adaptive_entropy=True``).
+        ValueError: the loss needs what TRL will not compute (``loss.required_fields()`` against what this path
+            fills), naming the ``GRPOConfig`` field to set where one exists: ``ref_logprobs`` (a KL penalty) with
+            ``beta=0``; ``rollout_logprobs`` (an IS correction, a rollout rejection, bypass mode) without
+            ``use_vllm`` or a ``rollout_func``; a rollout rejection (outside bypass mode) when TRL computes no old
+            log-probs (its counted tokens must be known before the forward pass); ``group_index``
+            ("prompt-mean") when ``steps_per_generation`` is not a multiple of ``gradient_accumulation_steps``;
+            ``teacher_logprobs`` (``opd``: TRL has no teacher); any other field TRL cannot provide (``versions``
+            and ``current_version`` for ``prox_logp_method="loglinear"``). Also any error of
+            :func:`~rlzoo.compat.trl.loss_from_grpo_config` (e.g. ``use_adaptive_entropy=True``).
     """
     if loss is None:
         fields = {name: getattr(args, name) for name in GRPO_LOSS_DEFAULTS if name not in _TRAINER_FIELDS}
@@ -136,12 +162,75 @@ def resolve_loss(
             stacklevel=3,
         )
     if "rollout_logprobs" in needed and not (args.use_vllm or has_rollout_func):
+        uses = _needed_by(policy, "rollout_logprobs")
         raise ValueError(
-            f"loss {name!r} has a sampler/trainer IS correction and needs the sampler's log-probs, which TRL has only "
-            "from vLLM: set GRPOConfig(use_vllm=True) (or pass a rollout_func that returns logprobs), or drop the "
-            "correction (is_correction=None)"
+            f"loss {name!r} needs the sampler's log-probs for {', '.join(uses)}, which TRL has only from vLLM: set "
+            "GRPOConfig(use_vllm=True) (or pass a rollout_func that returns logprobs), or use the loss without "
+            + ("it" if len(uses) == 1 else "them")
+        )
+    rejections = [p.describe() for p in policy.rejections if p.active]
+    if rejections and not policy.bypass_mode and not _trl_computes_old_logprobs(args):
+        raise ValueError(
+            f"loss {name!r} rejects tokens ({', '.join(rejections)}) by comparing the old log-probs with the "
+            "sampler's, and the optimizer step's token counts need them before the forward pass, but TRL computes "
+            "no old log-probs under this GRPOConfig: set GRPOConfig(vllm_importance_sampling_correction=True) with "
+            "use_vllm=True (TRL then computes them; the rlzoo loss, not TRL's IS ratio, is used), or num_iterations "
+            "> 1, or give the loss bypass_mode=True (rejection on the policy term only, verl's bypass mode)"
+        )
+    if "group_index" in needed and args.steps_per_generation % args.gradient_accumulation_steps != 0:
+        uses = _needed_by(policy, "group_index")
+        raise ValueError(
+            f"loss {name!r} needs each completion's prompt (group_index) for {', '.join(uses)}, known only within "
+            f"one generation batch, but GRPOConfig.steps_per_generation="
+            f"{args.steps_per_generation} is not a multiple of gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps}, so an optimizer step spans two: set steps_per_generation to a "
+            "multiple of it (TRL's default makes them equal)"
+        )
+    if "teacher_logprobs" in needed:
+        raise ValueError(
+            f"loss {name!r} needs a teacher's log-probs, which TRL's GRPOTrainer does not compute; use "
+            f"rlzoo train --algorithm {name} --teacher MODEL (docs/trainer.md)"
+        )
+    missing = sorted(needed - _PROVIDED_FIELDS)
+    if missing:
+        uses = sorted({use for field in missing for use in _needed_by(policy, field)})
+        raise ValueError(
+            f"loss {name!r} needs PolicyBatch.{', PolicyBatch.'.join(missing)} (for {', '.join(uses)}), which TRL's "
+            "GRPOTrainer does not provide; train it with rlzoo train, or use the loss without "
+            + ("it" if len(uses) == 1 else "them")
         )
     return resolved
+
+
+def _trl_computes_old_logprobs(args: Any) -> bool:
+    """Whether TRL 1.16 computes ``old_per_token_logps`` at generation time under ``args`` (a ``GRPOConfig``).
+
+    As ``GRPOTrainer._generate_and_score_completions``: when an optimizer step does not end each generation cycle
+    (``gradient_accumulation_steps`` not a multiple of ``steps_per_generation * num_iterations``), or with vLLM's
+    importance-sampling correction on (``use_vllm`` and ``vllm_importance_sampling_correction``).
+    """
+    generate_every = args.steps_per_generation * args.num_iterations
+    return bool(
+        args.gradient_accumulation_steps % generate_every != 0
+        or (args.use_vllm and args.vllm_importance_sampling_correction)
+    )
+
+
+def _needed_by(policy: PolicyLoss, field: str) -> list[str]:
+    """What in ``policy`` needs the :class:`~rlzoo.PolicyBatch` ``field``, for messages: its active parts, named
+    by kind (``"its sampler/trainer IS correction is(...)"``, ``"its rollout rejection m2po(...)"``), and its own
+    options (``bypass_mode``, ``prox_logp_method``); ``[field]`` when nothing is found."""
+    uses = []
+    for part in policy.parts():
+        if field in part.required_fields():
+            kind = ("its sampler/trainer IS correction " if isinstance(part, Correction)
+                    else "its rollout rejection " if isinstance(part, Rejection) else "")
+            uses.append(kind + part.describe())
+    if policy.bypass_mode and field == "rollout_logprobs":
+        uses.append("bypass_mode=True (the sampler's log-probs are the old policy)")
+    if policy.prox_logp_method != "recompute" and field in ("rollout_logprobs", "versions", "current_version"):
+        uses.append(f"prox_logp_method={policy.prox_logp_method!r}")
+    return uses or [field]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +240,8 @@ class _StepCounts:
     tokens: float
     rows: float
     sequences: float  # rows with at least one counted token
+    positive_tokens: float  # tokens of the rows with reward > 0 (0 without rewards)
+    group_tokens: Tensor | None = None  # Int[G]: counted tokens per prompt id (None without group ids)
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -170,8 +261,11 @@ class GRPOTrainer(trl.GRPOTrainer):
     Attributes:
         loss_fn: the resolved loss (:func:`resolve_loss`).
 
-    Per micro-batch the loss is ``P * loss_fn(batch, Normalizer(N, S))`` with the optimizer step's counts (see the
-    module docstring), plus TRL's MoE auxiliary loss when TRL enables it. Metrics go to TRL's logger under the
+    Per micro-batch the loss is ``P * loss_fn(batch, Normalizer(N, S, ...))`` with the optimizer step's counts of
+    the tokens the loss counts (see the module docstring), plus TRL's MoE auxiliary loss when TRL enables it. When
+    the loss needs them, each completion's prompt id (``group_index``) and combined reward (``rewards``) are added
+    to TRL's generation batch (keys ``rlzoo_group_index``, ``rlzoo_rewards``; the rewards are read from TRL's
+    ``_calculate_rewards``). Metrics go to TRL's logger under the
     loss's names (TRL's: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``kl``,
     ``entropy``, ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``policy_loss``; plus rlzoo's ``ratio/*`` and the
     parts' own): a token-weighted mean over processes (``*/max``: the max, ``*/min``: the min);
@@ -179,7 +273,8 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     Raises:
         TypeError, UnknownNameError, ValueError: from :func:`resolve_loss`, at construction: e.g. a KL penalty
-            with ``GRPOConfig.beta=0`` (names ``beta``), an IS correction without vLLM (names ``use_vllm``).
+            with ``GRPOConfig.beta=0`` (names ``beta``), an IS correction without vLLM (names ``use_vllm``),
+            ``opd`` (TRL has no teacher), any PolicyBatch field TRL cannot provide (names it).
 
     Example (a tiny model, see docs/integrations.md for a full script)::
 
@@ -211,59 +306,138 @@ class GRPOTrainer(trl.GRPOTrainer):
         # TRL's loss divides grpo/sapo/dr_grpo/luspo by every row; rlzoo's own losses count rows with a token.
         self._count_every_row = isinstance(self.loss_fn, TRLGRPOLoss)
         self._counted_buffer: list | None = None
-        self._slice_counts: list[_StepCounts] = []
+        self._slice_totals: Tensor | None = None  # [steps_per_generation, 4 (+ prompt ids)], summed over processes
+        self._slice_scalars: list[list[float]] = []  # their first 4 columns, on the host
+        self._rewards_per_func: Tensor | None = None
         if self.args.steps_per_generation % self.args.gradient_accumulation_steps != 0:
             warnings.warn(
                 f"GRPOConfig.steps_per_generation={self.args.steps_per_generation} is not a multiple of "
                 f"gradient_accumulation_steps={self.args.gradient_accumulation_steps}: an optimizer step spans two "
-                "generation batches, so its token count is estimated (as TRL does) and the rlzoo loss is not exactly "
-                "the optimizer step's",
+                "generation batches, so its token counts are estimated (as TRL does) and the rlzoo loss is not "
+                "exactly the optimizer step's",
                 UserWarning,
                 stacklevel=2,
             )
+
+    # ---------------------------------------------------------------------------------------- rollout fields
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Tensor:
+        """TRL's ``_calculate_rewards`` (``Float[P * B, F]``, every process's rows, one column per reward
+        function), kept for :meth:`_generate_and_score_completions`."""
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        """TRL's generation batch, plus the per-completion fields the loss needs that TRL does not return.
+
+        ``rlzoo_group_index`` (``Int[B]``, for "prompt-mean"): the prompt of each completion as TRL groups them for
+        the advantages: ``num_generations`` consecutive rows of the batch gathered over processes, whose rows
+        ``[p * B, (p + 1) * B)`` are process ``p``'s (TRL's ``process_slice``), so the ids agree across processes.
+        ``rlzoo_rewards`` (``Float[B]``, for VAPO): the weighted sum of the reward functions (TRL's logged
+        ``reward``; 0 where every function returned None). Added before TRL shuffles and splits the batch, so
+        they stay with their rows.
+        """
+        needed = self.loss_fn.required_fields()
+        self._rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        rows = int(output["advantages"].shape[0])
+        device = output["advantages"].device
+        start = self.accelerator.process_index * rows
+        if "group_index" in needed:
+            group = self.num_generations if self.model.training else self.num_generations_eval
+            output[_GROUP_INDEX_KEY] = torch.arange(start, start + rows, device=device) // group
+        if "rewards" in needed:
+            if self._rewards_per_func is None:
+                raise RuntimeError(
+                    f"TRL {trl.__version__}'s GRPOTrainer did not call _calculate_rewards, from which the rewards the "
+                    f"loss needs are read (written against TRL {TRL_VERSION})"
+                )
+            per_func = self._rewards_per_func[start : start + rows]
+            weights = self.reward_weights.to(device=per_func.device, dtype=per_func.dtype)
+            output[_REWARDS_KEY] = (per_func * weights).nansum(dim=1).to(device)
+        return output
 
     # ------------------------------------------------------------------------------------------------ counts
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         """TRL's ``_prepare_inputs``; after a new generation, count every slice of its buffer once."""
         inputs = super()._prepare_inputs(generation_batch)
         if self.model.training and self._buffered_inputs is not self._counted_buffer:
-            self._slice_counts = self._count_slices(self._buffered_inputs)
+            self._slice_totals = self._count_slices(self._buffered_inputs)
+            self._slice_scalars = self._slice_totals[:, :_SCALAR_COUNTS].tolist()  # the one device sync
             self._counted_buffer = self._buffered_inputs
         return inputs
 
-    def _count_slices(self, slices: list[Mapping[str, Any]]) -> list[_StepCounts]:
-        """Tokens, rows and non-empty rows of each micro-batch slice, summed over processes (one all-reduce)."""
-        local = torch.stack([self._local_counts(s) for s in slices])  # [steps_per_generation, 3]
-        totals = self.accelerator.reduce(local, reduction="sum").tolist()
-        return [_StepCounts(tokens=t, rows=r, sequences=s) for t, r, s in totals]
+    def _count_slices(self, slices: list[Mapping[str, Any]]) -> Tensor:
+        """``[len(slices), 4 + G]``: each micro-batch slice's counts (:meth:`_local_counts`) summed over processes
+        (one all-reduce)."""
+        num_groups = self._num_groups(slices, sum(int(s["completion_mask"].shape[0]) for s in slices))
+        local = torch.stack([self._local_counts(s, num_groups) for s in slices])
+        return self.accelerator.reduce(local, reduction="sum")
 
-    @staticmethod
-    def _local_counts(inputs: Mapping[str, Any]) -> Tensor:
+    def _num_groups(self, slices: list[Mapping[str, Any]], rows: int) -> int | None:
+        """Prompt ids of a generation batch of ``rows`` rows per process (None when the batch has none)."""
+        if _GROUP_INDEX_KEY not in slices[0]:
+            return None
+        group = self.num_generations if self.model.training else self.num_generations_eval
+        return -(-self.accelerator.num_processes * rows // group)
+
+    def _local_counts(self, inputs: Mapping[str, Any], num_groups: int | None) -> Tensor:
+        """This process's counts of one micro-batch, over the tokens the loss counts (:meth:`_counted_mask`):
+        ``[tokens, rows, rows with a counted token, tokens of rows with reward > 0, tokens of prompt 0, ...]``."""
         mask = inputs["completion_mask"]
         if inputs.get("tool_mask") is not None:
             mask = mask * inputs["tool_mask"]
-        mask = mask.bool()
-        rows = torch.full((), mask.shape[0], dtype=torch.long, device=mask.device)
-        return torch.stack([mask.sum(), rows, mask.any(-1).sum()])
+        lengths = self._counted_mask(inputs, mask.bool()).sum(-1)
+        rewards = inputs.get(_REWARDS_KEY)
+        positive = lengths.new_zeros(()) if rewards is None else torch.where(rewards > 0, lengths, 0).sum()
+        rows = torch.full((), lengths.shape[0], dtype=lengths.dtype, device=lengths.device)
+        scalars = torch.stack([lengths.sum(), rows, (lengths > 0).sum(), positive])
+        if num_groups is None:
+            return scalars
+        per_group = lengths.new_zeros(num_groups).index_add(0, inputs[_GROUP_INDEX_KEY].long(), lengths)
+        return torch.cat([scalars, per_group])
+
+    def _counted_mask(self, inputs: Mapping[str, Any], mask: Tensor) -> Tensor:
+        """``mask`` minus the tokens the loss's rollout rejection drops (``PolicyLoss.loss_mask``, verl's modified
+        response mask), judged from TRL's old and sampler log-probs as the loss will see them (NaN sampler
+        log-probs read as the old ones, :func:`_without_nan_sampling`); ``mask`` itself without a rejection."""
+        policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        old, sampling = inputs.get("old_per_token_logps"), inputs.get("sampling_per_token_logps")
+        if old is not None and sampling is not None:
+            sampling = torch.where(torch.isnan(sampling), old, sampling)
+        return policy.loss_mask(mask, old_logprobs=old, rollout_logprobs=sampling)
 
     def _step_counts(self, inputs: Mapping[str, Any]) -> _StepCounts:
         """Counts of the optimizer step the current micro-batch belongs to (train), or of the batch (eval)."""
         if not self.model.training:  # evaluation: one batch, no accumulation
-            t, r, s = self.accelerator.reduce(self._local_counts(inputs), reduction="sum").tolist()
-            return _StepCounts(tokens=t, rows=r, sequences=s)
-        counts, ga = self._slice_counts, self.current_gradient_accumulation_steps
-        n = len(counts)
+            rows = int(inputs["completion_mask"].shape[0])
+            totals = self.accelerator.reduce(self._local_counts(inputs, self._num_groups([inputs], rows)),
+                                             reduction="sum")
+            return self._as_step_counts(totals[:_SCALAR_COUNTS].tolist(), totals)
+        assert self._slice_totals is not None  # counted by _prepare_inputs
+        ga, n = self.current_gradient_accumulation_steps, len(self._slice_scalars)
         if n % ga == 0:  # the window's micro-batches are consecutive slices of this generation batch
             start = self._step % n - self._step % ga
-            window = counts[start : start + ga]
-            return _StepCounts(*(sum(getattr(c, f) for c in window) for f in ("tokens", "rows", "sequences")))
-        scale = ga / n  # the step spans two generation batches: TRL's estimate
-        return _StepCounts(*(scale * sum(getattr(c, f) for c in counts) for f in ("tokens", "rows", "sequences")))
+            window = self._slice_scalars[start : start + ga]
+            return self._as_step_counts([sum(column) for column in zip(*window, strict=True)],
+                                        self._slice_totals[start : start + ga].sum(0))
+        # The step spans two generation batches: TRL's estimate (prompt ids are refused here, by resolve_loss).
+        scale = ga / n
+        return self._as_step_counts([scale * sum(column) for column in zip(*self._slice_scalars, strict=True)], None)
+
+    @staticmethod
+    def _as_step_counts(scalars: list[float], totals: Tensor | None) -> _StepCounts:
+        groups = None if totals is None or totals.shape[-1] == _SCALAR_COUNTS else totals[_SCALAR_COUNTS:]
+        tokens, rows, sequences, positive = scalars
+        return _StepCounts(tokens=tokens, rows=rows, sequences=sequences, positive_tokens=positive, group_tokens=groups)
 
     def _normalizer(self, inputs: Mapping[str, Any]) -> Normalizer:
         counts = self._step_counts(inputs)
         return Normalizer(
-            num_tokens=counts.tokens, num_sequences=counts.rows if self._count_every_row else counts.sequences
+            num_tokens=counts.tokens,
+            num_sequences=counts.rows if self._count_every_row else counts.sequences,
+            group_num_tokens=counts.group_tokens,
+            num_positive_tokens=counts.positive_tokens if _REWARDS_KEY in inputs else None,
         )
 
     # -------------------------------------------------------------------------------------------------- loss
@@ -302,11 +476,16 @@ class GRPOTrainer(trl.GRPOTrainer):
             **{key: inputs.get(key) for key in _FORWARD_KEYS},
         )
         needed = self.loss_fn.required_fields()
-        batch = batch_from_trl_inputs(
-            _without_nan_sampling(inputs, logps),
-            logps,
-            entropies if "entropies" in needed else None,
-        )
+        source = _without_nan_sampling(inputs, logps)
+        policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        if policy.bypass_mode and "old_per_token_logps" in source:  # the sampler's log-probs are the old policy
+            source = {key: value for key, value in source.items() if key != "old_per_token_logps"}
+        extra = {field: inputs[key] for field, key in (("group_index", _GROUP_INDEX_KEY), ("rewards", _REWARDS_KEY))
+                 if field in needed and key in inputs}
+        batch = batch_from_trl_inputs(source, logps, entropies if "entropies" in needed else None,
+                                      check_values=not extra)
+        if extra:  # checked once, with the added fields
+            batch = dataclasses.replace(batch, **extra, check_values=True)
         out = self.loss_fn(batch, self._normalizer(inputs))
         loss = out.loss * self.accelerator.num_processes
         training = self.model.training

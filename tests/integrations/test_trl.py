@@ -12,6 +12,7 @@ rate; with SGD a weight difference is the learning rate times the gradient diffe
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -100,9 +101,8 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
     for got, want in zip(got_logs, want_logs, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], abs=REFERENCE_ATOL, rel=0)
         assert got["entropy"] == pytest.approx(want["entropy"], abs=REFERENCE_ATOL, rel=0)
-        # TRL's names, token-weighted as TRL's; at sequence level TRL averages the clip flags over sequences
-        # and rlzoo over tokens (docs/integrations.md), so only the token-level clip metrics compare
-        names = ["kl"] if args.importance_sampling_level == "sequence" else ["kl", "clip_ratio/region_mean"]
+        # TRL's names and reductions: token-weighted, and per sequence at importance_sampling_level="sequence"
+        names = ["kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio"]
         for name in names:
             if name in want:
                 assert got[name] == pytest.approx(want[name], abs=REFERENCE_ATOL, rel=0), name
@@ -112,6 +112,8 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
     assert any(row["completions/min_length"] < row["completions/max_length"] for row in want_logs if
                "completions/min_length" in row)
     assert max(row["ratio/max"] for row in got_logs) > 1.0 + 1e-3
+    if case == "gspo":  # some sequences clipped, not all: a per-token count would give other fractions
+        assert any(0.0 < row["clip_ratio/low_mean"] < 1.0 for row in got_logs)
 
 
 def build_flat_initial(tiny) -> torch.Tensor:
@@ -135,13 +137,13 @@ def test_bnpo_normalises_by_the_optimizer_step_not_each_micro_batch(tiny, tmp_pa
 
 
 class Recorder:
-    """Wraps a loss and records every call: (batch, normalizer, loss value)."""
+    """Wraps a loss and records every call: (batch, normalizer, loss value); anything else is the loss's."""
 
     def __init__(self, loss_fn):
         self.loss_fn, self.calls = loss_fn, []
 
-    def required_fields(self):
-        return self.loss_fn.required_fields()
+    def __getattr__(self, name):
+        return getattr(self.__dict__["loss_fn"], name)
 
     def __call__(self, batch, normalizer):
         out = self.loss_fn(batch, normalizer)
@@ -156,12 +158,20 @@ def _concat(batches: list[rlzoo.PolicyBatch]) -> rlzoo.PolicyBatch:
     def pad(x, value=0.0):
         return torch.nn.functional.pad(x, (0, t - x.shape[1]), value=value)
 
-    old = [b.old_logprobs if b.old_logprobs is not None else b.logprobs for b in batches]
+    def cat(field):
+        values = [getattr(b, field) for b in batches]
+        if all(v is None for v in values):
+            return None
+        return torch.cat([pad(v.detach()) if v.ndim == 2 else v for v in values])
+
     return rlzoo.PolicyBatch(
         logprobs=torch.cat([pad(b.logprobs.detach()) for b in batches]),
-        old_logprobs=torch.cat([pad(o.detach()) for o in old]),
+        old_logprobs=cat("old_logprobs"),  # None: on-policy (or bypass mode) in every micro-batch
         advantages=torch.cat([b.advantages for b in batches]),
         completion_mask=torch.cat([pad(b.completion_mask, False) for b in batches]),
+        rollout_logprobs=cat("rollout_logprobs"),
+        group_index=cat("group_index"),
+        rewards=cat("rewards"),
     )
 
 
@@ -301,3 +311,217 @@ def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_correcte
     assert math.isfinite(float(got))
     assert float(got) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
     assert abs(float(got) - float(without)) > 1e-4  # the correction acts on the other tokens
+
+
+# ------------------------------------------------------------- fields TRL does not return, and the counted tokens
+def _steps(calls, per_step):
+    """The recorded calls, ``per_step`` (the accumulation steps) per optimizer step."""
+    return [calls[i : i + per_step] for i in range(0, len(calls), per_step)]
+
+
+def _assert_micro_batches_sum_to_the_step(calls, loss_fn, logs):
+    """Each step's micro-batch losses (with the trainer's Normalizer) sum to the loss of the step's whole batch
+    (its own counts), which TRL logged."""
+    for calls_of_step, row in zip(_steps(calls, len(calls) // len(logs)), logs, strict=True):
+        total = sum(loss for _, _, loss in calls_of_step)
+        want = loss_fn(_concat([batch for batch, _, _ in calls_of_step])).loss
+        assert float(total) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
+        assert float(total) == pytest.approx(row["loss"], abs=REFERENCE_ATOL, rel=0)
+
+
+def test_prompt_mean_gets_trls_prompt_groups_and_the_steps_group_counts(tiny, tmp_path):
+    """aggregation="prompt-mean": each completion's group_index is the prompt TRL normalised its advantage over
+    (every id holds num_generations completions of one generation batch whose GRPO advantages sum to 0), it
+    survives TRL's shuffling into micro-batches, and the Normalizer's group_num_tokens are the optimizer step's:
+    micro-batch losses sum to the loss of the step's batch, also when a prompt's completions are split over the
+    step's micro-batches. Evaluation counts its one batch."""
+    path, tokenizer = tiny
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4, num_iterations=1, max_steps=4,
+                  per_device_eval_batch_size=4)
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, eval_dataset=dataset,
+                          processing_class=tokenizer, loss=rlzoo.get_loss("dapo", aggregation="prompt-mean"))
+    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(recorder.calls) == 8
+    for generation in (recorder.calls[:4], recorder.calls[4:]):  # 2 optimizer steps of 2 micro-batches each
+        ids = torch.cat([batch.group_index for batch, _, _ in generation])
+        advantages = torch.cat([batch.advantages for batch, _, _ in generation])
+        assert sorted(ids.tolist()) == sorted(list(range(8)) * 2)  # 8 prompts x num_generations=2
+        sums = torch.zeros(8).index_add(0, ids, advantages)
+        assert sums.abs().max() < 1e-3 and advantages.abs().max() > 0.1  # GRPO: zero mean within TRL's group
+    split = [set(a.group_index.tolist()) & set(b.group_index.tolist()) for (a, _, _), (b, _, _) in
+             _steps(recorder.calls, 2)]
+    assert any(split)  # some prompt has completions in both micro-batches of a step
+    for calls_of_step in _steps(recorder.calls, 2):
+        full = _concat([batch for batch, _, _ in calls_of_step])
+        want = rlzoo.Normalizer.from_masks(full.completion_mask, group_index=[full.group_index], num_groups=8)
+        for _, normalizer, _ in calls_of_step:
+            assert normalizer.group_num_tokens.tolist() == want.group_num_tokens.tolist()
+    _assert_micro_batches_sum_to_the_step(recorder.calls, recorder.loss_fn, logs)
+
+    recorder.calls.clear()
+    result = trainer.evaluate()
+    assert recorder.calls and math.isfinite(result["eval_loss"])
+    for batch, _, loss in recorder.calls:
+        assert float(loss) == pytest.approx(float(recorder.loss_fn(batch).loss), abs=REFERENCE_ATOL, rel=0)
+
+
+def offset(completions, **kwargs):
+    """A constant second reward function (weighted 0.5): the combined reward is vowels - 0.35, of both signs."""
+    return [-0.7] * len(completions)
+
+
+def test_vapo_gets_trls_combined_rewards_and_the_steps_positive_token_count(tiny, tmp_path):
+    """loss="vapo": the rewards of each completion are TRL's weighted sum of its reward functions (recomputed
+    here from the decoded completion), and the Normalizer's num_positive_tokens is the step's, so micro-batch
+    losses sum to the loss of the step's batch (positive-example NLL included)."""
+    path, tokenizer = tiny
+    args = config(tmp_path, gradient_accumulation_steps=2, reward_weights=[1.0, 0.5])
+    seen = []
+
+    class Inspecting(GRPOTrainer):
+        def compute_loss(self, model, inputs, *rest, **kwargs):
+            seen.append(inputs)
+            return super().compute_loss(model, inputs, *rest, **kwargs)
+
+    trainer = Inspecting(model=path, reward_funcs=[vowels, offset], args=args, processing_class=tokenizer,
+                         train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}), loss="vapo")
+    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    rewards = torch.cat([batch.rewards for batch, _, _ in recorder.calls])
+    assert (rewards > 0).any() and (rewards <= 0).any()
+    for inputs, (batch, normalizer, _) in zip(seen, recorder.calls, strict=True):
+        texts = tokenizer.batch_decode([ids[mask.bool()] for ids, mask in
+                                        zip(inputs["completion_ids"], inputs["completion_mask"], strict=True)],
+                                       skip_special_tokens=True)
+        want = torch.tensor(vowels(texts)) + 0.5 * torch.tensor(offset(texts))
+        torch.testing.assert_close(batch.rewards, want)
+    for calls_of_step in _steps(recorder.calls, 2):
+        full = _concat([batch for batch, _, _ in calls_of_step])
+        positive = (full.completion_mask & (full.rewards > 0)[:, None]).sum().item()
+        assert all(normalizer.num_positive_tokens == positive for _, normalizer, _ in calls_of_step)
+    assert any(0 < row["positive_nll/fraction"] < 1 for row in logs)
+    _assert_micro_batches_sum_to_the_step(recorder.calls, recorder.loss_fn, logs)
+
+
+def sampler(tokenizer):
+    """A ``rollout_func`` standing in for vLLM (not runnable here): random completions of 2-8 tokens (every third
+    eos-terminated) with "sampler" log-probs = the policy's own plus N(0, 0.3) noise, so a rollout rejection drops
+    some tokens; one token vLLM could not score (None, i.e. NaN); the first token of every fourth completion is an
+    environment token (``env_mask`` 0, TRL's ``tool_mask``)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def rollout(prompts, trainer):
+        prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        completion_ids, logprobs, env_mask = [], [], []
+        for i, ids in enumerate(prompt_ids):
+            n = int(torch.randint(2, 9, (), generator=generator))
+            completion = torch.randint(3, 200, (n,), generator=generator).tolist()
+            if i % 3 == 0:
+                completion[-1] = tokenizer.eos_token_id
+            with torch.no_grad():
+                own, _, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, torch.tensor([ids + completion]), torch.ones(1, len(ids) + n, dtype=torch.long), n)
+            noisy = (own[0] + 0.3 * torch.randn(n, generator=generator)).clamp(max=0).tolist()
+            if i == 1:
+                noisy[0] = None
+            completion_ids.append(completion)
+            logprobs.append(noisy)
+            env_mask.append([0 if i % 4 == 0 and t == 0 else 1 for t in range(n)])
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask}
+
+    return rollout
+
+
+REJECTING_LOSSES = {
+    "rollout_rs": rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"),
+    "m2po": rlzoo.get_loss("m2po"),
+    "bypass": rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25", bypass_mode=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTING_LOSSES))
+def test_rejected_tokens_leave_the_step_counts(tiny, tmp_path, case):
+    """With sampler log-probs (a rollout_func standing in for vLLM) and a loss that rejects tokens, the step's
+    num_tokens / num_sequences count the tokens the loss counts (loss_fn.loss_mask of each micro-batch, judged
+    from TRL's old and sampler log-probs), not every completion token: the micro-batch losses sum to the loss of
+    the step's batch. m2po's mask is batch-coupled (judged per micro-batch, so only the counts compare); in
+    bypass mode TRL's old log-probs are not passed and the counts keep the rejected tokens (verl's bypass)."""
+    path, tokenizer = tiny
+    loss = REJECTING_LOSSES[case]
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4)  # num_iterations 2: old log-probs
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer, loss=loss,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
+                          rollout_func=sampler(tokenizer))
+    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(recorder.calls) == 6 and all(math.isfinite(row["loss"]) for row in logs)
+    rejected = 0
+    for calls_of_step in _steps(recorder.calls, 2):
+        batches = [batch for batch, _, _ in calls_of_step]
+        assert all((batch.old_logprobs is None) == (case == "bypass") for batch in batches)
+        assert all(batch.rollout_logprobs is not None for batch in batches)
+        counted = [loss.loss_mask(b.completion_mask, old_logprobs=b.old_logprobs, rollout_logprobs=b.rollout_logprobs)
+                   for b in batches]
+        tokens = sum(m.sum().item() for m in counted)
+        rejected += sum(b.completion_mask.sum().item() for b in batches) - tokens
+        for _, normalizer, _ in calls_of_step:
+            assert normalizer.num_tokens == tokens
+            assert normalizer.num_sequences == sum(m.any(-1).sum().item() for m in counted)
+    if case == "bypass":
+        assert rejected == 0
+    else:
+        assert rejected > 0  # the old count (every completion token) would fail the comparisons above
+    if case != "m2po":
+        _assert_micro_batches_sum_to_the_step(recorder.calls, recorder.loss_fn, logs)
+
+
+def test_loss_needing_a_teacher_is_refused(tiny, tmp_path):
+    path, tokenizer = tiny
+    with pytest.raises(ValueError, match=r"'opd' needs a teacher's log-probs.*rlzoo train --algorithm opd --teacher"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss="opd")
+
+
+def test_loss_needing_fields_trl_lacks_names_them(tiny, tmp_path):
+    """prox_logp_method="loglinear" needs policy versions, which TRL does not record."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("decoupled_ppo", prox_logp_method="loglinear")
+    with pytest.raises(ValueError, match=r"PolicyBatch\.current_version, PolicyBatch\.versions .*loglinear"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss=loss,
+                    rollout_func=sampler(tokenizer))
+
+
+def test_prompt_mean_across_generation_batches_is_refused(tiny, tmp_path):
+    path, tokenizer = tiny
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=3)
+    with pytest.raises(ValueError, match=r"group_index.*prompt-mean.*steps_per_generation=3"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer,
+                    loss=rlzoo.get_loss("dapo", aggregation="prompt-mean"))
+
+
+@pytest.mark.parametrize(("loss", "says"), [
+    (rlzoo.get_loss("m2po"), r"rollout rejection m2po\(m2_threshold=0.04\)"),
+    (rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"), r"rollout rejection rollout_rs"),
+    (rlzoo.get_loss("dapo", bypass_mode=True), r"bypass_mode=True"),
+])
+def test_sampler_logprobs_without_vllm_say_what_needs_them(tiny, tmp_path, loss, says):
+    """The refusal names what needs the sampler's log-probs: a rejection or bypass mode is no IS correction."""
+    path, tokenizer = tiny
+    with pytest.raises(ValueError, match=r"GRPOConfig\(use_vllm=True\)") as raised:
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss=loss)
+    message = str(raised.value)
+    assert re.search(says, message), message
+    assert ("IS correction" in message) == (loss.is_correction is not None and loss.is_correction.active)
+
+
+def test_rejection_without_old_logprobs_is_refused(tiny, tmp_path):
+    """On-policy TRL computes no old log-probs, which the step's counts of a rejecting loss need up front."""
+    path, tokenizer = tiny
+    args = config(tmp_path, num_iterations=1)
+    with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer,
+                    loss=REJECTING_LOSSES["rollout_rs"], rollout_func=sampler(tokenizer))
