@@ -283,13 +283,16 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
     from reasoning_gym.factory import DATASETS
 
+    from rlzoo.trainer.config import TaskConfig
     from rlzoo.trainer.tasks import DATASET_OPTIONS, list_reasoning_gym_tasks
 
     def options(name: str, defaults: bool) -> list[str]:
         fields = [f for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("seed", "size")]
         if not defaults:
             return [f.name for f in fields]
-        return [f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name for f in fields]
+        ours = TaskConfig(task=name).resolved_task_kwargs  # rlzoo's built-in options (chain_sum) over reasoning-gym's
+        return [f"{f.name}={ours.get(f.name, f.default)!r}" if f.name in ours or f.default is not dataclasses.MISSING
+                else f.name for f in fields]
 
     if args.name:
         if args.name in DATASET_OPTIONS or args.name not in DATASETS:
