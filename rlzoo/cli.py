@@ -60,7 +60,8 @@ of any model (--model), printed as JSON. Also the dotted options --task.NAME VAL
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     """Parse ``rlzoo train`` arguments into a :class:`~rlzoo.trainer.TrainConfig`.
 
-    Precedence: built-in defaults < ``--config FILE`` < flags. Dotted flags merge into the file's mappings.
+    Precedence: built-in defaults < the checkpoint's settings (with ``--resume``) < ``--config FILE`` < flags.
+    Dotted flags merge into the mappings of the file (or else the checkpoint's).
 
     Raises:
         SystemExit: on ``--help`` or a parse error (argparse/tyro behaviour).
@@ -71,14 +72,31 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     import tyro
 
     from rlzoo.trainer.config import TrainConfig
+    from rlzoo.trainer.resume import checkpoint_settings
 
     base, rest = _config_and_dotted(argv, prog)
     _refuse_trl_spellings(rest)
+    saved = checkpoint_settings(*_resume_target(base, rest))
+    if saved is not None:  # resuming: what is not given again is the checkpoint's, so only what is given can change
+        base, _ = _config_and_dotted(argv, prog, under=saved)
     default = TrainConfig.from_dict(base)
     parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP)
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
     return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
                                task_kwargs=default.task_kwargs, peft=default.peft)
+
+
+def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:
+    """``output_dir`` and ``resume`` as the flags (else the config file) give them, read before the full parse:
+    the checkpoint they name gives the defaults of that parse."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("--output-dir", "--output_dir", default=base.get("output_dir"))
+    parser.add_argument("--resume", default=base.get("resume"))
+    try:
+        known, _ = parser.parse_known_args(list(rest))
+    except argparse.ArgumentError:  # e.g. --resume without a value: the full parse says so
+        return None, None
+    return tuple(None if v == "None" else v for v in (known.output_dir, known.resume))  # type: ignore[return-value]
 
 
 def _refuse_trl_spellings(argv: Sequence[str]) -> None:
@@ -91,8 +109,9 @@ def _refuse_trl_spellings(argv: Sequence[str]) -> None:
         raise ValueError(f"unknown option: {hint}")
 
 
-def _config_and_dotted(argv: Sequence[str], prog: str) -> tuple[dict[str, Any], list[str]]:
-    """``--config FILE``'s settings merged with the dotted flags, and the remaining arguments."""
+def _config_and_dotted(argv: Sequence[str], prog: str,
+                       under: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments."""
     from rlzoo.trainer.config_files import load_config_file
 
     argv = list(argv)
@@ -108,6 +127,7 @@ def _config_and_dotted(argv: Sequence[str], prog: str) -> tuple[dict[str, Any], 
             base = load_config_file(arg.split("=", 1)[1])
             del argv[i]
             break
+    base = {**(under or {}), **base}
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
     i = 0
@@ -283,13 +303,16 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
     from reasoning_gym.factory import DATASETS
 
+    from rlzoo.trainer.config import TaskConfig
     from rlzoo.trainer.tasks import DATASET_OPTIONS, list_reasoning_gym_tasks
 
     def options(name: str, defaults: bool) -> list[str]:
         fields = [f for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("seed", "size")]
         if not defaults:
             return [f.name for f in fields]
-        return [f"{f.name}={f.default!r}" if f.default is not dataclasses.MISSING else f.name for f in fields]
+        ours = TaskConfig(task=name).resolved_task_kwargs  # rlzoo's built-in options (chain_sum) over reasoning-gym's
+        return [f"{f.name}={ours.get(f.name, f.default)!r}" if f.name in ours or f.default is not dataclasses.MISSING
+                else f.name for f in fields]
 
     if args.name:
         if args.name in DATASET_OPTIONS or args.name not in DATASETS:

@@ -198,7 +198,7 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
     result = json.loads(captured.out)
     assert result == json.loads(out_file.read_text())
     assert result["checkpoint"].endswith("step-000001") and result["answer_extraction"] == "first_number"
-    assert result["task_kwargs"] == {"max_terms": 3} and result["n"] == 3 and 0 <= result["accuracy"] <= 1
+    assert result["task_kwargs"] == {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1} and result["n"] == 3 and 0 <= result["accuracy"] <= 1
     assert "greedy accuracy" in captured.err
     with pytest.raises(SystemExit):  # only evaluation flags
         main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
@@ -209,7 +209,7 @@ def test_tasks_lists_tasks_and_options(capsys):
     out = capsys.readouterr().out
     assert "chain_sum" in out and "--task.answer_column" in out and "max_terms" in out
     assert main(["tasks", "chain_sum"]) == 0
-    assert "--task.max_terms 6" in capsys.readouterr().out
+    assert "--task.max_terms 2" in capsys.readouterr().out  # the built-in job's, not reasoning-gym's 6
 
 
 def test_help_is_plain_text(capsys):

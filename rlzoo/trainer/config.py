@@ -112,7 +112,7 @@ class TaskConfig(Section):
     data set id (see rlzoo tasks)."""
     task_kwargs: OptionalDottedOptions = None
     """Data set options, e.g. --task.max_terms 3 (reasoning-gym), --task.split test or --task.answer_column
-    solution (files and hub data sets); None: the built-in job's (2 one-digit terms) for chain_sum."""
+    solution (files and hub data sets); for chain_sum laid over the built-in job's (2 one-digit terms)."""
     answer_extraction: str = "last_number"
     """How a completion becomes an answer for the scorer: last_number, first_number, full, first_line, tag."""
     system_prompt: str | None = None
@@ -131,10 +131,10 @@ class TaskConfig(Section):
 
     @property
     def resolved_task_kwargs(self) -> dict[str, Any]:
-        """``task_kwargs``, or the built-in job's kwargs when unset and the task is the default one."""
-        if self.task_kwargs is not None:
-            return dict(self.task_kwargs)
-        return dict(DEFAULT_TASK_KWARGS) if self.task == DEFAULT_TASK else {}
+        """``task_kwargs``, laid over the built-in job's (:data:`DEFAULT_TASK_KWARGS`) when the task is the default
+        one (``--task.max_terms 3`` keeps the other built-in options, not reasoning-gym's)."""
+        defaults = DEFAULT_TASK_KWARGS if self.task == DEFAULT_TASK else {}
+        return {**defaults, **(self.task_kwargs or {})}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

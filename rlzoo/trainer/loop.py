@@ -52,7 +52,7 @@ from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
+from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, check_run_length, compare_settings, find_checkpoint
 from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
@@ -320,9 +320,10 @@ class Trainer:
         if main:
             self.run_dir.prepare()
         checkpoint, changes, source_run = None, {}, None
-        if self.config.resume:
-            found = str(self.checkpointer.find(self.config.resume)) if main else None
-            checkpoint = Path(self.dist.broadcast_object(found))
+        if self.config.resume:  # None under --resume auto without a checkpoint: a fresh start
+            checkpoint = self.dist.broadcast_object(find_checkpoint(self.checkpointer, self.config.resume) if main
+                                                    else None)
+        if checkpoint is not None:
             changes = self.load_checkpoint(checkpoint)
             source_run = checkpoint.resolve().parent.parent
             if main and source_run == self.run_dir.path.resolve():
@@ -330,9 +331,10 @@ class Trainer:
         if main:
             previous = read_metrics(source_run / "metrics.jsonl")[0] if source_run else []
             self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step])
-            self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
-                                      resumed_from=str(checkpoint) if checkpoint else None, changes=changes,
-                                      source=source_run / "config.json" if source_run else None)
+            if checkpoint is None or self.step < self.config.max_steps:  # else --resume auto of a complete run
+                self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
+                                          resumed_from=str(checkpoint) if checkpoint else None, changes=changes,
+                                          source=source_run / "config.json" if source_run else None)
             log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
                      self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
         self.dist.barrier()
@@ -377,13 +379,15 @@ class Trainer:
 
         Raises:
             FileNotFoundError: not a checkpoint.
-            ValueError: a checkpoint of another model (names the first mismatched tensor), or a changed setting
-                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`).
+            ValueError: a checkpoint of another model (names the first mismatched tensor), a changed setting
+                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
+                checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`).
         """
         changes = compare_settings(self.checkpointer.settings(path), self.config,  # refusals touch nothing
                                    world_size=self.dist.world_size)
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
+        check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto")
         self.optimizer.restore(checkpoint.states["scheduler"], completed_steps=checkpoint.step,
                                reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
         if checkpoint.world_size != self.dist.world_size and checkpoint.states["rollouts"]["buffer"]:

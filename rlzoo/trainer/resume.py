@@ -1,20 +1,38 @@
-"""What a resume may change: settings that can be honoured are applied (one log line each), the others refused.
+"""What a resume starts from and what it may change: settings that can be honoured are applied (one log line
+each), the others refused.
 
-A run resumes with the settings it is given now, not the checkpoint's: the optimizer's learning rate, betas,
-weight decay and schedule (including ``max_steps``, the schedule's horizon) are put into the restored
-optimizer and scheduler; everything read afresh at each step or generation (loss, rewards, sampling,
-evaluation, checkpointing) simply takes the new value. What the restored state depends on is refused: the
-model, the task's training stream, the batch shape and generation cycle, the sampler, and the seed (the
-random state comes from the checkpoint).
+Where the settings come from. ``rlzoo train --resume`` takes the checkpoint's settings as the defaults and
+lays the config file and flags given now over them (:func:`checkpoint_settings`), as TRL and verl users expect:
+``rlzoo train --output-dir RUN --resume latest`` continues RUN as it was, and only what is given again can be a
+change. The Python API takes a whole :class:`~rlzoo.trainer.TrainConfig` as the user's (a dataclass cannot tell
+a field left at its default from one set to it, and transformers' ``Trainer`` likewise resumes with the
+``TrainingArguments`` it is given); :func:`resume_config` builds one from the checkpoint with overrides, as the
+command line does.
+
+What a change does. The optimizer's learning rate, betas, weight decay and schedule (including ``max_steps``,
+the schedule's horizon) are put into the restored optimizer and scheduler; everything read afresh at each step
+or generation (loss, rewards, sampling, evaluation, checkpointing) simply takes the new value. What the restored
+state depends on is refused: the model and its LoRA options, the task's training stream, the batch shape and
+generation cycle, the sampler, and the seed (the random state comes from the checkpoint). A ``max_steps`` the
+checkpoint has already reached is refused too (:func:`check_run_length`).
+
+``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
+fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.
 """
 
+import dataclasses
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.config import TaskConfig, TrainConfig
+from rlzoo.trainer.checkpoint import Checkpointer
+from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
+from rlzoo.trainer.run_dir import RunDirectory
 
-__all__ = ["OPTIMIZER_SETTINGS", "REFUSED_SETTINGS", "compare_settings"]
+__all__ = ["OPTIMIZER_SETTINGS", "REFUSED_SETTINGS", "check_run_length", "checkpoint_settings", "compare_settings",
+           "find_checkpoint", "resume_config"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -22,6 +40,7 @@ _STREAM = "the task's training stream is part of the checkpoint"
 _CYCLE = "the batch shape and generation cycle are part of the checkpoint (an unfinished generation batch)"
 REFUSED_SETTINGS: Mapping[str, str] = {
     "model": "the checkpoint holds weights of the model it was trained from",
+    "peft": "the checkpoint holds the adapter these LoRA options shape and scale (and the whole model without them)",
     "task": _STREAM,
     "task_kwargs": _STREAM,
     "train_seed": _STREAM,
@@ -86,12 +105,98 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         refused.update({k: v for k, v in changes.items() if k in ("eval_seed", "eval_size")})
     if refused:
         reasons = "; ".join(f"{k} {v[0]!r} -> {v[1]!r} ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
-        raise ValueError(f"cannot resume with changed settings: {reasons}. Resume with the checkpoint's values, or "
-                         "start a new run in another --output-dir")
+        raise ValueError(f"cannot resume with changed settings: {reasons}. Resume with the checkpoint's values (leave "
+                         "those flags out; in Python: rlzoo.trainer.resume.resume_config), or start a new run in "
+                         "another --output-dir")
     for name, (old, new) in changes.items():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
         log.info("resume: %s changed %r -> %r (%s)", name, old, new, where)
     return changes
+
+
+def find_checkpoint(checkpointer: Checkpointer, resume: str | None) -> Path | None:
+    """The checkpoint ``resume`` names: ``latest`` or a path (:meth:`Checkpointer.find`), or under ``auto`` the
+    newest one if there is one; None: start fresh (no ``resume``, or ``auto`` in a directory without checkpoints).
+
+    Raises:
+        FileNotFoundError: ``latest`` without a checkpoint, or a path that is not a checkpoint.
+    """
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = checkpointer.all()
+        return found[-1] if found else None
+    return checkpointer.find(resume)
+
+
+def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str | None) -> dict[str, Any] | None:
+    """The settings of the checkpoint ``resume`` names (``latest`` / ``auto``: the newest under
+    ``OUTPUT_DIR/checkpoints``; or a checkpoint path), as :meth:`TrainConfig.from_dict` takes them: what the
+    command line lays the flags given on resume over.
+
+    Left out: how that run's segment was started (``output_dir``, ``resume``, ``overwrite``, ``progress``), the
+    world size (not a setting), and keys this version of rlzoo does not know (a warning names them). None: no
+    ``resume``, or no checkpoint found for ``latest`` / ``auto`` (the trainer then raises for ``latest`` and
+    starts fresh for ``auto``).
+
+    Raises:
+        ValueError: ``latest`` or ``auto`` without ``output_dir`` (names --output-dir).
+        FileNotFoundError: a path that is not a checkpoint.
+    """
+    if resume is None:
+        return None
+    if resume in ("latest", "auto") and output_dir is None:
+        raise ValueError(f"--resume {resume} needs --output-dir (the directory of the run to continue)")
+    checkpointer = Checkpointer(CheckpointConfig(), RunDirectory(output_dir or ".").checkpoints)
+    try:
+        path = find_checkpoint(checkpointer, resume)
+    except FileNotFoundError:
+        if resume == "latest":
+            return None  # the trainer says so, after cleaning up what interrupted writes left (a checkpoint put back)
+        raise
+    if path is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    saved = {k: v for k, v in Checkpointer.settings(path).items() if k != "world_size" and k not in _NOT_SETTINGS}
+    unknown = sorted(set(saved) - fields)
+    if unknown:
+        log.warning("resume: checkpoint %s has settings this version of rlzoo does not know, ignored: %s", path,
+                    ", ".join(unknown))
+    return {k: v for k, v in saved.items() if k in fields}
+
+
+def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **overrides: Any) -> TrainConfig:
+    """The Python analogue of ``rlzoo train --output-dir OUTPUT_DIR --resume RESUME --FIELD VALUE ...``: the
+    :class:`TrainConfig` of the checkpoint's settings (:func:`checkpoint_settings`) with ``overrides`` (field
+    names) laid over them; under ``auto`` without a checkpoint, the defaults with ``overrides``.
+
+    Example: ``Trainer(resume_config("runs/a", max_steps=200, learning_rate=1e-5)).train()``.
+
+    Raises:
+        FileNotFoundError: ``latest`` without a checkpoint under ``OUTPUT_DIR/checkpoints`` (names it), or a
+            path that is not a checkpoint.
+        ValueError: unknown field names or invalid values (:meth:`TrainConfig.from_dict`).
+    """
+    saved = checkpoint_settings(output_dir, resume)
+    if saved is None and resume != "auto":
+        raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from")
+    return TrainConfig.from_dict({**(saved or {}), "output_dir": str(output_dir), "resume": resume, **overrides})
+
+
+def check_run_length(max_steps: int, step: int, checkpoint: str | os.PathLike[str], *, auto: bool = False) -> None:
+    """Refuse a resume that would not train: ``max_steps`` at or below the checkpoint's ``step``. Under
+    ``--resume auto`` a run already at ``max_steps`` is complete rather than wrong (a job requeued after its last
+    checkpoint): one log line, and the trainer then trains nothing and records no new segment.
+
+    Raises:
+        ValueError: ``max_steps < step``, or ``max_steps == step`` unless ``auto`` (names --max-steps).
+    """
+    if max_steps == step and auto:
+        log.info("resume: the run is already complete at step %d (--max-steps %d, checkpoint %s); nothing to train",
+                 step, max_steps, checkpoint)
+    elif max_steps <= step:
+        raise ValueError(f"nothing to train: checkpoint {checkpoint} is at step {step} and max_steps is {max_steps}; "
+                         f"continue the run with --max-steps N for an N > {step}")
 
 
 def _normal(value: Any) -> Any:

@@ -32,14 +32,15 @@ class CheckpointConfig(Section):
     save_total_limit: int = 2
     """Keep this many most recent checkpoints."""
     resume: str | None = None
-    """Resume: 'latest' (the output dir's newest checkpoint) or a checkpoint directory."""
+    """Resume: 'latest' (the output dir's newest checkpoint), 'auto' (latest if there is one, else start fresh) or a
+    checkpoint directory. On the command line the checkpoint's settings are the defaults that flags override."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
-        resume_ok = self.resume is None or self.resume == "latest" or Path(self.resume).is_dir()
+        resume_ok = self.resume is None or self.resume in ("latest", "auto") or Path(self.resume).is_dir()
         return [
             ("save_steps", self.save_steps >= 0, ">= 0"),
             ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
-            ("resume", resume_ok, "'latest' or an existing checkpoint directory"),
+            ("resume", resume_ok, "'latest', 'auto' or an existing checkpoint directory"),
             *super().checks(),
         ]
 

@@ -4,7 +4,11 @@
   the whole run; the kernel drops it when the process dies, so a stale lock (a killed run) is taken over
   with a warning, and a live one refuses the second run.
 - A fresh run (no ``--resume``) never starts in a directory that holds a run: it is refused, naming
-  ``--resume`` and ``--overwrite``; ``--overwrite`` deletes that run's files first (and only those).
+  ``--resume`` and ``--overwrite``; ``--overwrite`` deletes that run's files first (and only those). A resume
+  of this directory's run (``latest``, ``auto``, one of its checkpoints) with ``--overwrite`` is refused: the
+  two contradict each other.
+- ``--resume auto`` in a directory without a checkpoint starts fresh; what an earlier start that wrote no
+  checkpoint left (its config and metrics) moves to ``abandoned/no-checkpoint-TIMESTAMP/``.
 - At start, what interrupted atomic writes left is cleaned up (:func:`rlzoo.trainer.io.recover_interrupted_writes`).
 - Resuming from a checkpoint older than the run's newest work starts a new timeline: the newer checkpoints and
   metrics rows move to ``abandoned/AFTER-STEP-N-TIMESTAMP/`` (nothing is deleted), so ``--resume latest``
@@ -49,7 +53,8 @@ class RunDirectory:
     Args:
         path: the directory (created if needed).
         overwrite: a fresh start may delete the run already there.
-        resume: the run continues from a checkpoint (``latest`` or a path), so the run already there is its own.
+        resume: the run continues from a checkpoint (``latest``, ``auto`` or a path), so the run already there
+            is its own (``auto``: if the directory holds a checkpoint).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, resume: str | None = None) -> None:
@@ -69,13 +74,23 @@ class RunDirectory:
 
     @property
     def starts_fresh(self) -> bool:
-        """Whether what the directory holds is not this run's past: no ``--resume``, or a checkpoint from outside
-        this directory's ``checkpoints/`` (a new run forked from another run)."""
+        """Whether what the directory holds is not this run's past: no ``--resume``, ``--resume auto`` without a
+        checkpoint here, or a checkpoint from outside this directory's ``checkpoints/`` (a new run forked from
+        another run)."""
+        if self.resume == "auto":
+            return not any(p.is_dir() and step_of(p) is not None
+                           for p in (self.checkpoints.iterdir() if self.checkpoints.is_dir() else []))
+        return not self.resumes_own_run
+
+    @property
+    def resumes_own_run(self) -> bool:
+        """Whether ``resume`` names this directory's checkpoints: ``latest``, ``auto``, or a path under
+        ``checkpoints/``."""
         if self.resume is None:
-            return True
-        if self.resume == "latest":
             return False
-        return self.checkpoints.resolve() not in Path(self.resume).resolve().parents
+        if self.resume in ("latest", "auto"):
+            return True
+        return self.checkpoints.resolve() in Path(self.resume).resolve().parents
 
     def holds_run(self) -> bool:
         """Whether a run has written into the directory (config, metrics or checkpoints)."""
@@ -88,14 +103,18 @@ class RunDirectory:
         Raises:
             OSError: the directory cannot be created or written (names it).
             FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite).
+            ValueError: ``--overwrite`` with a resume of this directory's run (names both).
         """
+        if self.overwrite and self.resumes_own_run:
+            raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
+                             f"in {self.path}, --overwrite would delete it; drop one of them")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=self.path):
                 pass
         except OSError as err:
             raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
-        if self.starts_fresh and not self.overwrite and self.holds_run():
+        if self.starts_fresh and not self.overwrite and self.resume != "auto" and self.holds_run():
             raise FileExistsError(
                 f"output directory {self.path} already holds a run; continue it with --resume latest, or start "
                 "over with --overwrite (deletes that run's checkpoints and metrics), or choose another --output-dir"
@@ -136,18 +155,35 @@ class RunDirectory:
             os.close(fd)  # also releases the flock
 
     def prepare(self) -> None:
-        """Under the lock: delete the old run (``--overwrite`` when :attr:`starts_fresh`) and clean up after interrupted
-        writes (temporaries; a checkpoint moved aside between two renames is put back)."""
-        if self.overwrite and self.starts_fresh:
+        """Under the lock: clean up after interrupted writes (temporaries; a checkpoint moved aside between two
+        renames is put back), then delete the old run (``--overwrite`` when :attr:`starts_fresh`), or under
+        ``--resume auto`` without a checkpoint move what an earlier start left to ``abandoned/``."""
+        for directory in (self.path, self.checkpoints):
+            for line in recover_interrupted_writes(directory):
+                log.warning("%s", line)
+        if not self.starts_fresh:
+            return
+        if self.overwrite:
             for name in RUN_FILES:
                 target = self.path / name
                 if target.is_dir():
                     shutil.rmtree(target)
                 elif target.exists():
                     target.unlink()
-        for directory in (self.path, self.checkpoints):
-            for line in recover_interrupted_writes(directory):
-                log.warning("%s", line)
+        elif self.resume == "auto":
+            self._set_aside_a_start_without_checkpoint()
+
+    def _set_aside_a_start_without_checkpoint(self) -> None:
+        leftovers = [self.path / name for name in RUN_FILES
+                     if name not in ("checkpoints", "abandoned") and (self.path / name).exists()]
+        if not leftovers:
+            return
+        target = self.path / "abandoned" / f"no-checkpoint-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.mkdir(parents=True, exist_ok=True)
+        for path in leftovers:
+            os.replace(path, target / path.name)
+        log.warning("--resume auto: no checkpoint in %s, starting fresh; what an earlier start left (%s) moved to %s",
+                    self.path, ", ".join(p.name for p in leftovers), target)
 
     def abandon_after(self, step: int) -> Path | None:
         """Start a new timeline at ``step``: move the checkpoints and metrics rows after it (work of the run

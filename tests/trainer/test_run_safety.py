@@ -333,7 +333,7 @@ def test_a_checkpoint_of_another_model_names_the_first_mismatched_tensor(tmp_pat
         if spec.hidden_size == 64:  # train on the first, then replace it by a narrower one of the same path
             _train(run, model=str(model_dir), max_steps=1, eval_size=0)
     code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--model", model_dir, "--max-steps", "2",
-                     "--learning-rate", "1e-3", "--output-dir", run, "--resume", "latest")
+                     "--reward-funcs", "accuracy", "--output-dir", run, "--resume", "latest")  # (was a Python callable)
     assert code == 2
     assert "step-000001 does not fit the model: model.embed_tokens.weight has shape (259, 64) in the checkpoint " \
            "and (259, 32) in the model" in _error_line(err)
@@ -350,8 +350,8 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full)
-    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "2", "--learning-rate", "1e-3",
-                     "--output-dir", run, "--resume", "latest")
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--max-steps", "2", "--reward-funcs", "accuracy",
+                     "--output-dir", run, "--resume", "latest")  # (the run's reward was a Python callable)
     line = _error_line(err)
     assert code == 2 and "no space left on device" in line and "step-000002/rollouts-rank0.pt" in line
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"] and _hidden(run / "checkpoints") == []

@@ -1,0 +1,198 @@
+"""Which settings a resumed run uses: the checkpoint's, with the flags given now as changes (the CLI); a complete
+``TrainConfig`` as the user's (the Python API); refusals of a run length the checkpoint is already past, of
+changed LoRA options and of ``--resume`` with ``--overwrite``; ``--resume auto`` for job scripts that are
+requeued; and the built-in task options under the user's. Tiny random model, through the console script."""
+
+import json
+import logging
+
+import pytest
+from test_run_safety import (
+    TINY,
+    TINY_FLAGS,
+    _cli,
+    _config,
+    _error_line,
+    _rows,
+    _train,
+    _untimed,
+    digit_fraction,
+)
+
+from rlzoo.cli import parse_train_args
+from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.config import DEFAULT_TASK_KWARGS, TaskConfig
+from rlzoo.trainer.resume import resume_config
+
+# settings that differ from the defaults, so that a resume that fell back to the defaults would be refused
+FLAGS = [*TINY_FLAGS, "--learning-rate", "1e-3", "--save-steps", "5", "--task.max_terms", "3",
+         "--loss.epsilon_high", "0.28", "--reward-funcs", "test_run_safety:digit_fraction"]
+LORA = ["--peft.r", "4", "--peft.lora_alpha", "8", "--peft.target_modules", "all-linear"]
+
+
+def _segments(run) -> list[dict]:
+    return json.loads((run / "config.json").read_text())["segments"]
+
+
+# ------------------------------------------------------------------------ the checkpoint's settings (CLI)
+def test_a_cli_resume_continues_with_the_checkpoints_settings_exactly(tmp_path, monkeypatch, capsys, caplog):
+    """``--output-dir RUN --resume latest --max-steps 2`` after a 1-step run with many non-default flags: the
+    flags not given again are the checkpoint's, only --max-steps is a change (one log line), and the metrics
+    equal those of an uninterrupted 2-step run."""
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--max-steps", "2", "--output-dir", tmp_path / "full")
+    assert code == 0, err
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                         "--no-progress")
+    assert code == 0, err
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: ")] == [
+        "resume: max_steps changed 1 -> 2 (applied to the restored optimizer and schedule)"]
+    rows = _rows(run / "metrics.jsonl")
+    assert _untimed(rows) == _untimed(_rows(tmp_path / "full" / "metrics.jsonl")) and rows[-1]["grad_norm"] > 0
+    first, second = _segments(run)
+    assert second["changes"] == {"max_steps": [1, 2]}
+    assert {k: v for k, v in second["settings"].items() if k not in ("max_steps", "resume")} == {
+        k: v for k, v in first["settings"].items() if k not in ("max_steps", "resume")}
+
+
+def test_cli_flags_and_a_config_file_given_on_resume_are_the_changes(tmp_path, monkeypatch, capsys):
+    """A config file and dotted flags given on resume lay over the checkpoint's settings: a dotted option
+    merges into the checkpoint's mapping; what is not given stays the checkpoint's."""
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    (tmp_path / "more.yaml").write_text("max_steps: 4\nlearning_rate: 5.0e-4\n")
+    config = parse_train_args(["--config", str(tmp_path / "more.yaml"), "--output-dir", str(run), "--resume",
+                               "latest", "--max-steps", "2", "--loss.beta", "0.04"])
+    saved = TrainConfig.from_dict({**_segments(run)[0]["settings"], "resume": "latest"})
+    assert config == TrainConfig.from_dict({**saved.to_dict(), "max_steps": 2, "learning_rate": 5e-4,
+                                            "loss": {"epsilon_high": 0.28, "beta": 0.04},
+                                            "progress": True})  # the console's, not the checkpoint's
+
+
+def test_the_python_api_takes_a_whole_config_and_resume_config_builds_one_from_the_checkpoint(tmp_path):
+    """``Trainer(TrainConfig(...))`` resumes with every field as given (a field left at its default is the
+    default: here a refused change); ``resume_config(RUN, ...)`` is the checkpoint's settings with overrides."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0, num_generations=2)
+    with pytest.raises(ValueError, match="cannot resume with changed settings: num_generations 2 -> 4"):
+        Trainer(_config(run, max_steps=2, eval_size=0, resume="latest"), reward_funcs=[digit_fraction]).train()
+    config = resume_config(run, max_steps=2, progress=False)
+    assert config == _config(run, max_steps=2, eval_size=0, num_generations=2, resume="latest")
+    Trainer(config, reward_funcs=[digit_fraction]).train()
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        resume_config(tmp_path / "empty")
+
+
+# ------------------------------------------------------------------------------------------- run length
+def test_a_resume_that_would_not_train_is_refused_naming_max_steps(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    before = (run / "config.json").read_text(), (run / "metrics.jsonl").read_text()
+    for more in ([], ["--max-steps", "0"]):
+        code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", *more)
+        assert code == 2 and "--max-steps" in _error_line(err) and "step 1" in _error_line(err), err
+    assert ((run / "config.json").read_text(), (run / "metrics.jsonl").read_text()) == before
+    with pytest.raises(ValueError, match="--max-steps"):  # the Python API: the checkpoint's settings as they are
+        Trainer(resume_config(run)).train()
+
+
+# ------------------------------------------------------------------------------------------------- LoRA
+def test_lora_options_come_from_the_checkpoint_and_a_change_is_refused(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, *LORA, "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                     "--no-progress")
+    assert code == 0, err
+    assert _segments(run)[1]["settings"]["peft"] == {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "3",
+                     "--peft.lora_alpha", "16")
+    assert code == 2 and "cannot resume with changed settings: peft " in _error_line(err), err
+    with pytest.raises(ValueError, match="cannot resume with changed settings: peft "):  # the whole model now
+        Trainer(TrainConfig.from_dict({**_segments(run)[1]["settings"], "peft": None, "max_steps": 3})).train()
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+
+
+# -------------------------------------------------------------------------------------- resume + overwrite
+def test_resume_of_the_directorys_run_with_overwrite_is_refused_and_a_fork_overwrites(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """--overwrite with --resume latest / auto / the directory's own checkpoint contradict each other (refused,
+    nothing touched); with another run's checkpoint, a fork of it replaces the directory's run."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)
+    for resume in ("latest", "auto", run / "checkpoints" / "step-000001"):
+        code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", run, "--resume", resume,
+                         "--overwrite", "--max-steps", "2")
+        assert code == 2 and "--overwrite and --resume" in _error_line(err), err
+    assert (run / "checkpoints" / "step-000001").is_dir() and len(_segments(run)) == 1
+    fork = tmp_path / "fork"
+    _train(fork, max_steps=1, eval_size=0, learning_rate=1e-4)
+    _train(fork, max_steps=2, eval_size=0, overwrite=True, resume=str(run / "checkpoints" / "step-000001"))
+    assert [p.name for p in (fork / "checkpoints").iterdir()] == ["step-000002"]  # its own step 1 deleted
+    assert [r["step"] for r in _rows(fork / "metrics.jsonl")] == [1, 2] and len(_segments(fork)) == 2
+    assert _segments(fork)[0]["settings"]["learning_rate"] == 1e-3  # the segment of the run it forked from
+
+
+# ----------------------------------------------------------------------------------------- --resume auto
+def test_resume_auto_starts_fresh_then_resumes_with_one_command(tmp_path, monkeypatch, capsys, caplog):
+    """One job-script command for the first start and every requeue: an empty directory starts fresh, a
+    directory with a checkpoint resumes from it, a run already at --max-steps exits 0 without a new segment."""
+    run = tmp_path / "run"
+    command = ["train", *FLAGS, "--output-dir", run, "--resume", "auto"]
+    code, err = _cli(monkeypatch, capsys, *command, "--max-steps", "1")
+    assert code == 0, err
+    code, err = _cli(monkeypatch, capsys, *command, "--max-steps", "2")
+    assert code == 0, err
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    assert [s["start_step"] for s in _segments(run)] == [0, 1]
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        code, err = _cli(monkeypatch, capsys, *command, "--max-steps", "2")
+    assert code == 0, err
+    assert "already complete" in caplog.text and len(_segments(run)) == 2
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_resume_auto_sets_aside_a_start_that_wrote_no_checkpoint(tmp_path, monkeypatch, capsys):
+    """A job preempted before its first checkpoint left config.json and metrics: --resume auto starts over and
+    moves them to abandoned/ (nothing deleted)."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)
+    (run / "checkpoints" / "step-000001").rename(tmp_path / "gone")
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", run, "--resume", "auto",
+                     "--max-steps", "1")
+    assert code == 0, err
+    (aside,) = (run / "abandoned").iterdir()
+    assert aside.name.startswith("no-checkpoint-") and (aside / "config.json").is_file()
+    assert [r["step"] for r in _rows(aside / "metrics.jsonl")] == [1]
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1] and len(_segments(run)) == 1
+
+
+def test_resume_latest_and_auto_need_the_runs_output_dir(monkeypatch, capsys):
+    for resume in ("latest", "auto"):
+        code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--resume", resume)
+        assert code == 2 and f"--resume {resume} needs --output-dir" in _error_line(err), err
+
+
+# ---------------------------------------------------------------------------------------------- task options
+def test_task_options_lay_over_the_built_in_defaults():
+    assert TaskConfig().resolved_task_kwargs == DEFAULT_TASK_KWARGS == {
+        "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    assert TaskConfig(task_kwargs={"max_terms": 3}).resolved_task_kwargs == {**DEFAULT_TASK_KWARGS, "max_terms": 3}
+    assert TaskConfig(task="leg_counting", task_kwargs={"min_animals": 2}).resolved_task_kwargs == {"min_animals": 2}
+    assert TrainConfig(**TINY).resolved_task_kwargs == DEFAULT_TASK_KWARGS
+
+
+def test_rlzoo_tasks_shows_the_default_tasks_effective_defaults(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["rlzoo", "tasks", "chain_sum"])
+    from rlzoo.cli import console_main
+
+    assert console_main() == 0
+    out = capsys.readouterr().out
+    for name, value in DEFAULT_TASK_KWARGS.items():
+        assert f"--task.{name} {value!r}" in out, out
