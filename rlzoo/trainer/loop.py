@@ -122,6 +122,7 @@ class Trainer:
                                     overwrite=config.overwrite, resume=config.resume)
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
+            Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         datasets.disable_progress_bars()
         torch.manual_seed(config.seed)

@@ -83,7 +83,7 @@ class TrackingConfig(Section):
     report_to: str = "none"
     """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
     run_name: str | None = None
-    """The run's name in the trackers (None: the output directory's name)."""
+    """The run's name in the trackers (None: the output directory with its parent, e.g. exp1/seed0)."""
     log_completions: bool = False
     """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
 
