@@ -2,7 +2,8 @@
 
 ``rlzoo eval --run RUN`` evaluates the run's newest checkpoint (or ``--checkpoint``) on the task, prompts (system
 prompt), answer extraction and held-out set it was trained with, read from ``RUN/config.json``; any option given
-overrides the run's. ``rlzoo eval --model M --task T`` evaluates any model. The result is one JSON object
+overrides the run's (a run trained on a data set given from Python needs ``--task``). ``rlzoo eval --model M
+--task T`` evaluates any model. The result is one JSON object
 (:func:`eval_result`), printed and, with ``--output FILE``, written to a file.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
+from rlzoo.trainer.tasks import check_loadable_task
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
 
@@ -60,7 +62,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     """The :class:`TrainConfig` to evaluate with (the run's settings, then ``args``), and the checkpoint evaluated.
 
     Raises:
-        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``.
+        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``; a run that trained
+            on a data set given from Python, without ``--task``.
         FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
     """
     if args.run is None and args.model is None:
@@ -77,6 +80,11 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         if not (run / "config.json").is_file():
             raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
         settings = load_config_file(run / "config.json")
+        if args.task is None:
+            try:
+                check_loadable_task(str(settings.get("task", "")))
+            except ValueError as err:
+                raise ValueError(f"--run {run}: {err}") from None
         path = Path(args.checkpoint) if args.checkpoint else Checkpointer(CheckpointConfig(),
                                                                           run / "checkpoints").find("latest")
         checkpoint = str(path)

@@ -12,6 +12,7 @@ Under torchrun every rank runs this loop on its share of the batch; rank 0 alone
 """
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -57,6 +58,7 @@ from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.step_batch import OptimizerStepBatch
+from rlzoo.trainer.tasks import recorded_task
 from rlzoo.trainer.trackers import CompletionLog, Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
@@ -120,6 +122,8 @@ class Trainer:
         score_old = self._check_inputs()
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
+        # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
+        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start

@@ -3,6 +3,7 @@ reward-function contract (message-list completions, trainer_state, log_extra / l
 spellings, trl.rewards unchanged, reward models). Tiny random model, 2 steps."""
 
 import asyncio
+import dataclasses
 import json
 
 import datasets
@@ -10,11 +11,15 @@ import pytest
 import torch
 from trl.data_utils import maybe_apply_chat_template
 
+from rlzoo.cli import main
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.rewards import RewardSet
-from rlzoo.trainer.tasks import DatasetTask, TaskStream, load_task, render_prompt
+from rlzoo.trainer.tasks import DatasetTask, TaskStream, dataset_task_name, load_task, render_prompt
 
+TINY_FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
+              "--max-completion-length", "5", "--eval-size", "2", "--eval-batch-size", "2", "--no-progress",
+              "--save-steps", "0"]
 TINY = {"model": "tiny-random", "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 5,
         "eval_size": 2, "eval_batch_size": 2, "progress": False, "save_steps": 0}
 
@@ -188,3 +193,38 @@ def test_config_json_of_a_data_set_run_records_the_columns(tmp_path):
     Trainer(config).train()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["task"] == str(path) and saved["report_to"] == "none"
+
+
+def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
+    """A run of Trainer(config, train_dataset=...) used to record the default task (chain_sum): `rlzoo eval --run`
+    evaluated on chain_sum, `--config RUN/config.json` trained on it, and a resume failed inside the task stream."""
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)]
+    train = datasets.Dataset.from_list(rows)
+    run = tmp_path / "run"
+    config = TrainConfig(**TINY, max_steps=1, output_dir=str(run))
+    Trainer(config, train_dataset=train).train()
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["task"] == saved["segments"][-1]["settings"]["task"] == dataset_task_name(train)
+    assert saved["task"] == f"train_dataset:{train._fingerprint}"
+
+    with monkeypatch.context() as patch:  # refused before any model loads, saying what to pass
+        def no_model(*args, **kwargs):
+            raise AssertionError("a model loaded")
+
+        patch.setattr("rlzoo.trainer.models.load_model", no_model)
+        patch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
+        with pytest.raises(ValueError, match=r"^--run .*'train_dataset:[0-9a-f]+' is a data set that was given from "
+                                             r"Python.*pass --task"):
+            main(["eval", "--run", str(run)])
+        with pytest.raises(ValueError, match=r"^task 'train_dataset:[0-9a-f]+' is a data set .*pass --task"):
+            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
+    with pytest.raises(ValueError, match=r"task 'train_dataset:[0-9a-f]+' -> 'chain_sum'") as refused:
+        main(["train", *TINY_FLAGS, "--max-steps", "2", "--output-dir", str(run), "--resume", "latest"])
+    assert "task state is from a different training stream" not in str(refused.value)
+
+    path = tmp_path / "rows.jsonl"  # with --task, eval --run evaluates the checkpoint on that data
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "--run", str(run), "--task", str(path), "--max-completion-length", "4"]) == 0
+    # and from Python, with the same data set, the run resumes
+    resumed = Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), train_dataset=train).train()
+    assert resumed[-1]["step"] == 2
