@@ -55,6 +55,7 @@ from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, compare_settings
 from rlzoo.trainer.rollouts import RolloutSource
+from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.step_batch import OptimizerStepBatch
@@ -111,7 +112,7 @@ class Trainer:
         import datasets
         from transformers.utils import logging as hf_logging
 
-        self.config = config
+        self.config = config = TrainConfig.from_dict(absolute_paths(config.to_dict()))  # config.json works anywhere
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device)
@@ -383,8 +384,8 @@ class Trainer:
             ValueError: a checkpoint of another model (names the first mismatched tensor), or a changed setting
                 that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`).
         """
-        changes = compare_settings(self.checkpointer.settings(path), self.config,  # refusals touch nothing
-                                   world_size=self.dist.world_size)
+        saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
+        changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         self.optimizer.restore(checkpoint.states["scheduler"], completed_steps=checkpoint.step,

@@ -5,16 +5,18 @@ spellings, trl.rewards unchanged, reward models). Tiny random model, 2 steps."""
 import asyncio
 import dataclasses
 import json
+from pathlib import Path
 
 import datasets
 import pytest
 import torch
 from trl.data_utils import maybe_apply_chat_template
 
-from rlzoo.cli import main
+from rlzoo.cli import main, parse_train_args
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.tasks import DatasetTask, TaskStream, dataset_task_name, load_task, render_prompt
 
 TINY_FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
@@ -228,3 +230,46 @@ def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
     # and from Python, with the same data set, the run resumes
     resumed = Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), train_dataset=train).train()
     assert resumed[-1]["step"] == 2
+
+
+def test_config_json_records_local_paths_absolute(tmp_path, monkeypatch, capsys):
+    """config.json used to keep the paths as typed: from another directory `rlzoo eval --run /abs/RUN` failed with
+    "task file 'data.jsonl' does not exist" (and so did reward files and model directories)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    work = Path.cwd()
+    Path("data.jsonl").write_text("".join(json.dumps({"prompt": f"{i} + {i} =", "answer": str(2 * i)}) + "\n"
+                                          for i in range(16)))
+    Path("myrew.py").write_text("def f(prompts, completions, **columns):\n    return [0.0] * len(completions)\n")
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained("model")
+    tokenizer.save_pretrained("model")
+    assert main(["train", *TINY_FLAGS, "--model", "model", "--task", "data.jsonl", "--reward-funcs", "accuracy",
+                 "myrew.py:f", "--max-steps", "1", "--output-dir", "run"]) == 0
+    saved = json.loads(Path("run/config.json").read_text())
+    expected = {"model": str(work / "model"), "task": str(work / "data.jsonl"),
+                "reward_funcs": ["accuracy", f"{work / 'myrew.py'}:f"]}
+    assert {k: saved[k] for k in expected} == expected
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["eval", "--run", str(work / "run"), "--max-completion-length", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["task"] == str(work / "data.jsonl")
+    config = parse_train_args(["--config", str(work / "run" / "config.json")])
+    assert {k: getattr(config, k) for k in expected} == {**expected, "reward_funcs": tuple(expected["reward_funcs"])}
+
+
+def test_paths_recorded_relative_by_older_runs_still_match(tmp_path, monkeypatch):
+    """Checkpoints written before paths were recorded absolute hold them as typed; a resume from the same directory
+    compares them as the paths they name (the settings and the task stream's name)."""
+    monkeypatch.chdir(tmp_path)
+    Path("data.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(8)))
+    old = {"task": "data.jsonl", "model": "tiny-random", "reward_funcs": ["accuracy"], "teacher": None}
+    assert absolute_paths(old) == {**old, "task": str(Path.cwd() / "data.jsonl")}
+    stream = TaskStream(load_task(str(Path.cwd() / "data.jsonl"), eval_size=2))
+    stream.load_state_dict({**stream.state_dict(), "name": "data.jsonl", "position": 3})
+    assert stream.position == 3
+    with pytest.raises(ValueError, match="different training stream: name='other.jsonl'"):
+        stream.load_state_dict({**stream.state_dict(), "name": "other.jsonl"})

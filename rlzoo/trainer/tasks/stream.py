@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -192,6 +193,8 @@ class TaskStream:
         mine = self._identity()
         theirs = {k: state.get(k) for k in mine}
         theirs["kwargs"] = dict(theirs["kwargs"] or {})
+        if isinstance(theirs["name"], str) and os.path.abspath(theirs["name"]) == mine["name"]:
+            theirs["name"] = mine["name"]  # a data file recorded relative (before runs recorded absolute paths)
         differ = sorted(
             k
             for k in mine
