@@ -273,3 +273,11 @@ def test_paths_recorded_relative_by_older_runs_still_match(tmp_path, monkeypatch
     assert stream.position == 3
     with pytest.raises(ValueError, match="different training stream: name='other.jsonl'"):
         stream.load_state_dict({**stream.state_dict(), "name": "other.jsonl"})
+
+
+def test_an_empty_task_file_says_so(tmp_path):
+    """It used to say "cannot read task file empty.jsonl: StopIteration:"."""
+    for name, content in (("empty.jsonl", ""), ("blank.csv", "\n\n")):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ValueError, match=f"^task file '.*{name}' is empty: it has no rows$"):
+            load_task(str(tmp_path / name))
