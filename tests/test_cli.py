@@ -8,6 +8,7 @@ import pytest
 import rlzoo
 from rlzoo.cli import console_main, main, parse_train_args
 from rlzoo.registry import UnknownNameError
+from rlzoo.trainer import TrainConfig
 
 
 def test_list_shows_presets_estimators_and_parts(capsys):
@@ -231,3 +232,34 @@ def test_verl_threshold_strings_stay_strings_on_the_command_line_and_in_yaml(tmp
     path.write_text("loss:\n  rollout_is_threshold: 0.5_5\n  rollout_rs_threshold: 1_5\n  epsilon_high: 0.28\n")
     assert load_config_file(path)["loss"] == {"rollout_is_threshold": "0.5_5", "rollout_rs_threshold": "1_5",
                                                "epsilon_high": 0.28}
+
+
+def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, monkeypatch, capsys):
+    """It used to be a ZeroDivisionError traceback (the batch-divisibility check divided by it)."""
+    with pytest.raises(ValueError, match="^num_generations must be >= 2, got 0$"):
+        TrainConfig(num_generations=0)
+    path = tmp_path / "run.yaml"
+    path.write_text("num_generations: 0\n")
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--config", str(path)])
+    assert console_main() == 2
+    assert capsys.readouterr().err.startswith("rlzoo: error: num_generations must be >= 2, got 0")
+    with pytest.raises(SystemExit) as exit_:  # a flag: tyro's own message for a value out of range, as for any flag
+        parse_train_args(["--num-generations", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "num_generations must be >= 2, got 0" in err and "Traceback" not in err
+
+
+def test_eval_model_of_a_run_or_checkpoint_directory_points_to_run(tmp_path):
+    """A run directory given as --model used to be read as a model ("module 'torch' has no attribute 'auto'")."""
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step-000001"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "dtype": "auto"}))
+    with pytest.raises(ValueError, match=f"^--model {run} is an rlzoo run directory, not a model: evaluate its newest "
+                                         f"checkpoint with --run {run}"):
+        main(["eval", "--model", str(run)])
+    with pytest.raises(ValueError, match=f"is a checkpoint of a run, not a model: pass --model {checkpoint / 'model'}"):
+        main(["eval", "--model", str(checkpoint)])

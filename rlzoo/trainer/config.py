@@ -212,7 +212,8 @@ class RolloutConfig(Section):
             ("top_k", self.top_k >= 0, ">= 0"),
             ("max_sampling_rounds", self.max_sampling_rounds >= 1, ">= 1"),
             ("steps_per_generation", spg_ok, ">= 1"),
-            ("per_device_train_batch_size", self.generation_batch_size % self.num_generations == 0,
+            ("per_device_train_batch_size", self.num_generations < 1  # reported as num_generations above
+             or self.generation_batch_size % self.num_generations == 0,
              (f"such that the generation batch (per_device_train_batch_size * steps_per_generation = "
               f"{self.generation_batch_size}) is divisible by num_generations ({self.num_generations})")),
             *super().checks(),

@@ -2,7 +2,8 @@
 
 ``rlzoo eval --run RUN`` evaluates the run's newest checkpoint (or ``--checkpoint``) on the task, prompts (system
 prompt), answer extraction and held-out set it was trained with, read from ``RUN/config.json``; any option given
-overrides the run's. ``rlzoo eval --model M --task T`` evaluates any model. The result is one JSON object
+overrides the run's (a run trained on a data set given from Python needs ``--task``). ``rlzoo eval --model M
+--task T`` evaluates any model (not a run directory: that is ``--run``). The result is one JSON object
 (:func:`eval_result`), printed and, with ``--output FILE``, written to a file.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
+from rlzoo.trainer.tasks import check_loadable_task
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
 
@@ -60,13 +62,17 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     """The :class:`TrainConfig` to evaluate with (the run's settings, then ``args``), and the checkpoint evaluated.
 
     Raises:
-        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``.
+        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``; a ``--model`` that is
+            a run or checkpoint directory (names ``--run`` / its ``model/``); a run that trained on a data set given
+            from Python, without ``--task``.
         FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
     """
     if args.run is None and args.model is None:
         raise ValueError("rlzoo eval needs --run RUN (a training run) or --model MODEL")
     if args.checkpoint is not None and args.run is None and args.model is None:
         raise ValueError("--checkpoint evaluates a checkpoint of --run RUN")
+    if args.model is not None:
+        _check_is_model(Path(args.model))
     settings: dict[str, Any] = {}
     checkpoint: str | None = None
     if args.run is not None:
@@ -77,6 +83,11 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         if not (run / "config.json").is_file():
             raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
         settings = load_config_file(run / "config.json")
+        if args.task is None:
+            try:
+                check_loadable_task(str(settings.get("task", "")))
+            except ValueError as err:
+                raise ValueError(f"--run {run}: {err}") from None
         path = Path(args.checkpoint) if args.checkpoint else Checkpointer(CheckpointConfig(),
                                                                           run / "checkpoints").find("latest")
         checkpoint = str(path)
@@ -85,6 +96,20 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
+
+
+def _check_is_model(path: Path) -> None:
+    """Refuse a run directory or a checkpoint given as ``--model`` (their ``config.json`` / layout is not a model's).
+
+    Raises:
+        ValueError: names ``--run`` (a run) or the checkpoint's ``model/`` directory.
+    """
+    if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+        raise ValueError(f"--model {path} is an rlzoo run directory, not a model: evaluate its newest checkpoint with "
+                         f"--run {path} (or one checkpoint with --run {path} --checkpoint CHECKPOINT)")
+    if (path / "trainer_state.json").is_file() and (path / "model").is_dir():
+        raise ValueError(f"--model {path} is a checkpoint of a run, not a model: pass --model {path / 'model'} "
+                         f"(or --run RUN --checkpoint {path})")
 
 
 def eval_result(args: EvalArgs) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Under torchrun every rank runs this loop on its share of the batch; rank 0 alone
 """
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -54,9 +55,11 @@ from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, check_run_length, compare_settings, find_checkpoint
 from rlzoo.trainer.rollouts import RolloutSource
+from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.step_batch import OptimizerStepBatch
+from rlzoo.trainer.tasks import recorded_task
 from rlzoo.trainer.trackers import CompletionLog, Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
@@ -109,7 +112,7 @@ class Trainer:
         import datasets
         from transformers.utils import logging as hf_logging
 
-        self.config = config
+        self.config = config = TrainConfig.from_dict(absolute_paths(config.to_dict()))  # config.json works anywhere
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
@@ -121,8 +124,11 @@ class Trainer:
         score_old = self._check_inputs()
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
+        # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
+        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
+            Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         datasets.disable_progress_bars()
         torch.manual_seed(config.seed)
@@ -383,8 +389,8 @@ class Trainer:
                 that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
                 checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`).
         """
-        changes = compare_settings(self.checkpointer.settings(path), self.config,  # refusals touch nothing
-                                   world_size=self.dist.world_size)
+        saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
+        changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto")

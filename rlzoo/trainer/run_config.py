@@ -2,11 +2,15 @@
 live tracking (joined into :class:`~rlzoo.trainer.config.TrainConfig`, importable from there)."""
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rlzoo.trainer.section import OptionalDottedOptions, Section
 
-__all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig"]
+__all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig",
+           "absolute_paths"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,7 +88,7 @@ class TrackingConfig(Section):
     report_to: str = "none"
     """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
     run_name: str | None = None
-    """The run's name in the trackers (None: the output directory's name)."""
+    """The run's name in the trackers (None: the output directory with its parent, e.g. exp1/seed0)."""
     log_completions: bool = False
     """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
 
@@ -101,3 +105,47 @@ class TrackingConfig(Section):
         if "all" in names:
             return REPORT_TO
         return tuple(dict.fromkeys(n for n in names if n != "none"))
+
+
+def absolute_paths(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (a ``TrainConfig.to_dict()``) with its local paths made absolute, so that the ``config.json``
+    that records them works from any directory (``rlzoo eval --run /abs/RUN``, ``--config RUN/config.json``).
+
+    Made absolute: ``model`` and ``teacher`` (an existing directory or ``.gguf`` file; not a built-in name),
+    ``task`` (an existing data file or directory; not a reasoning-gym name), and in ``reward_funcs`` the file of
+    ``file.py:function`` and a reward model directory. Everything else, hub ids, registered names and paths that
+    do not exist (left for the loaders to report), is kept as given; so is a path that is absolute already.
+    """
+    out = dict(settings)
+    for key in ("model", "teacher"):
+        value = out.get(key)
+        local = isinstance(value, str) and (Path(value).is_dir() or value.lower().endswith(".gguf") and Path(value).is_file())
+        if local:
+            from rlzoo.trainer.models import list_builtin_models
+
+            if value not in list_builtin_models():
+                out[key] = os.path.abspath(value)
+    task = out.get("task")
+    if isinstance(task, str) and Path(task).exists():
+        from rlzoo.trainer.tasks import list_reasoning_gym_tasks
+
+        if task not in list_reasoning_gym_tasks():
+            out["task"] = os.path.abspath(task)
+    if isinstance(out.get("reward_funcs"), (list, tuple)):
+        out["reward_funcs"] = [_absolute_reward(spec) for spec in out["reward_funcs"]]
+    return out
+
+
+def _absolute_reward(spec: Any) -> Any:
+    """A reward spec with its local file (``file.py:function``) or reward model directory made absolute."""
+    from rlzoo.trainer.reward_functions import BUILTIN_REWARDS
+    from rlzoo.trainer.reward_loading import TRL_REWARD_NAMES
+
+    if not isinstance(spec, str) or spec in BUILTIN_REWARDS or spec in TRL_REWARD_NAMES:
+        return spec
+    module, sep, function = spec.rpartition(":")
+    if sep and module.endswith(".py") and Path(module).is_file():
+        return f"{os.path.abspath(module)}:{function}"
+    if not sep and Path(spec).is_dir():
+        return os.path.abspath(spec)
+    return spec

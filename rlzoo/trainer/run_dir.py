@@ -38,7 +38,7 @@ __all__ = ["RUN_FILES", "RunDirectory", "RunLockedError"]
 log = logging.getLogger("rlzoo.train")
 
 RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "abandoned", "completions", "tensorboard",
-             "wandb")
+             "wandb", "trackers.json")
 """What a run writes into its directory (``--overwrite`` deletes these and nothing else)."""
 LOCK_FILE = ".rlzoo.lock"
 

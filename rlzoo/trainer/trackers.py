@@ -10,8 +10,10 @@ dashboards carry over) at the row's optimizer step:
 - ``trackio``: ``trackio.init`` / ``log`` / ``finish``, local (``TRACKIO_DIR``, default
   ``~/.cache/huggingface/trackio``; ``trackio show`` opens the dashboard), project ``rlzoo``;
 - ``wandb``: ``wandb.init`` / ``log`` / ``finish``, files under ``OUTPUT_DIR/wandb``; ``WANDB_MODE=offline``
-  works without an account (``wandb sync`` uploads later). A resumed run continues the same wandb run (its id
-  is derived from the output directory).
+  works without an account (``wandb sync`` uploads later).
+
+Each timeline of a run is one tracker run (:class:`Trackers`): a resume continues it, a fresh start, ``--overwrite``
+or a resume from before the trackers' last step starts a new one.
 
 The completions table (:class:`CompletionLog`), as TRL 1.16 logs it: per generation batch, one row per completion
 with ``step``, ``prompt`` (the text the model was given), ``completion``, each reward function's value, the columns
@@ -19,18 +21,20 @@ reward functions added with ``log_extra``, and ``advantage``; written to
 ``OUTPUT_DIR/completions/step-NNNNNN.parquet`` and logged to trackio and wandb as a table (to TensorBoard as text).
 """
 
-import hashlib
+import importlib
 import io
+import json
 import logging
 import math
 import numbers
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlzoo.trainer.config import TrackingConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
-from rlzoo.trainer.io import atomic_write_bytes
+from rlzoo.trainer.io import atomic_write_bytes, atomic_write_text
 from rlzoo.trainer.rollout import Rollout
 
 __all__ = ["CompletionLog", "Trackers"]
@@ -44,32 +48,122 @@ PROJECT = "rlzoo"
 class Trackers:
     """The run's trackers (``--report-to``), started with the run and closed at its end.
 
+    Each timeline of the run is one tracker run, identified by an id recorded in ``OUTPUT_DIR/trackers.json``
+    (written atomically; ``--overwrite`` deletes it with the run):
+
+    - a fresh run (step 0, or ``--overwrite``) gets a new id;
+    - a resume continues the recorded tracker run when the trackers have logged nothing after the resumed step
+      (e.g. after SIGTERM, or a kill right after a checkpoint);
+    - a resume from a step before the trackers' last one (an older checkpoint, or a kill between checkpoints)
+      is a new timeline: a new tracker run (wandb would drop every step up to its last one, trackio would hold
+      the steps twice); the old tracker run keeps the abandoned steps. TensorBoard keeps one directory and
+      drops the events after the resumed step instead.
+
+    Names: ``--run-name``, default ``PARENT/DIR`` of the output directory (``exp1/seed0``). wandb shows that name
+    (its id is the timeline's); trackio finds runs by name, so its run is ``NAME-ID``. Both group a run's
+    timelines under ``NAME``.
+
     Args:
         config: the tracking section (``report_to``, ``run_name``).
-        output_dir: the run directory (TensorBoard and wandb write under it).
+        output_dir: the run directory (TensorBoard and wandb write under it, and ``trackers.json``).
         settings: the run's config, recorded by trackio and wandb.
 
     Raises (at :meth:`open`):
         ImportError: a tracker whose package is not installed (names the extra to install).
+        ValueError: wandb cannot start (not logged in and no ``WANDB_MODE=offline``); :meth:`check` finds this
+            before the model loads.
     """
+
+    RECORD = "trackers.json"
+    """The file (in the run directory) that holds the current timeline's tracker run."""
 
     def __init__(self, config: TrackingConfig, *, output_dir: str | Path, settings: Mapping[str, Any]) -> None:
         self.names = config.trackers
         self.output_dir = Path(output_dir)
-        self.run_name = config.run_name or self.output_dir.name
+        where = self.output_dir.absolute()
+        self.run_name = config.run_name or f"{where.parent.name}/{where.name}".lstrip("/")
         self.settings = dict(settings)
+        self.run_id: str | None = None
+        self._record: dict[str, Any] = {}
         self._tensorboard: Any = None
         self._trackio: Any = None
         self._wandb: Any = None
 
-    def open(self, step: int) -> None:
-        """Start every tracker (a resumed run continues at ``step``: TensorBoard drops events after it)."""
-        for name in self.names:
+    @staticmethod
+    def check(config: TrackingConfig) -> None:
+        """Check, before anything heavy loads, that every tracker of ``config`` can start: its package imports,
+        and wandb has credentials or runs offline (in a terminal, wandb asks for them here, as ``wandb.init``
+        would; elsewhere its "no API key" is an error now instead of after the model loaded).
+
+        Raises:
+            ImportError: a tracker's package is not installed (names the extra).
+            ValueError: wandb online without credentials where it cannot ask (names ``wandb login``,
+                ``WANDB_API_KEY`` and ``WANDB_MODE=offline``).
+        """
+        for name in config.trackers:
+            module = {"tensorboard": "torch.utils.tensorboard"}.get(name, name)
             try:
-                getattr(self, f"_open_{name}")(step)
+                importlib.import_module(module)
             except ImportError as err:
-                raise ImportError(f"--report-to {name} needs the {name} package: pip install 'rlzoo[{name}]' "
-                                  f"(or pip install {name})") from err
+                raise _missing(name) from err
+        if "wandb" in config.trackers:
+            import wandb
+
+            if wandb.setup().settings.mode in ("offline", "dryrun", "disabled"):
+                return
+            try:
+                wandb.login(verify=False)  # what wandb.init does first; no network with verify=False
+            except wandb.errors.UsageError as err:
+                raise _wandb_error(err) from None
+
+    def open(self, step: int) -> None:
+        """Start every tracker at ``step`` (0: a fresh run; else a resume, see the class docstring). If one
+        cannot start, those already started are closed.
+
+        Raises:
+            ImportError, ValueError: see the class docstring.
+        """
+        if {"trackio", "wandb"} & set(self.names):
+            self._begin_timeline(step)
+        try:
+            for name in self.names:
+                try:
+                    getattr(self, f"_open_{name}")(step)
+                except ImportError as err:
+                    raise _missing(name) from err
+        except BaseException:
+            self.close()
+            raise
+
+    def _begin_timeline(self, step: int) -> None:
+        """Choose the tracker run of this timeline (continue the recorded one or start a new one) and record it."""
+        path = self.output_dir / self.RECORD
+        try:
+            record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, ValueError):
+            record = {}
+        record = record if isinstance(record, dict) else {}
+        last = record.get("step")
+        if step > 0 and isinstance(record.get("id"), str) and isinstance(last, int) and last <= step:
+            self._record = dict(record)
+            log.info("trackers: continuing tracker run %s at step %d", record["id"], step)
+        else:
+            if step > 0 and isinstance(last, int):
+                log.warning("trackers: resumed at step %d, but tracker run %s already holds steps up to %d; this "
+                            "timeline is logged as a new tracker run (the old one keeps the abandoned steps)",
+                            step, record.get("id"), last)
+            self._record = {"id": uuid.uuid4().hex[:8], "start_step": step, "step": step}
+        self.run_id = self._record["id"]
+        self._write_record()
+
+    def _write_record(self) -> None:
+        atomic_write_text(self.output_dir / self.RECORD, json.dumps(self._record, sort_keys=True) + "\n")
+
+    def _logged(self, step: int) -> None:
+        """Note that the trackers hold ``step`` (the record is rewritten when it moves forward)."""
+        if self.run_id is not None and step > self._record["step"]:
+            self._record["step"] = step
+            self._write_record()
 
     def _open_tensorboard(self, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -80,15 +174,19 @@ class Trackers:
     def _open_trackio(self, step: int) -> None:
         import trackio
 
-        self._trackio = trackio.init(project=PROJECT, name=self.run_name, config=self.settings, resume="allow",
+        self._trackio = trackio.init(project=PROJECT, name=f"{self.run_name}-{self.run_id}", group=self.run_name,
+                                     config=self.settings, resume="allow" if step > 0 else "never",
                                      auto_log_gpu=False, auto_log_cpu=False, embed=False)
 
     def _open_wandb(self, step: int) -> None:
         import wandb
 
-        run_id = hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
-        self._wandb = wandb.init(project=PROJECT, name=self.run_name, id=run_id, resume="allow",
-                                 config=self.settings, dir=str(self.output_dir))
+        try:
+            self._wandb = wandb.init(project=PROJECT, name=self.run_name, group=self.run_name, id=self.run_id,
+                                     resume="allow" if step > 0 else None, config=self.settings,
+                                     dir=str(self.output_dir))
+        except wandb.errors.UsageError as err:
+            raise _wandb_error(err) from None
 
     def log(self, row: Mapping[str, Any]) -> None:
         """Log a metrics row's finite numbers at its ``step``."""
@@ -103,6 +201,7 @@ class Trackers:
             self._trackio.log(values, step=step)
         if self._wandb is not None:
             self._wandb.log(values, step=step)
+        self._logged(step)
 
     def log_table(self, name: str, columns: Mapping[str, Sequence[Any]], step: int) -> None:
         """Log a table (column name -> values): a trackio / wandb table, a markdown table as TensorBoard text."""
@@ -122,6 +221,7 @@ class Trackers:
             import wandb
 
             self._wandb.log({name: wandb.Table(columns=list(columns), data=_plain(rows))}, step=step)
+        self._logged(step)
 
     def close(self) -> None:
         """Finish every tracker (idempotent)."""
@@ -134,6 +234,16 @@ class Trackers:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _missing(name: str) -> ImportError:
+    return ImportError(f"--report-to {name} needs the {name} package: pip install 'rlzoo[{name}]' "
+                       f"(or pip install {name})")
+
+
+def _wandb_error(err: Exception) -> ValueError:
+    return ValueError(f"--report-to wandb cannot start: {str(err).splitlines()[0]} Log in with `wandb login` or "
+                      "WANDB_API_KEY, or run offline with WANDB_MODE=offline (wandb sync uploads later)")
 
 
 def _plain(rows: list[list[Any]]) -> list[list[Any]]:

@@ -3,18 +3,25 @@ reward-function contract (message-list completions, trainer_state, log_extra / l
 spellings, trl.rewards unchanged, reward models). Tiny random model, 2 steps."""
 
 import asyncio
+import dataclasses
 import json
+from pathlib import Path
 
 import datasets
 import pytest
 import torch
 from trl.data_utils import maybe_apply_chat_template
 
+from rlzoo.cli import main, parse_train_args
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.rewards import RewardSet
-from rlzoo.trainer.tasks import DatasetTask, TaskStream, load_task, render_prompt
+from rlzoo.trainer.run_config import absolute_paths
+from rlzoo.trainer.tasks import DatasetTask, TaskStream, dataset_task_name, load_task, render_prompt
 
+TINY_FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
+              "--max-completion-length", "5", "--eval-size", "2", "--eval-batch-size", "2", "--no-progress",
+              "--save-steps", "0"]
 TINY = {"model": "tiny-random", "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 5,
         "eval_size": 2, "eval_batch_size": 2, "progress": False, "save_steps": 0}
 
@@ -188,3 +195,89 @@ def test_config_json_of_a_data_set_run_records_the_columns(tmp_path):
     Trainer(config).train()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["task"] == str(path) and saved["report_to"] == "none"
+
+
+def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
+    """A run of Trainer(config, train_dataset=...) used to record the default task (chain_sum): `rlzoo eval --run`
+    evaluated on chain_sum, `--config RUN/config.json` trained on it, and a resume failed inside the task stream."""
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)]
+    train = datasets.Dataset.from_list(rows)
+    run = tmp_path / "run"
+    config = TrainConfig(**TINY, max_steps=1, output_dir=str(run))
+    Trainer(config, train_dataset=train).train()
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["task"] == saved["segments"][-1]["settings"]["task"] == dataset_task_name(train)
+    assert saved["task"] == f"train_dataset:{train._fingerprint}"
+
+    with monkeypatch.context() as patch:  # refused before any model loads, saying what to pass
+        def no_model(*args, **kwargs):
+            raise AssertionError("a model loaded")
+
+        patch.setattr("rlzoo.trainer.models.load_model", no_model)
+        patch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
+        with pytest.raises(ValueError, match=r"^--run .*'train_dataset:[0-9a-f]+' is a data set that was given from "
+                                             r"Python.*pass --task"):
+            main(["eval", "--run", str(run)])
+        with pytest.raises(ValueError, match=r"^task 'train_dataset:[0-9a-f]+' is a data set .*pass --task"):
+            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
+    with pytest.raises(ValueError, match=r"task 'train_dataset:[0-9a-f]+' -> 'chain_sum'") as refused:
+        main(["train", *TINY_FLAGS, "--max-steps", "2", "--output-dir", str(run), "--resume", "latest"])
+    assert "task state is from a different training stream" not in str(refused.value)
+
+    path = tmp_path / "rows.jsonl"  # with --task, eval --run evaluates the checkpoint on that data
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "--run", str(run), "--task", str(path), "--max-completion-length", "4"]) == 0
+    # and from Python, with the same data set, the run resumes
+    resumed = Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), train_dataset=train).train()
+    assert resumed[-1]["step"] == 2
+
+
+def test_config_json_records_local_paths_absolute(tmp_path, monkeypatch, capsys):
+    """config.json used to keep the paths as typed: from another directory `rlzoo eval --run /abs/RUN` failed with
+    "task file 'data.jsonl' does not exist" (and so did reward files and model directories)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    work = Path.cwd()
+    Path("data.jsonl").write_text("".join(json.dumps({"prompt": f"{i} + {i} =", "answer": str(2 * i)}) + "\n"
+                                          for i in range(16)))
+    Path("myrew.py").write_text("def f(prompts, completions, **columns):\n    return [0.0] * len(completions)\n")
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained("model")
+    tokenizer.save_pretrained("model")
+    assert main(["train", *TINY_FLAGS, "--model", "model", "--task", "data.jsonl", "--reward-funcs", "accuracy",
+                 "myrew.py:f", "--max-steps", "1", "--output-dir", "run"]) == 0
+    saved = json.loads(Path("run/config.json").read_text())
+    expected = {"model": str(work / "model"), "task": str(work / "data.jsonl"),
+                "reward_funcs": ["accuracy", f"{work / 'myrew.py'}:f"]}
+    assert {k: saved[k] for k in expected} == expected
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["eval", "--run", str(work / "run"), "--max-completion-length", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["task"] == str(work / "data.jsonl")
+    config = parse_train_args(["--config", str(work / "run" / "config.json")])
+    assert {k: getattr(config, k) for k in expected} == {**expected, "reward_funcs": tuple(expected["reward_funcs"])}
+
+
+def test_paths_recorded_relative_by_older_runs_still_match(tmp_path, monkeypatch):
+    """Checkpoints written before paths were recorded absolute hold them as typed; a resume from the same directory
+    compares them as the paths they name (the settings and the task stream's name)."""
+    monkeypatch.chdir(tmp_path)
+    Path("data.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(8)))
+    old = {"task": "data.jsonl", "model": "tiny-random", "reward_funcs": ["accuracy"], "teacher": None}
+    assert absolute_paths(old) == {**old, "task": str(Path.cwd() / "data.jsonl")}
+    stream = TaskStream(load_task(str(Path.cwd() / "data.jsonl"), eval_size=2))
+    stream.load_state_dict({**stream.state_dict(), "name": "data.jsonl", "position": 3})
+    assert stream.position == 3
+    with pytest.raises(ValueError, match="different training stream: name='other.jsonl'"):
+        stream.load_state_dict({**stream.state_dict(), "name": "other.jsonl"})
+
+
+def test_an_empty_task_file_says_so(tmp_path):
+    """It used to say "cannot read task file empty.jsonl: StopIteration:"."""
+    for name, content in (("empty.jsonl", ""), ("blank.csv", "\n\n")):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ValueError, match=f"^task file '.*{name}' is empty: it has no rows$"):
+            load_task(str(tmp_path / name))

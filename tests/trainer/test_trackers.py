@@ -1,13 +1,17 @@
 """Watching a run: --report-to tensorboard / trackio / wandb (offline) with the metrics.jsonl names, the completions
 table, and the plot. Tiny random model."""
 
+import dataclasses
 import json
 
 import pytest
 
-from rlzoo.cli import main
+from rlzoo.cli import console_main, main
 from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.config import TrackingConfig
 from rlzoo.trainer.plots import plot_metrics
+from rlzoo.trainer.run_dir import RunDirectory
+from rlzoo.trainer.trackers import Trackers
 
 FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
          "--max-completion-length", "4", "--eval-size", "2", "--eval-batch-size", "2", "--no-progress"]
@@ -40,12 +44,93 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
                          max_completion_length=4, eval_size=0, progress=False, max_steps=1, output_dir=str(run),
                          report_to="trackio,wandb", run_name="own-data-test", log_completions=True)
     row = Trainer(config).train()[-1]
-    logs = trackio.sqlite_storage.SQLiteStorage.get_logs(project="rlzoo", run="own-data-test")
+    run_id = json.loads((run / "trackers.json").read_text())["id"]
+    logs = trackio.sqlite_storage.SQLiteStorage.get_logs(project="rlzoo", run=f"own-data-test-{run_id}")
     scalar_rows = [entry for entry in logs if "reward" in entry]
     assert scalar_rows and scalar_rows[-1]["reward"] == pytest.approx(row["reward"])
     assert scalar_rows[-1]["step"] == 1 and any("completions" in entry for entry in logs)
     (offline,) = (run / "wandb").glob("offline-run-*")
     assert list(offline.glob("*.wandb"))  # wandb's offline log (wandb sync uploads it)
+
+
+def _trackio_runs(prefix: str) -> list[list[int]]:
+    """The steps of each trackio run (project rlzoo) whose name starts with ``prefix``, in the order created."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return [[entry["step"] for entry in SQLiteStorage.get_logs(project="rlzoo", run=name)
+             if "x" in entry or "loss" in entry] for name in dict.fromkeys(SQLiteStorage.get_runs("rlzoo")) if name.startswith(prefix)]
+
+
+def _wandb_ids(run) -> list[str]:
+    """The wandb run id of each offline run under ``run/wandb`` (one per start: ``offline-run-TIME-ID``)."""
+    return sorted(p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*"))
+
+
+def test_runs_in_directories_of_the_same_name_are_separate_tracker_runs(tmp_path):
+    """exp1/seed0 and exp2/seed0 used to be one trackio run (named "seed0", resumed): steps 0-3, then 0-2 again."""
+    opened = []
+    for experiment, steps in (("exp1", 4), ("exp2", 3)):
+        trackers = Trackers(TrackingConfig(report_to="trackio"), output_dir=tmp_path / experiment / "seed-names",
+                            settings={})
+        trackers.open(0)
+        for step in range(steps):
+            trackers.log({"step": step, "x": float(step)})
+        trackers.close()
+        opened.append(trackers)
+    assert sorted(_trackio_runs("exp1/seed-names") + _trackio_runs("exp2/seed-names") + _trackio_runs("seed-names")) \
+        == [[0, 1, 2], [0, 1, 2, 3]]
+    assert opened[0].run_id != opened[1].run_id
+
+
+def test_tracker_runs_follow_the_runs_timelines(tmp_path):
+    """A resume continues the tracker run; a resume from an older checkpoint (a new timeline) and --overwrite
+    start new ones, in trackio and wandb alike. Before, wandb's id was a hash of the directory (--overwrite
+    attached to the old run) and a new timeline logged its steps a second time into the old runs."""
+    run = tmp_path / "run"
+    base = TrainConfig(model="tiny-random", num_generations=4, per_device_train_batch_size=8, max_completion_length=4,
+                       eval_size=0, progress=False, save_steps=1, output_dir=str(run), report_to="trackio,wandb")
+    name = f"{tmp_path.name}/run"
+    Trainer(dataclasses.replace(base, max_steps=2)).train()
+    Trainer(dataclasses.replace(base, max_steps=3, resume="latest")).train()
+    assert _trackio_runs(name) == [[1, 2, 3]]  # the same timeline: one tracker run, each step once
+    first, again = _wandb_ids(run)
+    assert first == again
+    Trainer(dataclasses.replace(base, max_steps=3, resume=str(run / "checkpoints" / "step-000002"))).train()
+    assert _trackio_runs(name) == [[1, 2, 3], [3]]  # back to step 2: a new timeline, a new tracker run
+    (second,) = set(_wandb_ids(run)) - {first}
+    Trainer(dataclasses.replace(base, max_steps=1, overwrite=True)).train()
+    assert _trackio_runs(name)[2:] == [[1]]
+    (third,) = _wandb_ids(run)
+    assert third not in (first, second)
+
+
+def test_wandb_without_credentials_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """Online wandb without a login used to fail after the model loaded with a UsageError traceback, leaving an
+    empty metrics.jsonl that refused the next plain start."""
+    import wandb
+
+    for variable in ("WANDB_MODE", "WANDB_API_KEY", "RLZOO_DEBUG"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
+    run = tmp_path / "run"
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", *FLAGS, "--max-steps", "1", "--output-dir", str(run),
+                                     "--report-to", "wandb"])
+    wandb.teardown()  # forget the offline settings of earlier tests
+    try:
+        assert console_main() == 2
+    finally:
+        monkeypatch.undo()
+        wandb.teardown()
+    err = capsys.readouterr().err
+    assert err.startswith("rlzoo: error: --report-to wandb cannot start: No API key configured")
+    assert "WANDB_MODE=offline" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not RunDirectory(run).holds_run()  # the next start is not refused
 
 
 def test_the_plot_has_its_panels_title_and_integer_steps(tmp_path):

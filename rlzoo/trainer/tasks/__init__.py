@@ -19,18 +19,30 @@ from rlzoo.trainer.tasks.datasets_source import DATASET_OPTIONS, DatasetTask, lo
 from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer, normalized_match
 from rlzoo.trainer.tasks.prompts import format_prompt, is_conversational, prompt_messages, render_prompt
 from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
-from rlzoo.trainer.tasks.stream import TaskStream, build_task, load_task, make_task
+from rlzoo.trainer.tasks.stream import (
+    PYTHON_DATASET,
+    TaskStream,
+    build_task,
+    check_loadable_task,
+    dataset_task_name,
+    load_task,
+    make_task,
+    recorded_task,
+)
 
 __all__ = [
     "DATASET_OPTIONS",
     "DEFAULT_EXTRACTION",
     "EXTRACTIONS",
+    "PYTHON_DATASET",
     "DatasetTask",
     "ReasoningGymTask",
     "Task",
     "TaskItem",
     "TaskStream",
     "build_task",
+    "check_loadable_task",
+    "dataset_task_name",
     "extract_answer",
     "format_prompt",
     "is_conversational",
@@ -40,5 +52,6 @@ __all__ = [
     "make_task",
     "normalized_match",
     "prompt_messages",
+    "recorded_task",
     "render_prompt",
 ]

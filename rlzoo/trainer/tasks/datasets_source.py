@@ -68,8 +68,8 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
     Raises:
         FileNotFoundError: a data file path that does not exist.
         ValueError: an unknown split (names the available ones), or a data set that cannot be loaded (names it; a
-            hub id offline or not found says so; a file that is not valid names the file and, for JSON lines, the
-            first bad line).
+            hub id offline or not found says so; an empty file says so; a file that is not valid names the file
+            and, for JSON lines, the first bad line).
     """
     import datasets
 
@@ -78,8 +78,11 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
         if path.suffix not in FILE_BUILDERS:
             raise ValueError(f"task file {spec!r}: unknown data file type {path.suffix!r}; "
                              f"rlzoo reads {', '.join(FILE_BUILDERS)}")
+        blank = path.stat().st_size == 0
         if path.suffix != ".parquet":
-            _check_utf8(path)  # Arrow's readers would replace bad bytes silently
+            blank = not _check_utf8(path).strip()  # Arrow's readers would replace bad bytes silently
+        if blank:
+            raise ValueError(f"task file {spec!r} is empty: it has no rows")
     try:
         if path.is_file():
             loaded = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
@@ -102,8 +105,8 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
     return _split(loaded, split, spec), (_split(loaded, eval_split, spec) if eval_split else None)
 
 
-def _check_utf8(path: Path) -> None:
-    """Raise naming the line and column of the first byte of ``path`` that is not UTF-8."""
+def _check_utf8(path: Path) -> bytes:
+    """The content of ``path``; raise naming the line and column of its first byte that is not UTF-8."""
     data = path.read_bytes()
     try:
         data.decode("utf-8")
@@ -112,6 +115,7 @@ def _check_utf8(path: Path) -> None:
         line, column = data.count(newline, 0, bad.start) + 1, bad.start - data.rfind(newline, 0, bad.start)
         raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[bad.start]:#04x} at column {column}); task "
                          "files must be UTF-8") from None
+    return data
 
 
 def _split(loaded: Mapping[str, Any], split: str, spec: str) -> Any:

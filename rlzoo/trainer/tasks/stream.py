@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,7 +21,43 @@ from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extr
 from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
 from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
 
-__all__ = ["TaskStream", "build_task", "load_task", "make_task"]
+__all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "dataset_task_name", "load_task",
+           "make_task", "recorded_task"]
+
+PYTHON_DATASET = "train_dataset:"
+"""How a data set given from Python (``Trainer(config, train_dataset=...)``) is named: ``train_dataset:`` and its
+``datasets`` fingerprint. A run records this name as its ``task``; it cannot be loaded by name."""
+
+
+def dataset_task_name(train_dataset: Any) -> str:
+    """The name of a data set given from Python: ``train_dataset:FINGERPRINT`` (``datasets``' fingerprint of its
+    content and transforms; ``train_dataset:IterableDataset`` for a data set without one)."""
+    return f"{PYTHON_DATASET}{getattr(train_dataset, '_fingerprint', None) or type(train_dataset).__name__}"
+
+
+def check_loadable_task(task: str) -> None:
+    """Refuse a ``task`` that names a data set given from Python (what a run trained on ``train_dataset`` records).
+
+    Raises:
+        ValueError: ``task`` starts with :data:`PYTHON_DATASET` (names it and what to pass instead).
+    """
+    if task.startswith(PYTHON_DATASET):
+        raise ValueError(f"task {task!r} is a data set that was given from Python (Trainer(config, train_dataset="
+                         "...)) and cannot be loaded by name: pass --task (a data file or directory, a hub id or a "
+                         "reasoning-gym task), or from Python the data set as train_dataset=")
+
+
+def recorded_task(task: str, train_dataset: Any = None) -> str:
+    """The task a run trains on and records: :func:`dataset_task_name` of ``train_dataset`` when given, else
+    ``task``.
+
+    Raises:
+        ValueError: no ``train_dataset`` and ``task`` names a data set given from Python (:func:`check_loadable_task`).
+    """
+    if train_dataset is not None:
+        return dataset_task_name(train_dataset)
+    check_loadable_task(task)
+    return task
 
 
 def load_task(
@@ -156,6 +193,8 @@ class TaskStream:
         mine = self._identity()
         theirs = {k: state.get(k) for k in mine}
         theirs["kwargs"] = dict(theirs["kwargs"] or {})
+        if isinstance(theirs["name"], str) and os.path.abspath(theirs["name"]) == mine["name"]:
+            theirs["name"] = mine["name"]  # a data file recorded relative (before runs recorded absolute paths)
         differ = sorted(
             k
             for k in mine
@@ -203,7 +242,9 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``).
 
     Raises:
-        ValueError: ``system_prompt`` with standard-format (string) prompts; and the errors of :func:`load_task`,
+        ValueError: ``system_prompt`` with standard-format (string) prompts; a ``config.task`` that names a data set
+            given from Python, without ``train_dataset`` (:func:`check_loadable_task`); and the errors of
+            :func:`load_task`,
             :class:`DatasetTask` and :class:`TaskStream`.
     """
     common = {"train_seed": config.train_seed, "eval_seed": config.eval_seed, "eval_size": config.eval_size,
@@ -211,12 +252,13 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     if train_dataset is not None:
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
-        name = f"train_dataset:{getattr(train_dataset, '_fingerprint', None) or type(train_dataset).__name__}"
-        task: Task = DatasetTask(name=name, dataset=train_dataset, eval_dataset=eval_dataset, kwargs=options,
+        task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
+                                 eval_dataset=eval_dataset, kwargs=options,
                                  **columns, **common)
     elif eval_dataset is not None:
         raise ValueError("eval_dataset needs a train_dataset")
     else:
+        check_loadable_task(config.task)
         task = load_task(config.task, kwargs=config.resolved_task_kwargs, **common)
     if config.system_prompt is not None and isinstance(task, DatasetTask) and not task.conversational:
         raise ValueError("system_prompt applies to conversational prompts (lists of messages); this data set's "
