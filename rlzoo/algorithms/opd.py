@@ -49,7 +49,7 @@ from rlzoo.losses import (
     kl_estimators,
     preset,
 )
-from rlzoo.losses.base import require
+from rlzoo.losses.functional import require
 from rlzoo.registry import check_number, choice
 
 __all__ = ["Distillation", "opd"]

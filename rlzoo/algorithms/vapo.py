@@ -19,7 +19,7 @@ from types import MappingProxyType
 import torch
 
 from rlzoo.losses import LossInputs, PartOutput, Penalty, PolicyLoss, PPOClip, preset
-from rlzoo.losses.base import require
+from rlzoo.losses.functional import require
 from rlzoo.registry import check_number
 
 __all__ = ["PositiveNLL", "vapo"]

@@ -1,56 +1,42 @@
-"""The loss zoo's shared layer: one abstract base per slot (:mod:`rlzoo.losses.base`), the parts several
-algorithms share, their composition :class:`PolicyLoss`, and the preset registry.
+"""The loss zoo's shared layer: what every part reads and is (:mod:`rlzoo.losses.base`), one abstract base per
+slot beside the parts several algorithms share (:mod:`~rlzoo.losses.ratio`, :mod:`~rlzoo.losses.correction`,
+:mod:`~rlzoo.losses.surrogate`, :mod:`~rlzoo.losses.weights`, :mod:`~rlzoo.losses.penalty`,
+:mod:`~rlzoo.losses.aggregation`, :mod:`~rlzoo.losses.off_policy`), their composition :class:`PolicyLoss` (the
+pipeline, :mod:`rlzoo.losses.policy_loss`), and the preset registry.
 
 The algorithms themselves (their cards, compositions and own parts) are in :mod:`rlzoo.algorithms`, one
 file per family; ``import rlzoo`` registers them.
 """
 
 from rlzoo.losses.aggregation import (
+    Aggregation,
     PromptMean,
     SeqMeanTokenMean,
     SeqMeanTokenSum,
     SeqMeanTokenSumNorm,
     TokenMean,
     TokenSum,
-)
-from rlzoo.losses.base import (
-    Aggregation,
-    Correction,
-    LossInputs,
-    OnPolicy,
-    Part,
-    PartOutput,
-    Penalty,
-    RatioLevel,
-    Rejection,
-    Surrogate,
-    TokenWeight,
     aggregations,
-    is_corrections,
-    kl_estimators,
-    masked_max,
-    masked_mean,
-    masked_min,
-    penalties,
-    ratio_levels,
-    rejections,
-    surrogates,
+)
+from rlzoo.losses.base import LossInputs, Part, PartOutput
+from rlzoo.losses.correction import Correction, ISCorrection, ISMode, is_corrections, is_modes
+from rlzoo.losses.functional import masked_max, masked_mean, masked_min
+from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs, rejections
+from rlzoo.losses.penalty import EntropyBonus, KLPenalty, Penalty, kl_estimate, kl_estimators, penalties
+from rlzoo.losses.policy_loss import PolicyLoss
+from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
+from rlzoo.losses.ratio import RatioLevel, SequenceRatio, SequenceTokenRatio, TokenRatio, ratio_levels
+from rlzoo.losses.rollout_correction import RS_CRITERIA, RolloutCorrection, RolloutRejection
+from rlzoo.losses.surrogate import OnPolicy, PPOClip, Surrogate, clip_metrics, surrogates
+from rlzoo.losses.weights import (
+    EntropyMask,
+    GeometricSequenceMask,
+    OffPolicySequenceMask,
+    OutlierTokenVeto,
+    TokenWeight,
+    masked_quantile,
     token_weights,
 )
-from rlzoo.losses.correction import ISCorrection, ISMode, is_modes
-from rlzoo.losses.penalty import EntropyBonus, KLPenalty, kl_estimate
-from rlzoo.losses.policy_loss import PROX_LOGP_METHODS, PolicyLoss, loglinear_proximal_logprobs
-from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
-from rlzoo.losses.ratio import SequenceRatio, SequenceTokenRatio, TokenRatio
-from rlzoo.losses.rollout_correction import (
-    RS_CRITERIA,
-    GeometricSequenceMask,
-    OutlierTokenVeto,
-    RolloutCorrection,
-    RolloutRejection,
-)
-from rlzoo.losses.surrogate import PPOClip, clip_metrics
-from rlzoo.losses.weights import EntropyMask, OffPolicySequenceMask, masked_quantile
 
 __all__ = [
     "PROX_LOGP_METHODS",

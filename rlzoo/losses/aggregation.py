@@ -1,4 +1,4 @@
-r"""Aggregations: per-token loss ``[B, T]`` -> scalar, with explicit global denominators.
+r"""Aggregations (slot :class:`Aggregation`): per-token loss ``[B, T]`` -> scalar, with explicit global denominators.
 
 Every aggregation divides by counts from a :class:`~rlzoo.batch.Normalizer` (of the whole optimizer-step
 batch), never by the micro-batch's own, so summing micro-batch losses gives the full-batch loss exactly.
@@ -23,14 +23,95 @@ tokens of group ``g`` in the optimizer-step batch and ``P`` the groups with ``N_
 Counts of 0 are clamped to 1 (an all-masked batch has loss 0).
 """
 
+import abc
+from typing import ClassVar
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import Normalizer
-from rlzoo.losses.base import Aggregation
+from rlzoo.losses.base import Part
+from rlzoo.registry import Registry
 
-__all__ = ["PromptMean", "SeqMeanTokenMean", "SeqMeanTokenSum", "SeqMeanTokenSumNorm", "TokenMean", "TokenSum"]
+__all__ = [
+    "Aggregation",
+    "PromptMean",
+    "SeqMeanTokenMean",
+    "SeqMeanTokenSum",
+    "SeqMeanTokenSumNorm",
+    "TokenMean",
+    "TokenSum",
+    "aggregations",
+]
+
+aggregations: Registry[type["Aggregation"]] = Registry("aggregation")
+
+
+class Aggregation(Part, abc.ABC):
+    """Slot 6: per-token loss ``[B, T]`` -> scalar, dividing by the counts of a :class:`~rlzoo.Normalizer`.
+
+    ``needs_max_completion_length``: True when :meth:`reduce` divides by the loss's constant
+    ``max_completion_length`` (the pipeline raises before the call when it is None).
+    ``needs_group_index``: True when :meth:`reduce` reads each row's group id (``PolicyBatch.group_index``) and
+    ``normalizer.group_num_tokens`` ("prompt-mean").
+    """
+
+    registry: ClassVar[Registry[type["Aggregation"]]] = aggregations
+    needs_max_completion_length: ClassVar[bool] = False
+    needs_group_index: ClassVar[bool] = False
+
+    def required_fields(self) -> frozenset[str]:
+        return frozenset({"group_index"}) if self.needs_group_index else frozenset()
+
+    def __call__(
+        self,
+        loss: Float[Tensor, "B T"],
+        mask: Bool[Tensor, "B T"],
+        normalizer: Normalizer,
+        max_completion_length: int | None = None,
+        group_index: Int[Tensor, " B"] | None = None,
+    ) -> Float[Tensor, ""]:
+        """Aggregate ``loss`` over counted tokens with the global counts of ``normalizer``.
+
+        Args:
+            loss: ``Float[B, T]`` per-token loss (values at masked positions are ignored, even NaN).
+            mask: ``Bool[B, T]`` the tokens the loss counts.
+            normalizer: counts of the whole optimizer-step batch.
+            max_completion_length: needed when ``needs_max_completion_length``.
+            group_index: ``Int[B]`` group id of each row; needed when ``needs_group_index`` (ids of rows without a
+                counted token are ignored).
+
+        Returns:
+            0-d tensor.
+
+        Raises:
+            ValueError: ``max_completion_length`` is None and the aggregation needs it; ``group_index`` or
+                ``normalizer.group_num_tokens`` is None and the aggregation needs them.
+        """
+        if self.needs_max_completion_length and max_completion_length is None:
+            raise ValueError(f"aggregation {self.label()!r} needs max_completion_length")
+        if self.needs_group_index:
+            if group_index is None:
+                raise ValueError(f"aggregation {self.label()!r} needs the group id of each row (PolicyBatch.group_index)")
+            if normalizer.group_num_tokens is None:
+                raise ValueError(
+                    f"aggregation {self.label()!r} needs Normalizer.group_num_tokens: build the normalizer with "
+                    "Normalizer.from_batch(...) or Normalizer.from_masks(..., group_index=[...])"
+                )
+        zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        return self.reduce(torch.where(mask, loss, zero), mask, normalizer, max_completion_length, group_index)
+
+    @abc.abstractmethod
+    def reduce(
+        self,
+        loss: Float[Tensor, "B T"],
+        mask: Bool[Tensor, "B T"],
+        normalizer: Normalizer,
+        max_completion_length: int | None,
+        group_index: Int[Tensor, " B"] | None,
+    ) -> Float[Tensor, ""]:
+        """The reduction of ``loss``, which is already 0 at masked positions."""
 
 
 def _at_least_one(count: float | Tensor) -> float | Tensor:

@@ -1,24 +1,31 @@
-r"""The loss slots: what every part of a :class:`~rlzoo.losses.PolicyLoss` receives, returns and declares.
+r"""What every part of a :class:`~rlzoo.losses.PolicyLoss` reads, returns and is: :class:`LossInputs`,
+:class:`PartOutput` and :class:`Part`.
 
-A loss is a pipeline over ``[B, T]`` tensors with one abstract base per slot::
+A loss is a pipeline over ``[B, T]`` tensors with one abstract base per slot, each in the module of the slot's
+shared members (a slot's contract sits above its members, as optax keeps one concept per module)::
 
-    Rejection* -> RatioLevel -> Correction -> Surrogate -> TokenWeight* -> + Penalty* -> Aggregation
+    RatioLevel -> Correction -> Surrogate -> TokenWeight* -> + Penalty* -> Aggregation
 
-=============  =============================================  ======================  ===================
-slot (base)    call                                           registry                option that swaps it
-=============  =============================================  ======================  ===================
-Rejection      ``(x) -> PartOutput(keep Bool[B, T], m)``      ``rejections``          (added by its options)
-RatioLevel     ``(x) -> PartOutput(log_weight [B, T], m)``    ``ratio_levels``        importance_sampling_level
-Correction     ``(x) -> PartOutput(is_weight [B, T], m)``     ``is_corrections``      (added by its options)
-Surrogate      ``(x) -> PartOutput(loss [B, T], m)``          ``surrogates``          -
-TokenWeight    ``(x) -> PartOutput(weight [B, T], m)``        ``token_weights``       (added by its options)
-Penalty        ``(x) -> PartOutput(term [B, T], m)``          ``penalties``           (added by its options)
-Aggregation    ``(loss, mask, normalizer, L, g) -> loss []``  ``aggregations``        aggregation
-=============  =============================================  ======================  ===================
+=============  =============================================  ===========================  =========================
+slot (base)    call                                           module (registry)            option that swaps it
+=============  =============================================  ===========================  =========================
+RatioLevel     ``(x) -> PartOutput(log_weight [B, T], m)``    ratio (``ratio_levels``)     importance_sampling_level
+Correction     ``(x) -> PartOutput(is_weight [B, T], m)``     correction                   (added by its options)
+                                                              (``is_corrections``)
+Surrogate      ``(x) -> PartOutput(loss [B, T], m)``          surrogate (``surrogates``)   -
+TokenWeight    ``(x) -> PartOutput(weight [B, T], m)``        weights (``token_weights``)  (added by its options)
+Penalty        ``(x) -> PartOutput(term [B, T], m)``          penalty (``penalties``)      (added by its options)
+Aggregation    ``(loss, mask, normalizer, L, g) -> loss []``  aggregation                  aggregation
+                                                              (``aggregations``)
+Rejection      ``(x) -> PartOutput(keep Bool[B, T], m)``      off_policy (``rejections``)  (added by its options)
+=============  =============================================  ===========================  =========================
 
-A rejection's dropped tokens leave the loss mask: every later stage, and the counts the
-:class:`~rlzoo.Normalizer` holds (:meth:`~rlzoo.losses.PolicyLoss.loss_mask`), as verl's modified response mask;
-in bypass mode (``bypass_mode=True``) they leave the policy term only (verl's ``bypass_mode``).
+(modules of :mod:`rlzoo.losses`). Rollout rejection, verl's bypass mode and AReaL's proximal policy change
+which tokens and which old policy the stages see: they are stages of their own in :mod:`rlzoo.losses.off_policy`,
+which the pipeline enters only for a loss that uses them. A rejection's dropped tokens leave the loss mask:
+every later stage, and the counts the :class:`~rlzoo.Normalizer` holds
+(:meth:`~rlzoo.losses.PolicyLoss.loss_mask`), as verl's modified response mask; in bypass mode
+(``bypass_mode=True``) they leave the policy term only (verl's ``bypass_mode``).
 
 ``x`` is a frozen :class:`LossInputs`; a stage returns what it computed (a :class:`PartOutput`) and the
 pipeline builds the next stage's inputs from it. A new member of a slot is a subclass with a name::
@@ -36,11 +43,13 @@ conformance suite, never probed with ``getattr``): ``batch_coupled`` on every pa
 ``needs_max_completion_length`` and ``needs_group_index`` on aggregations; ``mixes_tokens`` on ratio levels and
 surrogates, ``per_sequence`` on ratio levels; ``folds_is_weight``, ``sequence_is_weight``, ``uses_ratio`` and
 ``on_policy`` on surrogates; ``aggregated`` on penalties.
+
+The slot bases and their registries are importable from here too (``rlzoo.losses.base.Surrogate``), as are the
+helpers of :mod:`rlzoo.losses.functional` (``masked_mean``...).
 """
 
-import abc
 import dataclasses
-import enum
+import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
@@ -49,88 +58,22 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from rlzoo.batch import BatchError, Normalizer, PolicyBatch
-from rlzoo.registry import Component, Registry
+from rlzoo.batch import Normalizer, PolicyBatch
+from rlzoo.losses.functional import at_most_zero, masked_max, masked_mean, masked_min, require, zero_masked
+from rlzoo.registry import Component
 
 __all__ = [
-    "Aggregation",
-    "Correction",
     "LossInputs",
     "Metrics",
-    "OnPolicy",
     "Part",
     "PartOutput",
-    "Penalty",
-    "RatioLevel",
-    "Rejection",
-    "Surrogate",
-    "TokenWeight",
-    "aggregations",
-    "is_corrections",
-    "kl_estimators",
     "masked_max",
     "masked_mean",
     "masked_min",
-    "penalties",
-    "ratio_levels",
-    "rejections",
     "require",
-    "surrogates",
-    "token_weights",
 ]
 
 Metrics = dict[str, Tensor]
-
-rejections: Registry[type["Rejection"]] = Registry("rollout rejection")
-ratio_levels: Registry[type["RatioLevel"]] = Registry("ratio level (importance_sampling_level)")
-is_corrections: Registry[type["Correction"]] = Registry("IS correction")
-surrogates: Registry[type["Surrogate"]] = Registry("surrogate")
-token_weights: Registry[type["TokenWeight"]] = Registry("token weight")
-penalties: Registry[type["Penalty"]] = Registry("penalty")
-aggregations: Registry[type["Aggregation"]] = Registry("aggregation")
-kl_estimators: Registry[Any] = Registry("KL estimator (kl_estimator)")
-
-
-# ---------------------------------------------------------------------------------------- reductions
-def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
-    """Mean of ``x`` over positions where ``mask`` is True; 0 when none is. NaN-safe at masked positions."""
-    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
-    return total / mask.sum().clamp(min=1)
-
-
-def masked_max(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
-    """Max of ``x`` over counted positions; 0 when none is counted."""
-    lowest = torch.finfo(x.dtype).min
-    value = torch.where(mask, x, torch.full((), lowest, dtype=x.dtype, device=x.device)).amax()
-    return torch.where(mask.any(), value, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def masked_min(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
-    """Min of ``x`` over counted positions; 0 when none is counted."""
-    highest = torch.finfo(x.dtype).max
-    value = torch.where(mask, x, torch.full((), highest, dtype=x.dtype, device=x.device)).amin()
-    return torch.where(mask.any(), value, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def _zero_masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
-    """``x`` with every masked position replaced by 0, so NaN/inf padding never reaches a gradient."""
-    if x is None:
-        return None
-    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def _at_most_zero(x: Tensor) -> Tensor:
-    """``x`` with values above 0 (log-probs rounded up, :func:`rlzoo.batch.logprob_tolerance`) read as 0; the
-    gradient passes unchanged (straight-through), so a token of probability ~1 keeps its gradient. Values
-    <= 0 are returned bit for bit."""
-    return x - (x - torch.clamp(x, max=0.0)).detach() if x.requires_grad else torch.clamp(x, max=0.0)
-
-
-def require(x: Tensor | None, field: str, owner: str) -> Tensor:
-    """``x``, or a :class:`~rlzoo.batch.BatchError` naming the missing batch field and who needs it."""
-    if x is None:
-        raise BatchError(f"{owner} needs PolicyBatch.{field}, which is None")
-    return x
 
 
 # ---------------------------------------------------------------------------------------- stage values
@@ -210,32 +153,24 @@ class LossInputs:
                 and ``num_positive_tokens`` when the batch has rewards).
         """
         mask = batch.completion_mask
-        logprobs = _at_most_zero(_zero_masked(batch.logprobs, mask))
+        logprobs = at_most_zero(zero_masked(batch.logprobs, mask))
         old_source = batch.old_logprobs if old_logprobs is None else old_logprobs
         if old_source is None:
             old = logprobs.detach()
         else:
-            old = _at_most_zero(_zero_masked(old_source.detach().to(logprobs.dtype), mask))
+            old = at_most_zero(zero_masked(old_source.detach().to(logprobs.dtype), mask))
         adv = batch.advantages.detach().to(logprobs.dtype)
         if adv.ndim == 1:
             adv = adv.unsqueeze(-1).expand_as(logprobs)
-        adv = _zero_masked(adv, mask)
+        adv = zero_masked(adv, mask)
 
         def aux(x: Tensor | None) -> Tensor | None:  # enter only as log-ratios: used as given
-            return None if x is None else _zero_masked(x.detach().to(logprobs.dtype), mask)
+            return None if x is None else zero_masked(x.detach().to(logprobs.dtype), mask)
 
-        entropies = batch.entropies
-        if entropies is not None:
-            entropies = _zero_masked(entropies.to(logprobs.dtype), mask)
-        rows = mask.any(dim=-1)
-        group_index = None
-        if batch.group_index is not None:
-            group_index = torch.where(rows, batch.group_index.long(), torch.zeros((), dtype=torch.long,
-                                                                                  device=mask.device))
-        rewards = None
-        if batch.rewards is not None:
-            rewards = torch.where(rows, batch.rewards.detach().to(logprobs.dtype),
-                                  torch.zeros((), dtype=logprobs.dtype, device=mask.device))
+        entropies = None if batch.entropies is None else zero_masked(batch.entropies.to(logprobs.dtype), mask)
+        rows = mask.any(dim=-1)  # per-sequence fields: 0 for a row without a counted token
+        group_index = None if batch.group_index is None else zero_masked(batch.group_index.long(), rows)
+        rewards = None if batch.rewards is None else zero_masked(batch.rewards.detach().to(logprobs.dtype), rows)
         if normalizer is None:
             normalizer = Normalizer.from_masks(mask, rewards=None if rewards is None else [rewards])
         return cls(
@@ -262,7 +197,7 @@ class LossInputs:
         mask = mask & self.mask
 
         def zero(x: Tensor | None) -> Tensor | None:
-            return _zero_masked(x, mask)
+            return zero_masked(x, mask)
 
         return dataclasses.replace(
             self, mask=mask, lengths=mask.sum(dim=-1).to(self.logprobs.dtype), logprobs=zero(self.logprobs),
@@ -348,23 +283,7 @@ class PartOutput(NamedTuple):
     metrics: Metrics
 
 
-class OnPolicy(enum.Enum):
-    """What a surrogate promises at ratio 1 (first iteration, ``old_logprobs`` None), per token.
-
-    The zoo-wide conformance suite checks the promise for every registered surrogate.
-    """
-
-    UNDECLARED = "undeclared"
-    """Nothing is promised (the default for user surrogates)."""
-    REINFORCE_GRADIENT = "grad = -A"
-    """The gradient w.r.t. logp is REINFORCE's ``-A``; the value is the part's own (SAPO: ``-2A / tau``)."""
-    MINUS_ADVANTAGE = "-A"
-    """Value ``-A`` and gradient ``-A``: a ratio times the advantage (PPO clip family)."""
-    MINUS_ADVANTAGE_LOGP = "-A logp"
-    """Value ``-A logp`` and gradient ``-A``: a detached weight (1 at ratio 1) times REINFORCE (CISPO)."""
-
-
-# -------------------------------------------------------------------------------------------- slots
+# -------------------------------------------------------------------------------------------- parts
 class Part(Component):
     """Base of every loss part: a frozen keyword-only dataclass with one job (see :class:`Component`).
 
@@ -396,183 +315,21 @@ class Part(Component):
         return frozenset()
 
 
-class Rejection(Part, abc.ABC):
-    """Slot 0: rollout rejection: the tokens the loss keeps (verl's modified response mask).
-
-    Returns a detached ``keep`` mask ``Bool[B, T]`` (its values at already masked positions are ignored). It
-    reads only detached inputs known before the forward pass in verl's decoupled mode: the trainer-side
-    log-probs :attr:`LossInputs.trainer_logprobs` (``old_logprobs``), the sampler's ``rollout_logprobs``, the
-    mask. The pipeline then removes the rejected tokens from the loss mask of every later stage and from the
-    counts (:meth:`~rlzoo.losses.PolicyLoss.loss_mask`); in bypass mode (the comparison is with the current
-    policy, unknown before the forward pass) from the policy term only, the counts unchanged (verl's
-    ``bypass_mode``). Several rejections combine with AND (verl's comma-combined ``rollout_rs``).
-    """
-
-    registry: ClassVar[Registry[type["Rejection"]]] = rejections
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """``keep`` ``Bool[B, T]`` (detached) and metrics."""
+# The slot bases live beside their shared members; these names stay importable from here.
+_MOVED = {
+    "RatioLevel": "ratio", "ratio_levels": "ratio",
+    "Correction": "correction", "is_corrections": "correction",
+    "OnPolicy": "surrogate", "Surrogate": "surrogate", "surrogates": "surrogate",
+    "TokenWeight": "weights", "token_weights": "weights",
+    "Penalty": "penalty", "penalties": "penalty", "kl_estimators": "penalty",
+    "Aggregation": "aggregation", "aggregations": "aggregation",
+    "Rejection": "off_policy", "rejections": "off_policy",
+}
 
 
-class RatioLevel(Part, abc.ABC):
-    """Slot 1: how the log importance weight ``log w`` is formed from the token log-ratios.
-
-    ``mixes_tokens``: True when ``log w`` at one token depends on the other tokens of its sequence
-    (sequence-level ratios), so a per-token advantage does not act on its own token only.
-    ``per_sequence``: True when ``log w`` is one value per sequence (broadcast over its tokens), so clip
-    decisions with per-sequence advantages are counted once per sequence (:meth:`LossInputs.fraction`).
-    """
-
-    registry: ClassVar[Registry[type["RatioLevel"]]] = ratio_levels
-    mixes_tokens: ClassVar[bool] = False
-    per_sequence: ClassVar[bool] = False
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """``log_weight`` ``Float[B, T]`` (sequence-level weights broadcast over the tokens) and metrics."""
-
-
-class Correction(Part, abc.ABC):
-    """Slot 2: rollout / importance-sampling correction of the sampler/trainer mismatch.
-
-    Returns a detached per-token weight ``is_weight`` ``Float[B, T]``, which multiplies the surrogate's
-    per-token loss unless the surrogate folds it in itself (``Surrogate.folds_is_weight``).
-    """
-
-    registry: ClassVar[Registry[type["Correction"]]] = is_corrections
-
-    @property
-    def sequence_level(self) -> bool:
-        """True when one weight covers a whole sequence (broadcast over its tokens) with these options."""
-        return False
-
-    def token_level_hint(self) -> str:
-        """How to configure this part for a token-level weight (ends the error of a surrogate that needs one)."""
-        return "use a token-level correction"
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """``is_weight`` ``Float[B, T]`` (detached) and metrics."""
-
-
-class Surrogate(Part, abc.ABC):
-    """Slot 3: the per-token policy objective, as a loss to minimise, from ``x.weight`` and ``x.advantages``.
-
-    Capabilities:
-
-    * ``folds_is_weight`` - True when it consumes ``x.is_weight`` itself instead of having its per-token loss
-      multiplied by it (VESPO, GMPO).
-    * ``sequence_is_weight`` - False when it cannot take a sequence-level IS weight (VESPO sums token
-      log-weights): the pipeline then rejects sequence-level corrections.
-    * ``mixes_tokens`` - True when its value at a token reads other tokens of the sequence (GMPO's
-      sequence-mean advantage).
-    * ``uses_ratio`` - False when it ignores the importance weight ``x.weight`` (REINFORCE): in bypass mode
-      the ratio of any other surrogate already is ``pi_theta / pi_sampler``, so the rollout IS weight is not
-      applied to it (reported only), as verl's ``bypass_mode`` with ``loss_type="ppo_clip"``; a surrogate that
-      ignores the ratio gets it, as verl's ``loss_type="reinforce"``.
-    * ``on_policy`` - what it promises at ratio 1 (:class:`OnPolicy`).
-    """
-
-    registry: ClassVar[Registry[type["Surrogate"]]] = surrogates
-    folds_is_weight: ClassVar[bool] = False
-    sequence_is_weight: ClassVar[bool] = True
-    mixes_tokens: ClassVar[bool] = False
-    uses_ratio: ClassVar[bool] = True
-    on_policy: ClassVar[OnPolicy] = OnPolicy.UNDECLARED
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """Per-token loss ``Float[B, T]`` (values at masked positions are ignored) and metrics."""
-
-
-class TokenWeight(Part, abc.ABC):
-    """Slot 4: a detached per-token multiplier (mask) of the policy loss (after the IS weight)."""
-
-    registry: ClassVar[Registry[type["TokenWeight"]]] = token_weights
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """Weight ``Float[B, T]`` and metrics."""
-
-
-class Penalty(Part, abc.ABC):
-    """Slot 5: a per-token term added to the policy loss after the token weights (so they do not mask it).
-
-    ``aggregated``: True (default) when the term is aggregated like the policy term (the loss's aggregation);
-    False when the term is already normalised by counts of its own (read from ``x.normalizer``) and the
-    pipeline adds its sum over counted tokens (VAPO's NLL term, a mean over positive tokens).
-    """
-
-    registry: ClassVar[Registry[type["Penalty"]]] = penalties
-    aggregated: ClassVar[bool] = True
-
-    @abc.abstractmethod
-    def __call__(self, x: LossInputs) -> PartOutput:
-        """Term ``Float[B, T]`` and metrics."""
-
-
-class Aggregation(Part, abc.ABC):
-    """Slot 6: per-token loss ``[B, T]`` -> scalar, dividing by the counts of a :class:`~rlzoo.Normalizer`.
-
-    ``needs_max_completion_length``: True when :meth:`reduce` divides by the loss's constant
-    ``max_completion_length`` (the pipeline raises before the call when it is None).
-    ``needs_group_index``: True when :meth:`reduce` reads each row's group id (``PolicyBatch.group_index``) and
-    ``normalizer.group_num_tokens`` ("prompt-mean").
-    """
-
-    registry: ClassVar[Registry[type["Aggregation"]]] = aggregations
-    needs_max_completion_length: ClassVar[bool] = False
-    needs_group_index: ClassVar[bool] = False
-
-    def required_fields(self) -> frozenset[str]:
-        return frozenset({"group_index"}) if self.needs_group_index else frozenset()
-
-    def __call__(
-        self,
-        loss: Float[Tensor, "B T"],
-        mask: Bool[Tensor, "B T"],
-        normalizer: Normalizer,
-        max_completion_length: int | None = None,
-        group_index: Int[Tensor, " B"] | None = None,
-    ) -> Float[Tensor, ""]:
-        """Aggregate ``loss`` over counted tokens with the global counts of ``normalizer``.
-
-        Args:
-            loss: ``Float[B, T]`` per-token loss (values at masked positions are ignored, even NaN).
-            mask: ``Bool[B, T]`` the tokens the loss counts.
-            normalizer: counts of the whole optimizer-step batch.
-            max_completion_length: needed when ``needs_max_completion_length``.
-            group_index: ``Int[B]`` group id of each row; needed when ``needs_group_index`` (ids of rows without a
-                counted token are ignored).
-
-        Returns:
-            0-d tensor.
-
-        Raises:
-            ValueError: ``max_completion_length`` is None and the aggregation needs it; ``group_index`` or
-                ``normalizer.group_num_tokens`` is None and the aggregation needs them.
-        """
-        if self.needs_max_completion_length and max_completion_length is None:
-            raise ValueError(f"aggregation {self.label()!r} needs max_completion_length")
-        if self.needs_group_index:
-            if group_index is None:
-                raise ValueError(f"aggregation {self.label()!r} needs the group id of each row (PolicyBatch.group_index)")
-            if normalizer.group_num_tokens is None:
-                raise ValueError(
-                    f"aggregation {self.label()!r} needs Normalizer.group_num_tokens: build the normalizer with "
-                    "Normalizer.from_batch(...) or Normalizer.from_masks(..., group_index=[...])"
-                )
-        zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        return self.reduce(torch.where(mask, loss, zero), mask, normalizer, max_completion_length, group_index)
-
-    @abc.abstractmethod
-    def reduce(
-        self,
-        loss: Float[Tensor, "B T"],
-        mask: Bool[Tensor, "B T"],
-        normalizer: Normalizer,
-        max_completion_length: int | None,
-        group_index: Int[Tensor, " B"] | None,
-    ) -> Float[Tensor, ""]:
-        """The reduction of ``loss``, which is already 0 at masked positions."""
+def __getattr__(name: str) -> Any:
+    """The slot bases and registries by their old address (``rlzoo.losses.base.Surrogate``), imported on use
+    (their modules import this one)."""
+    if name in _MOVED:
+        return getattr(importlib.import_module(f"rlzoo.losses.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

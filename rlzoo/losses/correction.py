@@ -1,4 +1,4 @@
-r"""Rollout / importance-sampling correction (slot :class:`~rlzoo.losses.Correction`).
+r"""Rollout / importance-sampling correction: the slot :class:`Correction` and TRL's :class:`ISCorrection`.
 
 :class:`ISCorrection` weights each token by ``rho = pi_old / pi_sampler``, the mismatch between the policy
 the trainer scored (``old_logprobs``) and the sampler that generated the tokens (``rollout_logprobs``, e.g.
@@ -25,12 +25,47 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses.base import Correction, LossInputs, PartOutput, masked_max, masked_mean, masked_min
+from rlzoo.losses.base import LossInputs, Part, PartOutput
+from rlzoo.losses.functional import masked_max, masked_mean, masked_min
 from rlzoo.registry import Component, Registry, check_number, choice
 
-__all__ = ["ISCorrection", "ISMode", "SequenceMask", "SequenceTruncate", "TokenMask", "TokenTruncate", "is_modes"]
+__all__ = [
+    "Correction",
+    "ISCorrection",
+    "ISMode",
+    "SequenceMask",
+    "SequenceTruncate",
+    "TokenMask",
+    "TokenTruncate",
+    "is_corrections",
+    "is_modes",
+]
 
+is_corrections: Registry[type["Correction"]] = Registry("IS correction")
 is_modes: Registry[type["ISMode"]] = Registry("IS correction mode (is_correction)")
+
+
+class Correction(Part, abc.ABC):
+    """Slot 2: rollout / importance-sampling correction of the sampler/trainer mismatch.
+
+    Returns a detached per-token weight ``is_weight`` ``Float[B, T]``, which multiplies the surrogate's
+    per-token loss unless the surrogate folds it in itself (``Surrogate.folds_is_weight``).
+    """
+
+    registry: ClassVar[Registry[type["Correction"]]] = is_corrections
+
+    @property
+    def sequence_level(self) -> bool:
+        """True when one weight covers a whole sequence (broadcast over its tokens) with these options."""
+        return False
+
+    def token_level_hint(self) -> str:
+        """How to configure this part for a token-level weight (ends the error of a surrogate that needs one)."""
+        return "use a token-level correction"
+
+    @abc.abstractmethod
+    def __call__(self, x: LossInputs) -> PartOutput:
+        """``is_weight`` ``Float[B, T]`` (detached) and metrics."""
 
 
 class ISMode(Component, abc.ABC):

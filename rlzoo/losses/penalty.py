@@ -15,17 +15,39 @@ with :math:`\delta = \log\pi_\theta - \log\pi_{ref}` per token:
   below 10 and ``|delta| <= 20``.
 """
 
+import abc
 from collections.abc import Callable
 from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses.base import LossInputs, PartOutput, Penalty, kl_estimators, require
-from rlzoo.registry import check_number, choice
+from rlzoo.losses.base import LossInputs, Part, PartOutput
+from rlzoo.losses.functional import require
+from rlzoo.registry import Registry, check_number, choice
 
-__all__ = ["EntropyBonus", "KLPenalty", "kl_estimate"]
+__all__ = ["EntropyBonus", "KLPenalty", "Penalty", "kl_estimate", "kl_estimators", "penalties"]
+
+penalties: Registry[type["Penalty"]] = Registry("penalty")
+kl_estimators: Registry[Any] = Registry("KL estimator (kl_estimator)")
+
+
+class Penalty(Part, abc.ABC):
+    """Slot 5: a per-token term added to the policy loss after the token weights (so they do not mask it).
+
+    ``aggregated``: True (default) when the term is aggregated like the policy term (the loss's aggregation);
+    False when the term is already normalised by counts of its own (read from ``x.normalizer``) and the
+    pipeline adds its sum over counted tokens (VAPO's NLL term, a mean over positive tokens).
+    """
+
+    registry: ClassVar[Registry[type["Penalty"]]] = penalties
+    aggregated: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def __call__(self, x: LossInputs) -> PartOutput:
+        """Term ``Float[B, T]`` and metrics."""
 
 KLFn = Callable[[Tensor, Tensor], Tensor]
 

@@ -1,4 +1,4 @@
-"""Ratio levels: how the log importance weight ``log w`` is formed from token log-ratios.
+"""Ratio levels (slot :class:`RatioLevel`): how the log importance weight ``log w`` is formed from token log-ratios.
 
 ``log_ratio[b, t] = logprobs[b, t] - old_logprobs[b, t]``. A ratio level maps it to ``log_weight`` of
 shape ``[B, T]`` (sequence-level weights are broadcast over the sequence's tokens). The surrogate then
@@ -6,9 +6,33 @@ uses ``w = exp(log_weight)``. Selected by the loss option ``importance_sampling_
 ``geometric`` level lives with GMPO (:mod:`rlzoo.algorithms.gmpo`).
 """
 
-from rlzoo.losses.base import LossInputs, PartOutput, RatioLevel
+import abc
+from typing import ClassVar
 
-__all__ = ["SequenceRatio", "SequenceTokenRatio", "TokenRatio"]
+from rlzoo.losses.base import LossInputs, Part, PartOutput
+from rlzoo.registry import Registry
+
+__all__ = ["RatioLevel", "SequenceRatio", "SequenceTokenRatio", "TokenRatio", "ratio_levels"]
+
+ratio_levels: Registry[type["RatioLevel"]] = Registry("ratio level (importance_sampling_level)")
+
+
+class RatioLevel(Part, abc.ABC):
+    """Slot 1: how the log importance weight ``log w`` is formed from the token log-ratios.
+
+    ``mixes_tokens``: True when ``log w`` at one token depends on the other tokens of its sequence
+    (sequence-level ratios), so a per-token advantage does not act on its own token only.
+    ``per_sequence``: True when ``log w`` is one value per sequence (broadcast over its tokens), so clip
+    decisions with per-sequence advantages are counted once per sequence (:meth:`LossInputs.fraction`).
+    """
+
+    registry: ClassVar[Registry[type["RatioLevel"]]] = ratio_levels
+    mixes_tokens: ClassVar[bool] = False
+    per_sequence: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def __call__(self, x: LossInputs) -> PartOutput:
+        """``log_weight`` ``Float[B, T]`` (sequence-level weights broadcast over the tokens) and metrics."""
 
 
 class TokenRatio(RatioLevel, name="token"):

@@ -1,4 +1,5 @@
-r"""The shared surrogate: PPO's clipped objective (slot :class:`~rlzoo.losses.Surrogate`), and TRL's clip metrics.
+r"""The surrogate slot (:class:`Surrogate`, :class:`OnPolicy`) and its shared member, PPO's clipped objective,
+with TRL's clip metrics.
 
 A surrogate maps :class:`~rlzoo.losses.LossInputs` (with ``log_weight`` set by the ratio level) to a per-token
 loss ``Float[B, T]`` and a dict of metrics. ``w = exp(log_weight)`` is the importance weight, ``A`` the
@@ -10,14 +11,66 @@ multiplies its per-token loss afterwards, as in verl's ``rollout_is_weights`` an
 surrogates that only one algorithm uses live in that algorithm's file under :mod:`rlzoo.algorithms`.
 """
 
+import abc
+import enum
+from typing import ClassVar
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from rlzoo.losses.base import LossInputs, Metrics, OnPolicy, PartOutput, Surrogate
-from rlzoo.registry import check_number
+from rlzoo.losses.base import LossInputs, Metrics, Part, PartOutput
+from rlzoo.registry import Registry, check_number
 
-__all__ = ["PPOClip", "clip_metrics"]
+__all__ = ["OnPolicy", "PPOClip", "Surrogate", "clip_metrics", "surrogates"]
+
+surrogates: Registry[type["Surrogate"]] = Registry("surrogate")
+
+
+class OnPolicy(enum.Enum):
+    """What a surrogate promises at ratio 1 (first iteration, ``old_logprobs`` None), per token.
+
+    The zoo-wide conformance suite checks the promise for every registered surrogate.
+    """
+
+    UNDECLARED = "undeclared"
+    """Nothing is promised (the default for user surrogates)."""
+    REINFORCE_GRADIENT = "grad = -A"
+    """The gradient w.r.t. logp is REINFORCE's ``-A``; the value is the part's own (SAPO: ``-2A / tau``)."""
+    MINUS_ADVANTAGE = "-A"
+    """Value ``-A`` and gradient ``-A``: a ratio times the advantage (PPO clip family)."""
+    MINUS_ADVANTAGE_LOGP = "-A logp"
+    """Value ``-A logp`` and gradient ``-A``: a detached weight (1 at ratio 1) times REINFORCE (CISPO)."""
+
+
+class Surrogate(Part, abc.ABC):
+    """Slot 3: the per-token policy objective, as a loss to minimise, from ``x.weight`` and ``x.advantages``.
+
+    Capabilities:
+
+    * ``folds_is_weight`` - True when it consumes ``x.is_weight`` itself instead of having its per-token loss
+      multiplied by it (VESPO, GMPO).
+    * ``sequence_is_weight`` - False when it cannot take a sequence-level IS weight (VESPO sums token
+      log-weights): the pipeline then rejects sequence-level corrections.
+    * ``mixes_tokens`` - True when its value at a token reads other tokens of the sequence (GMPO's
+      sequence-mean advantage).
+    * ``uses_ratio`` - False when it ignores the importance weight ``x.weight`` (REINFORCE): in bypass mode
+      the ratio of any other surrogate already is ``pi_theta / pi_sampler``, so the rollout IS weight is not
+      applied to it (reported only), as verl's ``bypass_mode`` with ``loss_type="ppo_clip"``; a surrogate that
+      ignores the ratio gets it, as verl's ``loss_type="reinforce"``.
+    * ``on_policy`` - what it promises at ratio 1 (:class:`OnPolicy`).
+    """
+
+    registry: ClassVar[Registry[type["Surrogate"]]] = surrogates
+    folds_is_weight: ClassVar[bool] = False
+    sequence_is_weight: ClassVar[bool] = True
+    mixes_tokens: ClassVar[bool] = False
+    uses_ratio: ClassVar[bool] = True
+    on_policy: ClassVar[OnPolicy] = OnPolicy.UNDECLARED
+
+    @abc.abstractmethod
+    def __call__(self, x: LossInputs) -> PartOutput:
+        """Per-token loss ``Float[B, T]`` (values at masked positions are ignored) and metrics."""
 
 
 def clip_metrics(x: LossInputs, w: Float[Tensor, "B T"], low: float, high: float) -> Metrics:

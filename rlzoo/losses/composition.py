@@ -1,0 +1,290 @@
+"""How a :class:`~rlzoo.losses.PolicyLoss` is put together and changed: its slots, the resolution of parts given
+by name, keyword options routed to the parts that own them, configs, and the description ``rlzoo explain`` prints.
+
+None of this runs when a loss is called: the pipeline (:mod:`rlzoo.losses.policy_loss`) reads without it.
+Every function takes the loss it works on; :class:`~rlzoo.losses.PolicyLoss`'s methods of the same names call
+them.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rlzoo.batch import BatchError
+from rlzoo.losses.aggregation import Aggregation
+from rlzoo.losses.base import Part
+from rlzoo.losses.correction import Correction
+from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection
+from rlzoo.losses.penalty import Penalty
+from rlzoo.losses.ratio import RatioLevel
+from rlzoo.losses.surrogate import Surrogate
+from rlzoo.losses.weights import TokenWeight
+from rlzoo.registry import Component, UnknownNameError, check_choice
+
+if TYPE_CHECKING:  # pragma: no cover - the loss imports this module
+    from rlzoo.losses.policy_loss import PolicyLoss
+
+__all__ = ["SLOTS", "Slot", "describe", "from_config", "missing_field", "options", "resolve", "to_config",
+           "with_options"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One field of :class:`~rlzoo.losses.PolicyLoss`: the slot's abstract base, and how keyword options reach it.
+
+    Attributes:
+        field: the loss's field name.
+        base: the slot's abstract base (its ``registry`` holds the members).
+        many: the field holds a tuple of parts (at most one of each class).
+        optional: an option of a registered member adds that member.
+        swap_option: this option names the member (by registry name).
+    """
+
+    field: str
+    base: type[Part]
+    many: bool = False
+    optional: bool = False
+    swap_option: str | None = None
+
+
+SLOTS = (
+    Slot("rejections", Rejection, many=True, optional=True),
+    Slot("ratio", RatioLevel, swap_option="importance_sampling_level"),
+    Slot("is_correction", Correction, optional=True),
+    Slot("surrogate", Surrogate),
+    Slot("weights", TokenWeight, many=True, optional=True),
+    Slot("penalties", Penalty, many=True, optional=True),
+    Slot("aggregation", Aggregation, swap_option="aggregation"),
+)
+"""The slots of a loss, in pipeline order."""
+
+_LOSS_OPTIONS = ("max_completion_length", "bypass_mode", "prox_logp_method")
+
+
+def _resolve(value: Any, slot: Slot) -> Part:
+    """A part for ``slot`` from a part or a registered name; a TypeError for a part of another slot."""
+    if isinstance(value, str):
+        return slot.base.registry.get(value)()
+    if not isinstance(value, slot.base):
+        raise TypeError(
+            f"PolicyLoss.{slot.field} must be a {slot.base.__name__} (a registered part or its name), got "
+            f"{type(value).__name__}"
+        )
+    return value
+
+
+def _optional_owners() -> dict[str, tuple[Slot, type[Part]]]:
+    """Option name -> (slot, member class) for every registered member of an optional slot (first wins)."""
+    owners: dict[str, tuple[Slot, type[Part]]] = {}
+    for slot in SLOTS:
+        if slot.optional:
+            for cls in slot.base.registry.values():
+                for option in cls.option_names():
+                    owners.setdefault(option, (slot, cls))
+    return owners
+
+
+def _members(value: Any) -> tuple[Part, ...]:
+    if value is None:
+        return ()
+    return value if isinstance(value, tuple) else (value,)
+
+
+def resolve(loss: "PolicyLoss") -> None:
+    """Replace the parts ``loss`` was given by name with registered parts, in place (``PolicyLoss.__post_init__``),
+    and validate its options.
+
+    Raises:
+        UnknownNameError: an unknown part name (lists the valid ones).
+        TypeError: a part in the wrong slot.
+        ValueError: two parts of one class in a slot, an IS correction the surrogate cannot take, a bad
+            max_completion_length, a non-bool bypass_mode, an unknown prox_logp_method, or bypass_mode with
+            prox_logp_method="loglinear".
+    """
+    for slot in SLOTS:
+        value = getattr(loss, slot.field)
+        if slot.many:
+            resolved: Any = tuple(_resolve(p, slot) for p in value)
+            kinds = [type(p) for p in resolved]
+            if len(kinds) != len(set(kinds)):
+                raise ValueError(f"PolicyLoss.{slot.field} holds two parts of the same kind: {kinds}")
+        else:
+            resolved = None if value is None and slot.optional else _resolve(value, slot)
+        object.__setattr__(loss, slot.field, resolved)
+    correction = loss.is_correction
+    if correction is not None and correction.sequence_level and not loss.surrogate.sequence_is_weight:
+        raise ValueError(
+            f"{correction.describe()} gives one IS weight per sequence, which surrogate "
+            f"{loss.surrogate.registered_name()!r} does not take (it folds token-level IS weights into its "
+            f"own weight); {correction.token_level_hint()}"
+        )
+    mcl = loss.max_completion_length
+    if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
+        raise ValueError(f"max_completion_length must be a positive int, got {mcl!r}")
+    if not isinstance(loss.bypass_mode, bool):
+        raise ValueError(f"bypass_mode must be a bool, got {loss.bypass_mode!r}")
+    check_choice("PolicyLoss", "prox_logp_method", loss.prox_logp_method, PROX_LOGP_METHODS)
+    if loss.bypass_mode and loss.prox_logp_method != "recompute":
+        raise ValueError(
+            "bypass_mode=True uses the sampler's log-probs as the old log-probs; prox_logp_method="
+            f"{loss.prox_logp_method!r} approximates them instead: use one"
+        )
+
+
+def options(loss: "PolicyLoss") -> dict[str, Any]:
+    """Every keyword option of ``loss`` and its current value (:meth:`~rlzoo.losses.PolicyLoss.options`)."""
+    opts: dict[str, Any] = {
+        "importance_sampling_level": loss.ratio.registered_name(),
+        "aggregation": loss.aggregation.registered_name(),
+        "max_completion_length": loss.max_completion_length,
+        "bypass_mode": loss.bypass_mode,
+        "prox_logp_method": loss.prox_logp_method,
+    }
+    for part in loss.all_parts():
+        if part is not loss.aggregation:
+            opts.update(part.options())
+    for option, (_, cls) in _optional_owners().items():
+        if option not in opts:
+            opts[option] = getattr(cls(), option)
+    return opts
+
+
+def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLoss":
+    """A copy of ``loss`` with keyword options changed (:meth:`~rlzoo.losses.PolicyLoss.with_options`, which
+    documents the routing and the errors)."""
+    if not overrides:
+        return loss
+    fields: dict[str, Any] = {f.name: getattr(loss, f.name) for f in dataclasses.fields(loss)}
+    rest = dict(overrides)
+    for slot in SLOTS:
+        if slot.swap_option is not None and slot.swap_option in rest:
+            fields[slot.field] = _resolve(rest.pop(slot.swap_option), slot)
+    for option in _LOSS_OPTIONS:
+        if option in rest:
+            fields[option] = rest.pop(option)
+
+    # Options owned by a part already in the loss (active or not) go to every such part.
+    def owned(part: Part) -> dict[str, Any]:
+        return {k: v for k, v in rest.items() if k in part.option_names()}
+
+    def updated(part: Part) -> Part:
+        changes = owned(part)
+        return dataclasses.replace(part, **changes) if changes else part
+
+    present = [p for slot in SLOTS for p in _members(fields[slot.field])]
+    unowned = {k: v for k, v in rest.items() if not any(k in p.option_names() for p in present)}
+    for slot in SLOTS:
+        value = fields[slot.field]
+        if slot.many:
+            fields[slot.field] = tuple(updated(p) for p in value)
+        elif value is not None:
+            fields[slot.field] = updated(value)
+
+    # Options nobody owns add the optional member that declares them.
+    owners = _optional_owners()
+    new_parts: dict[type[Part], tuple[Slot, dict[str, Any]]] = {}
+    for option, value in unowned.items():
+        if option not in owners:
+            raise UnknownNameError(
+                f"unknown option {option!r} for loss {loss.name or type(loss.surrogate).__name__!r}; "
+                f"valid options: {', '.join(sorted(loss.options()))}"
+            )
+        slot, cls = owners[option]
+        new_parts.setdefault(cls, (slot, {}))[1][option] = value
+    for cls, (slot, kwargs) in new_parts.items():
+        part = cls(**kwargs)
+        if slot.many:
+            fields[slot.field] = (*fields[slot.field], part)
+            continue
+        current = fields[slot.field]
+        others = [c for c, (s, _) in new_parts.items() if s is slot and c is not cls]
+        configured = current is not None and type(current) is not cls and (current.active or current != type(current)())
+        if others or configured:
+            rival = others[0].registered_name() if others else current.describe()
+            raise ValueError(
+                f"PolicyLoss.{slot.field} holds one part: {', '.join(sorted(kwargs))} ({cls.registered_name()}) and "
+                f"{rival} configure the same slot; use the options of one (TRL's is_correction / is_min / is_max "
+                "or verl's rollout_is / rollout_is_threshold / rollout_is_batch_normalize)"
+            )
+        fields[slot.field] = part
+    return type(loss)(**fields)
+
+
+def to_config(loss: "PolicyLoss") -> dict[str, Any]:
+    """JSON-able description of ``loss`` (inactive parts included, with their options)."""
+    return {
+        "name": loss.name,
+        "surrogate": loss.surrogate.to_config(),
+        "ratio": loss.ratio.to_config(),
+        "aggregation": loss.aggregation.to_config(),
+        "is_correction": None if loss.is_correction is None else loss.is_correction.to_config(),
+        "weights": [p.to_config() for p in loss.weights],
+        "penalties": [p.to_config() for p in loss.penalties],
+        "rejections": [p.to_config() for p in loss.rejections],
+        "max_completion_length": loss.max_completion_length,
+        "bypass_mode": loss.bypass_mode,
+        "prox_logp_method": loss.prox_logp_method,
+    }
+
+
+def from_config(cls: "type[PolicyLoss]", config: Mapping[str, Any]) -> "PolicyLoss":
+    """The loss of class ``cls`` that :func:`to_config` described.
+
+    Raises:
+        UnknownNameError: a part name that is not registered.
+        ValueError: a missing or invalid entry.
+    """
+    slots = {slot.field: slot for slot in SLOTS}
+
+    def build(field: str, entry: Mapping[str, Any]) -> Part:
+        return Component.from_config(slots[field].base.registry, entry)
+
+    try:
+        return cls(
+            name=config.get("name"),
+            surrogate=build("surrogate", config["surrogate"]),
+            ratio=build("ratio", config["ratio"]),
+            aggregation=build("aggregation", config["aggregation"]),
+            is_correction=(None if config.get("is_correction") is None
+                           else build("is_correction", config["is_correction"])),
+            weights=tuple(build("weights", c) for c in config.get("weights", ())),
+            penalties=tuple(build("penalties", c) for c in config.get("penalties", ())),
+            rejections=tuple(build("rejections", c) for c in config.get("rejections", ())),
+            max_completion_length=config.get("max_completion_length"),
+            bypass_mode=config.get("bypass_mode", False),
+            prox_logp_method=config.get("prox_logp_method", "recompute"),
+        )
+    except KeyError as err:
+        if isinstance(err, UnknownNameError):
+            raise
+        raise ValueError(f"loss config is missing {err}") from None
+
+
+def describe(loss: "PolicyLoss") -> str:
+    """One line per active part of ``loss``, as ``rlzoo explain`` prints them."""
+    lines = [f"rejection:     {p.describe()}" for p in loss.rejections if p.active]
+    if loss.bypass_mode:
+        lines.append("old policy:    rollout_logprobs (bypass_mode=True)")
+    if loss.prox_logp_method != "recompute":
+        lines.append(f"old policy:    proximal, prox_logp_method={loss.prox_logp_method!r}")
+    lines += [
+        f"ratio level:   {loss.ratio.describe()}",
+        f"surrogate:     {loss.surrogate.describe()}",
+    ]
+    if loss.is_correction is not None and loss.is_correction.active:
+        lines.append(f"IS correction: {loss.is_correction.describe()}")
+    lines += [f"token weight:  {p.describe()}" for p in loss.weights if p.active]
+    lines += [f"penalty:       {p.describe()}" for p in loss.penalties if p.active]
+    lines.append(f"aggregation:   {loss.aggregation.registered_name()}"
+                 + (f" (max_completion_length={loss.max_completion_length})"
+                    if loss.max_completion_length is not None else ""))
+    return "\n".join(lines)
+
+
+def missing_field(loss: "PolicyLoss", field: str) -> BatchError:
+    """The error for a batch without the optional ``field`` that ``loss`` needs: it names the field and the parts
+    (or the loss options) that need it."""
+    who = [p.describe() for p in loss.parts() if field in p.required_fields()]
+    if not who:
+        who = ["bypass_mode=True" if loss.bypass_mode else f"prox_logp_method={loss.prox_logp_method!r}"]
+    return BatchError(f"loss {loss.name or ''!s} needs PolicyBatch.{field} for {', '.join(who)}; it is None")

@@ -1,0 +1,56 @@
+"""Small functions every part uses, read by their names: masked reductions, the sanitising of padded positions,
+and the check that an optional batch field is present.
+
+Each is a few lines of torch with no loss semantics of its own (the reading-path test in tests/test_layers.py
+holds them to that), so that the slot contracts (:mod:`rlzoo.losses.base`) and the pipeline
+(:mod:`rlzoo.losses.policy_loss`) read without them.
+"""
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from rlzoo.batch import BatchError
+
+__all__ = ["at_most_zero", "masked_max", "masked_mean", "masked_min", "require", "zero_masked"]
+
+
+def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
+    """Mean of ``x`` over positions where ``mask`` is True; 0 when none is. NaN-safe at masked positions."""
+    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+    return total / mask.sum().clamp(min=1)
+
+
+def masked_max(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
+    """Max of ``x`` over counted positions; 0 when none is counted."""
+    lowest = torch.finfo(x.dtype).min
+    value = torch.where(mask, x, torch.full((), lowest, dtype=x.dtype, device=x.device)).amax()
+    return torch.where(mask.any(), value, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_min(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
+    """Min of ``x`` over counted positions; 0 when none is counted."""
+    highest = torch.finfo(x.dtype).max
+    value = torch.where(mask, x, torch.full((), highest, dtype=x.dtype, device=x.device)).amin()
+    return torch.where(mask.any(), value, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def zero_masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
+    """``x`` with every masked position replaced by 0, so NaN/inf padding never reaches a gradient (None: None)."""
+    if x is None:
+        return None
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def at_most_zero(x: Tensor) -> Tensor:
+    """``x`` with values above 0 (log-probs rounded up, :func:`rlzoo.batch.logprob_tolerance`) read as 0; the
+    gradient passes unchanged (straight-through), so a token of probability ~1 keeps its gradient. Values
+    <= 0 are returned bit for bit."""
+    return x - (x - torch.clamp(x, max=0.0)).detach() if x.requires_grad else torch.clamp(x, max=0.0)
+
+
+def require(x: Tensor | None, field: str, owner: str) -> Tensor:
+    """``x``, or a :class:`~rlzoo.batch.BatchError` naming the missing batch field and who needs it."""
+    if x is None:
+        raise BatchError(f"{owner} needs PolicyBatch.{field}, which is None")
+    return x
