@@ -52,8 +52,10 @@ __all__ = ["decoupled_ppo"]
     "tokens before its rejection, so a masked weight keeps its token in the count (an IS weight of 0, rlzoo's "
     "is_correction='token_mask'); verl's rollout_rs would remove it from the counts. AReaL computes the behaviour "
     "log-ratio in float32. dual_clip=c is AReaL's c_clip; is_correction / is_min / is_max set AReaL's "
-    "rejection_sampling at token level (sequence_mask / sequence_truncate are its level='sequence' with "
-    "agg='sum', not its geometric-mean default for the ratio metric).",
+    "rejection_sampling at token level. sequence_mask / sequence_truncate are TRL's (the product of a sequence's "
+    "token ratios is both the test and the weight); AReaL's level='sequence' weights a kept sequence by the "
+    "geometric mean of its ratios whatever agg (with agg='sum' it keeps the same sequences as sequence_mask), which "
+    "no rlzoo option reproduces (tests/losses/test_areal_losses.py pins the difference).",
 )
 def decoupled_ppo() -> PolicyLoss:
     r"""loss = -(pi_prox / pi_behav) min(u A, clip(u, 1-eps, 1+eps) A), u = pi_theta / pi_prox, token-mean;
