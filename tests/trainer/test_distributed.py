@@ -44,12 +44,20 @@ def _one_process(tmp_path, name: str, **extra) -> tuple[Trainer, list[dict]]:
     return trainer, trainer.train()
 
 
-def _assert_same_run(two: dict, history: list[dict], trainer: Trainer) -> None:
+# Issue 9's bound on the final weights, for the presets it names (measured at the tests' commit: at most 7.6e-6,
+# dr_grpo under FSDP2); the other cases get WEIGHTS_ATOL_OTHERS (measured at most 1.45e-5, spg_4 under FSDP2).
+WEIGHTS_ATOL = 1e-5
+WEIGHTS_ATOL_OTHERS = 3e-5
+ISSUE_CASES = ("dapo", "grpo_beta", "dr_grpo", "gspo")
+
+
+def _assert_same_run(two: dict, history: list[dict], trainer: Trainer, weights_atol: float = WEIGHTS_ATOL) -> None:
     """Per-step gradient norms within relative 1e-5 (the gradient itself: a loss of a GRPO-family preset sits at ~0,
     the aggregated -A of zero-mean groups, so its value checks little), losses within relative 1e-5 (absolute
-    1e-7) and final weights within 3e-5 after 3 AdamW steps at learning rate 1e-3 (Adam moves a coordinate whose
-    gradient is ~0 by up to the learning rate whatever the sign of the rounding, so one such coordinate can
-    differ by ~1 % of a step; a missing world-size compensation of the gradient averaging shows as ~2e-4)."""
+    1e-7) and final weights within ``weights_atol`` after 3 AdamW steps at learning rate 1e-3 (Adam moves a
+    coordinate whose gradient is ~0 by up to the learning rate whatever the sign of the rounding, so one such
+    coordinate can differ by ~1 % of a step; a missing world-size compensation of the gradient averaging shows as
+    ~2e-4)."""
     assert two["world_size"] == 2
     assert two["rewards"] == pytest.approx([row["reward"] for row in history], rel=1e-6)
     assert two["grad_norms"] == pytest.approx([row["grad_norm"] for row in history], rel=1e-5)
@@ -57,7 +65,7 @@ def _assert_same_run(two: dict, history: list[dict], trainer: Trainer) -> None:
     mine = trainer.policy.full_state_dict()
     assert set(two["weights"]) == set(mine)
     worst = max(float((torch.tensor(two["weights"][k]) - mine[k].float().flatten()).abs().max()) for k in mine)
-    assert worst < 3e-5, worst
+    assert worst < weights_atol, worst
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -88,8 +96,9 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
             for mine in tables:
                 theirs = datasets.Dataset.from_parquet(str(two / mine.name))
                 assert theirs["completion"] == datasets.Dataset.from_parquet(str(mine))["completion"]
+    atol = WEIGHTS_ATOL if name in ISSUE_CASES else WEIGHTS_ATOL_OTHERS
     for parallelism in ("ddp", "fsdp"):
-        _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer)
+        _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer, atol)
     # DDP accumulates the 2 micro-batches of a step locally (no_sync): one gradient all-reduce per optimizer step
     assert two_ranks[f"{name}-ddp"]["gradient_all_reduces"] == len(history) == 3
     if name == "dapo":  # activation checkpointing composes with FSDP2
@@ -140,7 +149,7 @@ def test_fsdp_shards_over_one_rank_under_torchrun(tmp_path):
     assert alone["losses"] == pytest.approx([row["loss"] for row in history], rel=1e-5, abs=1e-7)
     mine = trainer.policy.full_state_dict()
     worst = max(float((torch.tensor(alone["weights"][k]) - mine[k].float().flatten()).abs().max()) for k in mine)
-    assert worst < 3e-5, worst
+    assert worst < WEIGHTS_ATOL, worst
 
 
 def test_a_killed_rank_ends_the_job_and_the_run_resumes(tmp_path):
