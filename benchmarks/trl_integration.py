@@ -122,7 +122,7 @@ def lockstep(trainer_classes: dict, model_dir: str, tokenizer, args, fields: dic
     def train(name: str) -> None:
         try:
             trainers[name].train()
-        except BaseException as err:  # re-raised in the main thread
+        except BaseException as err:  # noqa: BLE001 -- re-raised in the main thread
             errors.append(err)
             started.abort()
             with turn:
