@@ -122,8 +122,8 @@ class Trainer:
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
         score_old = self._check_inputs()
-        self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
-                                    overwrite=config.overwrite, resume=config.resume)
+        output_dir = config.output_dir or dist.broadcast_object(self._default_output_dir(train_dataset))
+        self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
         self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
         if dist.is_main:
@@ -246,8 +246,11 @@ class Trainer:
         """The run directory."""
         return self.run_dir.path
 
-    def _default_output_dir(self) -> str:
+    def _default_output_dir(self, train_dataset: Any) -> str:
+        """``runs/ALGORITHM-DATA-TIMESTAMP``: DATA is the task's name or data file's stem, or ``dataset`` for a
+        data set given from Python (not the ``--task`` it replaces)."""
         task = Path(self.config.task).stem or self.config.task.replace("/", "-")
+        task = "dataset" if train_dataset is not None else task
         return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     def _title(self, task: str) -> str:
