@@ -24,11 +24,13 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["console_main", "main", "parse_train_args"]
+from rlzoo.trainer.flags import CommandLineError, flag_name, tyro_cli
+
+__all__ = ["CommandLineError", "console_main", "lay_over", "main", "parse_train_args"]
 
 _DOTTED = re.compile(r"^--(loss|advantage|task|peft)\.([A-Za-z0-9_\-]+)(?:=(.*))?$")
 _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs", "peft": "peft"}
@@ -61,26 +63,35 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     """Parse ``rlzoo train`` arguments into a :class:`~rlzoo.trainer.TrainConfig`.
 
     Precedence: built-in defaults < the checkpoint's settings (with ``--resume``) < ``--config FILE`` < flags.
-    Dotted flags merge into the mappings of the file (or else the checkpoint's).
+    A mapping (``loss``, ``advantage_options``, ``task_kwargs``, ``peft``) given in the config file or by dotted
+    flags merges option by option into the one below it (the file's, else the checkpoint's).
 
     Raises:
-        SystemExit: on ``--help`` or a parse error (argparse/tyro behaviour).
-        ValueError: invalid values (from :class:`TrainConfig` validation).
+        SystemExit: on ``--help`` (tyro's help).
+        CommandLineError: a flag tyro rejects (unknown, a bad value, out of range): one line naming the flag.
+        ValueError: invalid values (from :class:`TrainConfig` validation), or a resume of a run whose reward
+            functions were Python callables without ``--reward-funcs``.
     """
     import dataclasses
 
-    import tyro
-
     from rlzoo.trainer.config import TrainConfig
     from rlzoo.trainer.resume import checkpoint_settings
+    from rlzoo.trainer.run_dir import RunDirectory
 
-    base, rest = _config_and_dotted(argv, prog)
+    base, rest = _config_and_dotted(argv)
     _refuse_trl_spellings(rest)
-    saved = checkpoint_settings(*_resume_target(base, rest))
+    output_dir, resume = _resume_target(base, rest)
+    given = {flag_name(a) for a in rest}
+    rewards_given = "reward_funcs" in base or "--reward-funcs" in given
+    overwrite = base.get("overwrite") or "--overwrite" in given
+    if overwrite and RunDirectory(output_dir or ".", resume=resume).resumes_own_run:
+        rewards_given = True  # a contradiction the trainer refuses first (--overwrite would delete what resumes)
+    saved = checkpoint_settings(output_dir, resume, rewards_given=rewards_given)
     if saved is not None:  # resuming: what is not given again is the checkpoint's, so only what is given can change
-        base, _ = _config_and_dotted(argv, prog, under=saved)
+        base, _ = _config_and_dotted(argv, under=saved)
     default = TrainConfig.from_dict(base)
-    parsed = tyro.cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP)
+    parsed = tyro_cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP,
+                      dotted=list(_DOTTED_FIELD))
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
     return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
                                task_kwargs=default.task_kwargs, peft=default.peft)
@@ -100,16 +111,17 @@ def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | Non
 
 
 def _refuse_trl_spellings(argv: Sequence[str]) -> None:
-    """Raise with a pointer to rlzoo's spelling when a flag is TRL's (``--loss_type``, ``--beta``, ``--lr``)."""
+    """Raise :class:`CommandLineError` with a pointer to rlzoo's spelling when a flag is TRL's (``--loss_type``,
+    ``--beta``, ``--lr``)."""
     from rlzoo.trainer.spellings import spelling_hint
 
     flags = [a for a in argv if a.startswith("--")]
     hint = spelling_hint(flags, flags=True)
     if hint:
-        raise ValueError(f"unknown option: {hint}")
+        raise CommandLineError(f"unknown option: {hint}")
 
 
-def _config_and_dotted(argv: Sequence[str], prog: str,
+def _config_and_dotted(argv: Sequence[str],
                        under: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments."""
     from rlzoo.trainer.config_files import load_config_file
@@ -119,7 +131,7 @@ def _config_and_dotted(argv: Sequence[str], prog: str,
     for i, arg in enumerate(argv):
         if arg == "--config":
             if i + 1 >= len(argv):
-                raise SystemExit(f"{prog}: --config needs a file")
+                raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
             base = load_config_file(argv[i + 1])
             del argv[i:i + 2]
             break
@@ -127,7 +139,7 @@ def _config_and_dotted(argv: Sequence[str], prog: str,
             base = load_config_file(arg.split("=", 1)[1])
             del argv[i]
             break
-    base = {**(under or {}), **base}
+    base = lay_over(under or {}, base)
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
     i = 0
@@ -137,16 +149,26 @@ def _config_and_dotted(argv: Sequence[str], prog: str,
             kind, key, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
             if value is None:
                 if i + 1 >= len(argv):
-                    raise SystemExit(f"{prog}: {argv[i]} needs a value")
+                    raise CommandLineError(f"{argv[i]} needs a value (read as YAML: 0.28, 1e-3, true, null)")
                 value = argv[i + 1]
                 i += 1
             dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = _scalar(value)
         else:
             rest.append(argv[i])
         i += 1
-    for field, values in dotted.items():
-        base[field] = {**(base.get(field) or {}), **values}
-    return base, rest
+    return lay_over(base, dotted), rest
+
+
+def lay_over(below: Mapping[str, Any], above: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings ``above`` laid over ``below``: a value of ``above`` replaces the one below it, except that a
+    mapping laid over a mapping (``loss``, ``advantage_options``, ``task_kwargs``, ``peft``) merges option by
+    option, so ``loss: {beta: 0.1}`` (a config file) or ``--loss.beta 0.1`` (a flag) keeps the other loss
+    options below it. ``None`` (``peft: null``) replaces the mapping. Never raises."""
+    out = dict(below)
+    for key, value in above.items():
+        under = out.get(key)
+        out[key] = {**under, **value} if isinstance(value, Mapping) and isinstance(under, Mapping) else value
+    return out
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -278,16 +300,14 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     import dataclasses
     import json
 
-    import tyro
-
     from rlzoo.trainer.eval_run import EvalArgs, eval_result
 
-    settings, rest = _config_and_dotted(argv, "rlzoo eval")
+    settings, rest = _config_and_dotted(argv)
     unknown = sorted(set(settings) - {"task_kwargs"})
     if unknown:
         raise ValueError(f"rlzoo eval takes only evaluation options; {unknown} are rlzoo train's")
     _refuse_trl_spellings(rest)
-    args = tyro.cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP)
+    args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, dotted=["task"])
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
     print(json.dumps(out, indent=2))
@@ -426,7 +446,8 @@ def console_main() -> int:
         if os.environ.get("RLZOO_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"rlzoo: error: {message} (RLZOO_DEBUG=1 shows the traceback)", file=sys.stderr)
+        debug = "" if isinstance(err, CommandLineError) else " (RLZOO_DEBUG=1 shows the traceback)"
+        print(f"rlzoo: error: {message}{debug}", file=sys.stderr)
         return 2
 
 

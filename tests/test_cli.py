@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import rlzoo
-from rlzoo.cli import console_main, main, parse_train_args
+from rlzoo.cli import CommandLineError, console_main, lay_over, main, parse_train_args
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer import TrainConfig
 
@@ -201,7 +201,7 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
     assert result["checkpoint"].endswith("step-000001") and result["answer_extraction"] == "first_number"
     assert result["task_kwargs"] == {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1} and result["n"] == 3 and 0 <= result["accuracy"] <= 1
     assert "greedy accuracy" in captured.err
-    with pytest.raises(SystemExit):  # only evaluation flags
+    with pytest.raises(CommandLineError, match="^unknown option --learning-rate"):  # only evaluation flags
         main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
 
 
@@ -244,11 +244,47 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--config", str(path)])
     assert console_main() == 2
     assert capsys.readouterr().err.startswith("rlzoo: error: num_generations must be >= 2, got 0")
-    with pytest.raises(SystemExit) as exit_:  # a flag: tyro's own message for a value out of range, as for any flag
+    with pytest.raises(CommandLineError, match="^--num-generations must be >= 2, got 0$"):  # a flag: named as one
         parse_train_args(["--num-generations", "0"])
-    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    (["train", "--max-stepz", "3"], "unknown option --max-stepz (did you mean --max-steps or "),
+    (["train", "--loss", "0.2"], "unknown option --loss (did you mean --loss.NAME"),
+    (["train", "--dtype", "fp8"], "--dtype: invalid choice 'fp8'; valid choices: auto, float32, bf16-mixed, "),
+    (["train", "--num-generations", "0"], "--num-generations must be >= 2, got 0"),
+    (["train", "--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),
+    (["train", "--report-to", "foo"], "--report-to must be a comma-separated list of tensorboard, trackio, wandb"),
+    (["train", "--max-steps", "abc"], "--max-steps takes an integer, got 'abc'"),
+    (["train", "--temperature=hot"], "--temperature takes a number, got 'hot'"),
+    (["train", "--reward-weights", "1", "x"], "--reward-weights takes a list (a number each), or None, got '1' 'x'"),
+    (["train", "--max-steps"], "--max-steps needs a value: an integer"),
+    (["train", "--progress", "x"], "--progress is a switch and takes no value, got 'x' (give --progress or --no"),
+    (["train", "stray"], "unexpected argument 'stray'"),
+    (["train", "--config"], "--config needs a file"),
+    (["train", "--loss.beta"], "--loss.beta needs a value"),
+    (["train", "--lr", "1e-3"], "unknown option: TRL's --lr is --learning-rate in rlzoo"),
+    (["train", "--loss_type", "dapo"], "unknown option: TRL's --loss_type is --algorithm NAME"),
+    (["eval", "--eval-size", "x"], "--eval-size takes an integer, or None, got 'x'"),
+    (["eval", "--learning-rate", "1e-3"], "unknown option --learning-rate; rlzoo eval --help lists the options"),
+])
+def test_a_bad_flag_is_one_error_line_naming_the_flag_and_what_it_takes(command, expected, monkeypatch, capsys):
+    """tyro's errors used to be its boxed multi-line panel (╭─ Value error ─╮ ...), not rlzoo's one line."""
+    monkeypatch.setattr("sys.argv", ["rlzoo", *command])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    assert console_main() == 2
     err = capsys.readouterr().err
-    assert "num_generations must be >= 2, got 0" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith(f"rlzoo: error: {expected}"), err
+    assert "RLZOO_DEBUG" not in err  # a flag has no traceback worth showing
+
+
+def test_mappings_lay_over_option_by_option():
+    below = {"loss": {"epsilon_high": 0.28, "beta": 0.0}, "peft": {"r": 4}, "task_kwargs": {"max_terms": 3},
+             "max_steps": 1}
+    assert lay_over(below, {"loss": {"beta": 0.1}, "peft": None, "max_steps": 2, "seed": 3}) == {
+        "loss": {"epsilon_high": 0.28, "beta": 0.1}, "peft": None, "task_kwargs": {"max_terms": 3}, "max_steps": 2,
+        "seed": 3}
+    assert below["loss"] == {"epsilon_high": 0.28, "beta": 0.0}  # not modified
 
 
 def test_eval_model_of_a_run_or_checkpoint_directory_points_to_run(tmp_path):

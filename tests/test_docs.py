@@ -78,3 +78,14 @@ def test_issue_examples_train(script, tmp_path, monkeypatch):
     history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--max-completion-length", "6",
                               "--eval-size", "4", "--output-dir", str(tmp_path / "out")])
     assert history[-1]["step"] == 2
+
+
+def test_what_overwrite_deletes_is_what_the_code_deletes():
+    """docs/trainer.md listed five of the nine things --overwrite deletes (not completions/, tensorboard/, wandb/
+    and trackers.json)."""
+    from rlzoo.trainer.run_dir import RUN_FILES
+
+    text = " ".join((ROOT / "docs" / "trainer.md").read_text().split())
+    listed = re.search(r"`--overwrite` deletes that run's files: (.*?) \(and nothing else", text)
+    assert listed, "docs/trainer.md: the sentence `--overwrite` deletes that run's files: ... (and nothing else"
+    assert [name.rstrip("/") for name in re.findall(r"`([^`]+)`", listed.group(1))] == list(RUN_FILES)

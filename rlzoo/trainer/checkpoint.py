@@ -122,7 +122,8 @@ class Checkpointer:
         found = self.all()
         if not found:
             raise FileNotFoundError(f"--resume latest: no checkpoint under {self.directory}; pass --output-dir of "
-                                    "the run, or start over with --overwrite")
+                                    "the run, give --resume auto (resume if there is a checkpoint, else start "
+                                    "fresh), or start over with --overwrite")
         return found[-1]
 
     def due(self, step: int, *, final: bool) -> bool:

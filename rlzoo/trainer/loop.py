@@ -53,7 +53,13 @@ from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.resume import OPTIMIZER_SETTINGS, check_run_length, compare_settings, find_checkpoint
+from rlzoo.trainer.resume import (
+    OPTIMIZER_SETTINGS,
+    PYTHON_REWARDS,
+    check_run_length,
+    compare_settings,
+    find_checkpoint,
+)
 from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
@@ -122,8 +128,8 @@ class Trainer:
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
         score_old = self._check_inputs()
-        self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
-                                    overwrite=config.overwrite, resume=config.resume)
+        output_dir = config.output_dir or dist.broadcast_object(self._default_output_dir(train_dataset))
+        self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
         self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
         if dist.is_main:
@@ -209,6 +215,7 @@ class Trainer:
         task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
         rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                                 device=precision.device)
+        self._python_rewards = list(rewards.names[len(config.reward_funcs):])  # a checkpoint records their names
         trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
                     if dist.is_main else None)
         completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
@@ -246,8 +253,11 @@ class Trainer:
         """The run directory."""
         return self.run_dir.path
 
-    def _default_output_dir(self) -> str:
+    def _default_output_dir(self, train_dataset: Any) -> str:
+        """``runs/ALGORITHM-DATA-TIMESTAMP``: DATA is the task's name or data file's stem, or ``dataset`` for a
+        data set given from Python (not the ``--task`` it replaces)."""
         task = Path(self.config.task).stem or self.config.task.replace("/", "-")
+        task = "dataset" if train_dataset is not None else task
         return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     def _title(self, task: str) -> str:
@@ -372,7 +382,8 @@ class Trainer:
         """
         path = self.checkpointer.save(
             self.step, policy=self.policy, optimizer=self.optimizer.optimizer, tokenizer=self.tokenizer,
-            settings=self.config.to_dict(), shared={"scheduler": self.optimizer.scheduler_state()},
+            settings={**self.config.to_dict(), PYTHON_REWARDS: self._python_rewards},
+            shared={"scheduler": self.optimizer.scheduler_state()},
             per_rank={"rollouts": self.rollouts.state_dict(), "rng": rng_state()}, dist=self.dist)
         self._saved_step = self.step
         if plot:

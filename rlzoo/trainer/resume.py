@@ -31,8 +31,8 @@ from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.run_dir import RunDirectory
 
-__all__ = ["OPTIMIZER_SETTINGS", "REFUSED_SETTINGS", "check_run_length", "checkpoint_settings", "compare_settings",
-           "find_checkpoint", "resume_config"]
+__all__ = ["OPTIMIZER_SETTINGS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_run_length", "checkpoint_settings",
+           "compare_settings", "find_checkpoint", "resume_config"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -59,6 +59,11 @@ OPTIMIZER_SETTINGS = frozenset({"learning_rate", "lr_scheduler", "warmup_steps",
                                 "adam_beta2", "max_steps"})
 """Settings applied to the restored optimizer and scheduler (the schedule is rebuilt at the resumed step)."""
 
+PYTHON_REWARDS = "python_reward_funcs"
+"""The key under which a checkpoint's settings list the names of the reward functions given as Python callables
+(``Trainer(config, reward_funcs=[fn])``): a checkpoint cannot hold a function, so a command-line resume of such a
+run must give them again (:func:`checkpoint_settings`)."""
+
 _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # how this segment starts
 # ``world_size`` (the number of ranks, not a flag) is compared too: a change is applied (DCP reshards the model
 # and optimizer) as long as the global batch stays.
@@ -71,8 +76,10 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     Resuming on another number of ranks is a change of ``world_size``; it is honoured when the global batch
     stays (``per_device_train_batch_size`` x ranks), which is then what is compared.
 
-    Logs one line per applied change. Returns ``{field: (saved value, new value)}`` of the applied changes; an
-    empty ``saved`` (a checkpoint from before rlzoo recorded settings) compares as unchanged.
+    Logs one line per applied change: per field, and for a mapping (``loss``, ``advantage_options``, ...) per
+    option that changed (``resume: loss.beta changed (not set) -> 0.1``). Returns ``{field: (saved value, new
+    value)}`` of the applied changes; an empty ``saved`` (a checkpoint from before rlzoo recorded settings)
+    compares as unchanged.
 
     Raises:
         ValueError: a change that cannot be honoured: names every such field, its two values and why.
@@ -104,13 +111,16 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     if config.exclude_eval_questions:  # the training stream skips the held-out questions
         refused.update({k: v for k, v in changes.items() if k in ("eval_seed", "eval_size")})
     if refused:
-        reasons = "; ".join(f"{k} {v[0]!r} -> {v[1]!r} ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
+        reasons = "; ".join(
+            ", ".join(f"{label} {old!r} -> {new!r}" for label, old, new in _changed_options(k, *v))
+            + f" ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
         raise ValueError(f"cannot resume with changed settings: {reasons}. Resume with the checkpoint's values (leave "
                          "those flags out; in Python: rlzoo.trainer.resume.resume_config), or start a new run in "
                          "another --output-dir")
     for name, (old, new) in changes.items():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
-        log.info("resume: %s changed %r -> %r (%s)", name, old, new, where)
+        for label, before, after in _changed_options(name, old, new):
+            log.info("resume: %s changed %r -> %r (%s)", label, before, after, where)
     return changes
 
 
@@ -129,18 +139,26 @@ def find_checkpoint(checkpointer: Checkpointer, resume: str | None) -> Path | No
     return checkpointer.find(resume)
 
 
-def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str | None) -> dict[str, Any] | None:
+def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str | None, *,
+                        rewards_given: bool = True) -> dict[str, Any] | None:
     """The settings of the checkpoint ``resume`` names (``latest`` / ``auto``: the newest under
     ``OUTPUT_DIR/checkpoints``; or a checkpoint path), as :meth:`TrainConfig.from_dict` takes them: what the
     command line lays the flags given on resume over.
 
     Left out: how that run's segment was started (``output_dir``, ``resume``, ``overwrite``, ``progress``), the
-    world size (not a setting), and keys this version of rlzoo does not know (a warning names them). None: no
-    ``resume``, or no checkpoint found for ``latest`` / ``auto`` (the trainer then raises for ``latest`` and
-    starts fresh for ``auto``).
+    world size (not a setting), the names of reward functions given as Python callables (:data:`PYTHON_REWARDS`),
+    and keys this version of rlzoo does not know (a warning names them). None: no ``resume``, or no checkpoint
+    found for ``latest`` / ``auto`` (the trainer then raises for ``latest`` and starts fresh for ``auto``).
+
+    Args:
+        rewards_given: the reward functions are given again (``--reward-funcs`` or a config file's
+            ``reward_funcs``; the Python API's ``Trainer(reward_funcs=...)``); if not, a checkpoint of a run
+            that had Python-callable rewards is refused.
 
     Raises:
-        ValueError: ``latest`` or ``auto`` without ``output_dir`` (names --output-dir).
+        ValueError: ``latest`` or ``auto`` without ``output_dir`` (names --output-dir); the checkpoint's run had
+            reward functions given as Python callables and ``rewards_given`` is False (names them and
+            ``--reward-funcs module:function``).
         FileNotFoundError: a path that is not a checkpoint.
     """
     if resume is None:
@@ -158,6 +176,13 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
         return None
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in Checkpointer.settings(path).items() if k != "world_size" and k not in _NOT_SETTINGS}
+    callables = list(saved.pop(PYTHON_REWARDS, None) or [])
+    if callables and not rewards_given:
+        spec = " ".join([*(saved.get("reward_funcs") or []), "module:function"])  # the flag lists all of them
+        raise ValueError(
+            f"checkpoint {path} was trained with the reward function(s) {', '.join(callables)} given as Python "
+            f"callables (Trainer(..., reward_funcs=[...])), which a checkpoint cannot hold: give them again with "
+            f"--reward-funcs {spec}, or resume from Python: Trainer(resume_config(RUN), reward_funcs=[...])")
     unknown = sorted(set(saved) - fields)
     if unknown:
         log.warning("resume: checkpoint %s has settings this version of rlzoo does not know, ignored: %s", path,
@@ -179,7 +204,8 @@ def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **
     """
     saved = checkpoint_settings(output_dir, resume)
     if saved is None and resume != "auto":
-        raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from")
+        raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from; "
+                                "resume='auto' resumes if there is one and else starts fresh")
     return TrainConfig.from_dict({**(saved or {}), "output_dir": str(output_dir), "resume": resume, **overrides})
 
 
@@ -197,6 +223,26 @@ def check_run_length(max_steps: int, step: int, checkpoint: str | os.PathLike[st
     elif max_steps <= step:
         raise ValueError(f"nothing to train: checkpoint {checkpoint} is at step {step} and max_steps is {max_steps}; "
                          f"continue the run with --max-steps N for an N > {step}")
+
+
+class _NotSet:
+    """An option a mapping does not hold (shown as ``(not set)``: the loss's or task's default applies)."""
+
+    def __repr__(self) -> str:
+        return "(not set)"
+
+
+_NOT_SET = _NotSet()
+
+
+def _changed_options(name: str, old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """What changed in field ``name``: ``[(name, old, new)]``, or for two mappings one ``("name.option", old,
+    new)`` per option that differs (a missing option is :data:`_NOT_SET`), in the order of the new mapping."""
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+        return [(name, old, new)]
+    options = list(dict.fromkeys([*new, *old]))
+    return [(f"{name}.{k}", old.get(k, _NOT_SET), new.get(k, _NOT_SET)) for k in options
+            if k not in old or k not in new or _normal(old[k]) != _normal(new[k])]
 
 
 def _normal(value: Any) -> Any:

@@ -59,9 +59,12 @@ class Trackers:
       the steps twice); the old tracker run keeps the abandoned steps. TensorBoard keeps one directory and
       drops the events after the resumed step instead.
 
-    Names: ``--run-name``, default ``PARENT/DIR`` of the output directory (``exp1/seed0``). wandb shows that name
-    (its id is the timeline's); trackio finds runs by name, so its run is ``NAME-ID``. Both group a run's
-    timelines under ``NAME``.
+    Names: ``--run-name``, default ``PARENT/DIR`` of the output directory (``exp1/seed0``): both wandb and trackio
+    show that name, and group a run's timelines under it. wandb's run id is the timeline's id; trackio (>= 0.24:
+    runs of one name have their own ids) gives each run an id of its own, recorded as ``trackio_id``. A resume
+    continues the newest trackio run of that name when it is the recorded one; when another run of the same
+    name was started since (two directories given one ``--run-name``), the timeline goes on in a new trackio run
+    instead of being mixed into that one (a warning says so).
 
     Args:
         config: the tracking section (``report_to``, ``run_name``).
@@ -84,6 +87,7 @@ class Trackers:
         self.run_name = config.run_name or f"{where.parent.name}/{where.name}".lstrip("/")
         self.settings = dict(settings)
         self.run_id: str | None = None
+        self._continues = False  # this start continues the recorded timeline
         self._record: dict[str, Any] = {}
         self._tensorboard: Any = None
         self._trackio: Any = None
@@ -144,7 +148,8 @@ class Trackers:
             record = {}
         record = record if isinstance(record, dict) else {}
         last = record.get("step")
-        if step > 0 and isinstance(record.get("id"), str) and isinstance(last, int) and last <= step:
+        self._continues = step > 0 and isinstance(record.get("id"), str) and isinstance(last, int) and last <= step
+        if self._continues:
             self._record = dict(record)
             log.info("trackers: continuing tracker run %s at step %d", record["id"], step)
         else:
@@ -174,9 +179,21 @@ class Trackers:
     def _open_trackio(self, step: int) -> None:
         import trackio
 
-        self._trackio = trackio.init(project=PROJECT, name=f"{self.run_name}-{self.run_id}", group=self.run_name,
-                                     config=self.settings, resume="allow" if step > 0 else "never",
-                                     auto_log_gpu=False, auto_log_cpu=False, embed=False)
+        def start(resume: str) -> Any:
+            return trackio.init(project=PROJECT, name=self.run_name, group=self.run_name, config=self.settings,
+                                resume=resume, auto_log_gpu=False, auto_log_cpu=False, embed=False)
+
+        recorded = self._record.get("trackio_id")
+        self._trackio = start("allow" if self._continues and recorded else "never")
+        if self._continues and recorded and self._trackio.id != recorded:  # the newest run of the name is not ours
+            log.warning("trackers: the newest trackio run named %r is not this timeline's (%s): another run uses the "
+                        "same --run-name, or the trackio store moved; this timeline goes on in a new trackio run",
+                        self.run_name, recorded)
+            self._trackio.finish()
+            self._trackio = start("never")
+        if self._trackio.id != recorded:
+            self._record["trackio_id"] = self._trackio.id
+            self._write_record()
 
     def _open_wandb(self, step: int) -> None:
         import wandb

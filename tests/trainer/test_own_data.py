@@ -232,6 +232,20 @@ def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
     assert resumed[-1]["step"] == 2
 
 
+def test_the_default_output_dir_is_named_after_the_data(tmp_path, monkeypatch):
+    """A run on Trainer(config, train_dataset=ds) was named after the built-in task it does not train on
+    (runs/grpo-chain_sum-TIMESTAMP); it is named after its data: `dataset`, or a data file's stem."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = TrainConfig(**TINY, max_steps=1)
+    names = [Trainer(config, train_dataset=datasets.Dataset.from_list(rows)).output_dir,
+             Trainer(dataclasses.replace(config, task=str(path))).output_dir, Trainer(config).output_dir]
+    assert [(p.parent.name, p.name.rsplit("-", 2)[0]) for p in names] == [
+        ("runs", "grpo-dataset"), ("runs", "grpo-sums"), ("runs", "grpo-chain_sum")]
+
+
 def test_config_json_records_local_paths_absolute(tmp_path, monkeypatch, capsys):
     """config.json used to keep the paths as typed: from another directory `rlzoo eval --run /abs/RUN` failed with
     "task file 'data.jsonl' does not exist" (and so did reward files and model directories)."""

@@ -22,7 +22,7 @@ from test_run_safety import (
 from rlzoo.cli import parse_train_args
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.config import DEFAULT_TASK_KWARGS, TaskConfig
-from rlzoo.trainer.resume import resume_config
+from rlzoo.trainer.resume import compare_settings, resume_config
 
 # settings that differ from the defaults, so that a resume that fell back to the defaults would be refused
 FLAGS = [*TINY_FLAGS, "--learning-rate", "1e-3", "--save-steps", "5", "--task.max_terms", "3",
@@ -84,8 +84,73 @@ def test_the_python_api_takes_a_whole_config_and_resume_config_builds_one_from_t
     assert config == _config(run, max_steps=2, eval_size=0, num_generations=2, resume="latest")
     Trainer(config, reward_funcs=[digit_fraction]).train()
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
-    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint under .*resume='auto' resumes if there is one"):
         resume_config(tmp_path / "empty")
+
+
+def test_a_config_file_on_resume_merges_its_mappings_into_the_checkpoints(tmp_path, monkeypatch, capsys, caplog):
+    """A config file giving ``loss: {beta: 0.1}`` on resume used to replace the checkpoint's mappings whole: the
+    loss lost its epsilon_high, and task and LoRA options given in part were refused as changes. They merge
+    option by option, as the dotted flags do, and the log lists exactly the options that changed."""
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, *LORA, "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    more = tmp_path / "more.yaml"
+    more.write_text("max_steps: 2\nloss:\n  beta: 0.1\ntask_kwargs:\n  min_terms: 2\npeft:\n  r: 4\n")
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        code, err = _cli(monkeypatch, capsys, "train", "--config", more, "--output-dir", run, "--resume", "latest",
+                         "--no-progress")
+    assert code == 0, err
+    assert sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: ")) == [
+        "resume: loss.beta changed (not set) -> 0.1 (applied)",
+        "resume: max_steps changed 1 -> 2 (applied to the restored optimizer and schedule)"]
+    first, second = _segments(run)
+    assert second["changes"] == {"loss": [{"epsilon_high": 0.28}, {"epsilon_high": 0.28, "beta": 0.1}],
+                                 "max_steps": [1, 2]}
+    assert second["settings"]["peft"] == first["settings"]["peft"] == {"r": 4, "lora_alpha": 8,
+                                                                       "target_modules": "all-linear"}
+    assert second["settings"]["task_kwargs"] == {"max_terms": 3, "min_terms": 2}
+
+
+def test_changes_of_mapping_options_are_named_option_by_option(caplog):
+    saved = TrainConfig(**TINY, loss={"epsilon_high": 0.28, "beta": 0.04}).to_dict()
+    config = TrainConfig(**TINY, loss={"epsilon_high": 0.3, "beta": 0.04, "delta": 4.0})
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        changes = compare_settings(saved, config)
+    assert changes == {"loss": ({"epsilon_high": 0.28, "beta": 0.04}, {"epsilon_high": 0.3, "beta": 0.04,
+                                                                        "delta": 4.0})}
+    assert [r.getMessage() for r in caplog.records] == ["resume: loss.epsilon_high changed 0.28 -> 0.3 (applied)",
+                                                        "resume: loss.delta changed (not set) -> 4.0 (applied)"]
+    saved = TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 8}).to_dict()
+    with pytest.raises(ValueError, match=r"changed settings: peft\.lora_alpha 8 -> 16 \(the checkpoint holds"):
+        compare_settings(saved, TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 16}))
+
+
+# ------------------------------------------------------------------------------------------ Python rewards
+def test_a_cli_resume_of_a_run_with_python_callable_rewards_says_to_give_them_again(tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A run whose reward was a Python callable (Trainer(..., reward_funcs=[fn])) resumed from the command line
+    used to fail with "RewardSet needs at least one reward function" (or, next to named rewards, to go on
+    without it)."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)  # digit_fraction, given as a Python callable
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2")
+    line = _error_line(err)
+    assert code == 2 and "reward function(s) digit_fraction given as Python callables" in line, err
+    assert "give them again with --reward-funcs module:function" in line and "Trainer(resume_config(RUN)" in line
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                     "--reward-funcs", "test_run_safety:digit_fraction", "--no-progress")
+    assert code == 0, err
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    assert "rewards/digit_fraction/mean" in _rows(run / "metrics.jsonl")[-1]
+
+
+def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monkeypatch, capsys):
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", tmp_path / "empty", "--resume",
+                     "latest")
+    line = _error_line(err)
+    assert code == 2 and "--resume latest: no checkpoint under" in line, err
+    assert "--resume auto (resume if there is a checkpoint, else start fresh)" in line
 
 
 # ------------------------------------------------------------------------------------------- run length
@@ -113,7 +178,7 @@ def test_lora_options_come_from_the_checkpoint_and_a_change_is_refused(tmp_path,
     assert _segments(run)[1]["settings"]["peft"] == {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
     code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "3",
                      "--peft.lora_alpha", "16")
-    assert code == 2 and "cannot resume with changed settings: peft " in _error_line(err), err
+    assert code == 2 and "cannot resume with changed settings: peft.lora_alpha 8 -> 16 (" in _error_line(err), err
     with pytest.raises(ValueError, match="cannot resume with changed settings: peft "):  # the whole model now
         Trainer(TrainConfig.from_dict({**_segments(run)[1]["settings"], "peft": None, "max_steps": 3})).train()
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]

@@ -44,8 +44,11 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
                          max_completion_length=4, eval_size=0, progress=False, max_steps=1, output_dir=str(run),
                          report_to="trackio,wandb", run_name="own-data-test", log_completions=True)
     row = Trainer(config).train()[-1]
-    run_id = json.loads((run / "trackers.json").read_text())["id"]
-    logs = trackio.sqlite_storage.SQLiteStorage.get_logs(project="rlzoo", run=f"own-data-test-{run_id}")
+    record = json.loads((run / "trackers.json").read_text())
+    (trackio_run,) = [r for r in trackio.sqlite_storage.SQLiteStorage.get_run_records("rlzoo")
+                      if r["id"] == record["trackio_id"]]
+    assert trackio_run["name"] == "own-data-test"  # the name given, as wandb shows it (it was own-data-test-ID)
+    logs = trackio.sqlite_storage.SQLiteStorage.get_logs(project="rlzoo", run_id=record["trackio_id"])
     scalar_rows = [entry for entry in logs if "reward" in entry]
     assert scalar_rows and scalar_rows[-1]["reward"] == pytest.approx(row["reward"])
     assert scalar_rows[-1]["step"] == 1 and any("completions" in entry for entry in logs)
@@ -53,12 +56,14 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
     assert list(offline.glob("*.wandb"))  # wandb's offline log (wandb sync uploads it)
 
 
-def _trackio_runs(prefix: str) -> list[list[int]]:
-    """The steps of each trackio run (project rlzoo) whose name starts with ``prefix``, in the order created."""
+def _trackio_runs(name: str) -> list[list[int]]:
+    """The steps of each trackio run (project rlzoo) named ``name``, in the order created."""
     from trackio.sqlite_storage import SQLiteStorage
 
-    return [[entry["step"] for entry in SQLiteStorage.get_logs(project="rlzoo", run=name)
-             if "x" in entry or "loss" in entry] for name in dict.fromkeys(SQLiteStorage.get_runs("rlzoo")) if name.startswith(prefix)]
+    records = sorted((r for r in SQLiteStorage.get_run_records("rlzoo") if r["name"] == name),
+                     key=lambda r: r["created_at"])
+    return [[entry["step"] for entry in SQLiteStorage.get_logs(project="rlzoo", run_id=r["id"])
+             if "x" in entry or "loss" in entry] for r in records]
 
 
 def _wandb_ids(run) -> list[str]:
@@ -77,8 +82,7 @@ def test_runs_in_directories_of_the_same_name_are_separate_tracker_runs(tmp_path
             trackers.log({"step": step, "x": float(step)})
         trackers.close()
         opened.append(trackers)
-    assert sorted(_trackio_runs("exp1/seed-names") + _trackio_runs("exp2/seed-names") + _trackio_runs("seed-names")) \
-        == [[0, 1, 2], [0, 1, 2, 3]]
+    assert (_trackio_runs("exp1/seed-names"), _trackio_runs("exp2/seed-names")) == ([[0, 1, 2, 3]], [[0, 1, 2]])
     assert opened[0].run_id != opened[1].run_id
 
 
@@ -102,6 +106,33 @@ def test_tracker_runs_follow_the_runs_timelines(tmp_path):
     assert _trackio_runs(name)[2:] == [[1]]
     (third,) = _wandb_ids(run)
     assert third not in (first, second)
+
+
+def test_a_timeline_whose_run_name_another_run_took_goes_on_in_a_new_trackio_run(tmp_path, caplog):
+    """trackio continues the newest run of a name; when another directory started a run of the same --run-name
+    since, the resumed timeline must not log into that one."""
+    import logging
+
+    def segment(directory: str, start: int, steps: range) -> Trackers:
+        trackers = Trackers(TrackingConfig(report_to="trackio", run_name=f"{tmp_path.name}-shared"),
+                            output_dir=tmp_path / directory, settings={})
+        trackers.open(start)
+        for step in steps:
+            trackers.log({"step": step, "x": float(step)})
+        trackers.close()
+        return trackers
+
+    def record(directory: str) -> dict:
+        return json.loads((tmp_path / directory / "trackers.json").read_text())
+
+    a = segment("a", 0, range(2))
+    first = record("a")["trackio_id"]
+    segment("b", 0, range(1))
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        again = segment("a", 1, range(2, 4))
+    assert again.run_id == a.run_id and "is not this timeline's" in caplog.text
+    assert _trackio_runs(f"{tmp_path.name}-shared") == [[0, 1], [0], [2, 3]]  # b's run holds b's step only
+    assert record("a")["trackio_id"] not in (first, record("b")["trackio_id"])
 
 
 def test_wandb_without_credentials_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
