@@ -431,7 +431,8 @@ Anything else (``RuntimeError`` from torch internals, ...) is a bug and keeps it
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
     instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
-    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once."""
+    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once. Output into a closed pipe exits 141
+    without a message."""
     from rlzoo.trainer.interrupts import RunInterrupted
 
     try:
@@ -442,6 +443,10 @@ def console_main() -> int:
     except KeyboardInterrupt:
         print("rlzoo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (``rlzoo tasks | head``): quiet, as a command killed by SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush of stdout at exit would raise again
+        return 141
     except USER_ERRORS as err:
         if os.environ.get("RLZOO_DEBUG"):
             raise

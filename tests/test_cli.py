@@ -278,6 +278,30 @@ def test_a_bad_flag_is_one_error_line_naming_the_flag_and_what_it_takes(command,
     assert "RLZOO_DEBUG" not in err  # a flag has no traceback worth showing
 
 
+def test_an_event_the_flag_wording_does_not_know_is_still_one_line(monkeypatch, capsys):
+    """tyro's error events are a private API (rlzoo/trainer/flags.py): an event shaped otherwise gets a generic line,
+    not a traceback out of the wording."""
+    def broken(*args, **kwargs):
+        raise AttributeError("an event of another tyro")
+
+    monkeypatch.setattr("rlzoo.trainer.flags.flag_error", broken)
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--max-steps", "abc"])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    assert console_main() == 2
+    assert capsys.readouterr().err == "rlzoo: error: invalid arguments; rlzoo train --help lists the options\n"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """``rlzoo tasks | head -1`` used to end with ``rlzoo: error: [Errno 32] Broken pipe``."""
+    import subprocess
+    import sys
+
+    script = "import sys; from rlzoo.cli import console_main; sys.argv = ['rlzoo', 'tasks']; sys.exit(console_main())"
+    proc = subprocess.run(f"{sys.executable} -c \"{script}\" | head -c 10", shell=True, capture_output=True,
+                          text=True, check=False, cwd=tmp_path)
+    assert proc.stdout and proc.stderr == "", proc.stderr
+
+
 def test_mappings_lay_over_option_by_option():
     below = {"loss": {"epsilon_high": 0.28, "beta": 0.0}, "peft": {"r": 4}, "task_kwargs": {"max_terms": 3},
              "max_steps": 1}

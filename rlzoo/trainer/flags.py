@@ -47,11 +47,18 @@ def tyro_cli(cls: type, *, args: Sequence[str], prog: str, description: str, def
         from tyro import _errors
     except ImportError:  # pragma: no cover - a tyro without the hook: its own panel
         return tyro.cli(cls, **options)
+    on_parse_error = getattr(_errors, "on_parse_error", None)
+    if on_parse_error is None:  # pragma: no cover - the private module changed: tyro's own panel
+        return tyro.cli(cls, **options)
 
     def hook(event: Any) -> None:
-        raise CommandLineError(flag_error(event, cls, list(args), prog=prog, dotted=dotted))
+        try:
+            message = flag_error(event, cls, list(args), prog=prog, dotted=dotted)
+        except Exception:  # noqa: BLE001 -- an event shaped otherwise (another tyro): a generic line, not a crash
+            message = f"invalid arguments; {prog} --help lists the options"
+        raise CommandLineError(message)
 
-    with _errors.on_parse_error(hook):
+    with on_parse_error(hook):
         return tyro.cli(cls, **options)
 
 
