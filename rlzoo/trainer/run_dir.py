@@ -117,7 +117,8 @@ class RunDirectory:
         if self.starts_fresh and not self.overwrite and self.resume != "auto" and self.holds_run():
             raise FileExistsError(
                 f"output directory {self.path} already holds a run; continue it with --resume latest, or start "
-                "over with --overwrite (deletes that run's checkpoints and metrics), or choose another --output-dir"
+                "over with --overwrite (deletes that run's files: checkpoints, metrics, plots, completions, ...; not "
+                "yours), or choose another --output-dir"
             )
 
     @contextlib.contextmanager
