@@ -128,8 +128,9 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         model = get_peft_model(model, copy.copy(peft_config))
-        if by_name:  # the saved adapter names its base as rlzoo's model spec (a built-in name, path or hub id)
-            model.peft_config["default"].base_model_name_or_path = model_config.model
+        # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model
+        # object without one the ``model:CLASS`` name that load_model refuses saying what to pass
+        model.peft_config["default"].base_model_name_or_path = model_config.model
     if is_peft_model(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
 

@@ -50,6 +50,7 @@ from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
+from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
@@ -124,8 +125,9 @@ class Trainer:
         score_old = self._check_inputs()
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
-        # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
-        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
+        # the data set and model a run trains are what it records; recorded Python objects cannot be loaded by name
+        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset),
+                                                   model=recorded_model(config.model, model))
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start

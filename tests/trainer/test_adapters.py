@@ -121,3 +121,44 @@ def test_lora_on_smollm2_raises_the_reward(tmp_path):
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2, rewards
     assert history[-1]["kl"] > 0.0
     assert (tmp_path / "run" / "checkpoints" / "step-000005" / "model" / "adapter_model.safetensors").is_file()
+
+
+def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
+    """A run of Trainer(config, model=obj) used to record the default model: `--config RUN/config.json` and a CLI
+    resume loaded that model instead, and a LoRA adapter named no base (eval --run and export failed obscurely)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.cli import main
+
+    model, tok = build_tiny_random()
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), model=model, tokenizer=tok,
+            reward_funcs=[digit_fraction]).train()
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"] == saved["segments"][-1]["settings"]["model"] == "model:LlamaForCausalLM"
+    adapter = run / "checkpoints" / "step-000001" / "model"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == saved["model"]
+    refusal = (r"^model 'model:LlamaForCausalLM' is a model object that was given from Python .* pass the model "
+               r"again via the Python API, or --model a checkpoint directory or hub id$")
+    with monkeypatch.context() as patch:  # refused before any model loads
+        def no_model(*args, **kwargs):
+            raise AssertionError("a model loaded")
+
+        patch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
+        with pytest.raises(ValueError, match=refusal):
+            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
+        with pytest.raises(ValueError, match=refusal):
+            main(["train", "--output-dir", str(run), "--resume", "latest", "--max-steps", "2"])
+    with pytest.raises(ValueError, match=refusal):
+        main(["eval", "--run", str(run), "--eval-size", "2"])
+    with pytest.raises(ValueError, match=refusal):
+        main(["export", str(run / "checkpoints" / "step-000001"), str(tmp_path / "merged")])
+
+    model.save_pretrained(tmp_path / "base")  # a model with a loadable name_or_path records that name
+    tok.save_pretrained(tmp_path / "base")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    named = tmp_path / "named"
+    Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(named)), model=loaded, tokenizer=tok,
+            reward_funcs=[digit_fraction]).train()
+    assert json.loads((named / "config.json").read_text())["model"] == str(tmp_path / "base")
+    assert main(["export", str(named / "checkpoints" / "step-000001"), str(tmp_path / "merged")]) == 0
