@@ -101,8 +101,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, or an adapter on the
-            output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
+        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, a ``lora_dropout`` above
+            0 (:func:`_check_no_dropout`), or an adapter on the output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
             it too); and the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
@@ -125,6 +125,9 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     if peft_config is not None:
         from peft import get_peft_model
 
+        _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
+                          else "peft_config.lora_dropout")
+
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         model = get_peft_model(model, copy.copy(peft_config))
@@ -142,6 +145,19 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         return model, tokenizer, None
     reference = AdapterDisabled(model) if is_peft_model(model) else copy.deepcopy(model).requires_grad_(False)
     return model, tokenizer, reference
+
+
+def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:
+    """Refuse an adapter with dropout: the policy runs in eval mode, so dropout would do nothing while it is asked
+    for (and in train mode it would make the first iteration's ratio differ from 1).
+
+    Raises:
+        ValueError: ``peft_config.lora_dropout > 0`` (names ``given_as``, why, and the value to use).
+    """
+    dropout = getattr(peft_config, "lora_dropout", 0.0) or 0.0
+    if dropout > 0:
+        raise ValueError(f"{given_as} must be 0, got {dropout:g}: rlzoo trains with dropout off, as in its full-model "
+                         "runs (dropout would make the ratio differ from 1 at the first iteration); drop the option")
 
 
 def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:

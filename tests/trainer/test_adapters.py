@@ -104,6 +104,12 @@ def test_fused_logprobs_through_the_peft_wrapper_equal_its_own_forward():
 def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"unknown --peft option\(s\) \['rank'\].*lora_alpha"):
         Trainer(TrainConfig(**{**TINY, "peft": {"rank": 4}}, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=r"^--peft.lora_dropout must be 0, got 0.05: rlzoo trains with dropout off.*"
+                                         r"ratio differ from 1 at the first iteration"):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "lora_dropout": 0.05}}, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=r"^peft_config.lora_dropout must be 0, got 0.1"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
+                peft_config=LoraConfig(r=4, lora_dropout=0.1))
     with pytest.raises(ValueError, match="adapter on the output layer"):
         Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ["q_proj", "lm_head"]}},
                             output_dir=str(tmp_path / "run2")))
