@@ -19,6 +19,7 @@ __all__ = [
     "completion_text",
     "format_reward",
     "nanstd",
+    "reward_error",
 ]
 
 BUILTIN_REWARDS: tuple[str, ...] = ("accuracy", "format")
@@ -39,6 +40,16 @@ class RewardFunction(Protocol):
 class RewardFunctionError(ValueError):
     """A reward function cannot be loaded (no such attribute, not callable), raised, or returned the wrong number
     or type of values; names the function. A ``ValueError``: the ``rlzoo`` command reports it in one line."""
+
+
+def reward_error(name: str, fn: Any, err: Exception) -> RewardFunctionError:
+    """The one-line error for reward function ``fn`` (logged as ``name``) having raised ``err``: its type and
+    message, and for an ``ImportError`` of one of TRL's functions the extra to install."""
+    hint = ""
+    if isinstance(err, ImportError) and str(getattr(fn, "__module__", "")).split(".")[0] == "trl":
+        hint = ': pip install "rlzoo[trl]" (TRL\'s reward functions need trl and math-verify)'
+    message = str(err).splitlines()[0] if str(err) else ""
+    return RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {message}{hint}")
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:

@@ -50,6 +50,7 @@ from rlzoo.trainer.reward_functions import (
     completion_text,
     format_reward,
     nanstd,
+    reward_error,
 )
 from rlzoo.trainer.reward_loading import load_reward_function
 from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, Task, TaskItem, TaskStream, is_conversational
@@ -281,7 +282,7 @@ class RewardSet:
             try:
                 values = fn(**call)
             except Exception as err:
-                raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+                raise reward_error(name, fn, err) from err
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
         for (k, _, name), values in zip(pending, self._gather([(fn, name) for _, fn, name in pending], call),
                                         strict=True):
@@ -310,7 +311,7 @@ class RewardSet:
             try:
                 return await fn(**call)
             except Exception as err:
-                raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+                raise reward_error(name, fn, err) from err
 
         async def every() -> list[Any]:
             return list(await asyncio.gather(*(one(fn, name) for fn, name in functions)))
