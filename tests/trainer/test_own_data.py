@@ -303,3 +303,16 @@ def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
     with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' raised ImportError: .*math_verify.*: "
                                          r"pip install \"rlzoo\[trl\]\""):
         rewards(["q"], [[{"role": "assistant", "content": "1"}]], columns={"solution": ["1"]})
+
+
+def test_trl_rewards_on_the_wrong_data_shape_say_what_is_wrong():
+    """accuracy_reward needs a `solution` column; think_format_reward needs conversational completions: the error
+    names the reward, the missing column and the columns present, or the data shape it expects (one line)."""
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the data set column\(s\) "
+                                         r"'solution', which the data set does not have; its columns: 'answer', "
+                                         r"'level' .*rename .*--task.answer_column") as missing:
+        RewardSet(["trl.rewards.accuracy_reward"])(["q"], ["1"], columns={"answer": ["1"], "level": [0]})
+    with pytest.raises(ValueError, match=r"^reward function 'think_format_reward' raised TypeError: string indices"
+                                         r".*; it expects conversational data \(completions as message lists") as shape:
+        RewardSet(["think_format_reward"])(["q"], ["<think>x</think>"])
+    assert "\n" not in str(missing.value) + str(shape.value)
