@@ -181,8 +181,10 @@ def _load_local(
             "no such local directory, and as a hub id it could not be downloaded (check the id and the network)"
         ) if what.startswith("hub id") else "it is not a loadable Hugging Face checkpoint (config.json, weights, " \
             "tokenizer files)"
+        first = str(err).splitlines()[0] if str(err) else ""  # transformers' messages span lines: one-line errors
         raise ModelUnavailableError(
-            f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())}. ({err})"
+            f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())} "
+            f"({type(err).__name__}: {first})"
         ) from err
     return model, tokenizer
 
