@@ -21,8 +21,8 @@ import torch
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
-__all__ = ["AdapterDisabled", "build_policy", "causal_lm", "checkpoint_state_dict", "export_model",
-           "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
+__all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "causal_lm", "checkpoint_state_dict",
+           "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
 
 
 def is_peft_model(model: Any) -> bool:
@@ -160,13 +160,25 @@ def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:
                          "runs (dropout would make the ratio differ from 1 at the first iteration); drop the option")
 
 
+def adapter_save_options(model: Any) -> dict[str, Any]:
+    """Keyword arguments for a PEFT model's ``save_pretrained`` / ``get_peft_model_state_dict`` (none for another
+    model): ``save_embedding_layers`` is whether the input embedding carries an adapter. peft's default ``"auto"``
+    otherwise looks the base model up on the hub on every save, to see whether the vocabulary was resized (a
+    network request, or a warning per checkpoint); rlzoo never resizes it."""
+    if not is_peft_model(model):
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return {"save_embedding_layers": isinstance(model.get_input_embeddings(), BaseTunerLayer)}
+
+
 def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """What a checkpoint's ``model/`` holds, keyed as it is saved: the adapter's tensors
     (``peft.get_peft_model_state_dict``) for a PEFT model, else ``model.state_dict()``."""
     if is_peft_model(model):
         from peft import get_peft_model_state_dict
 
-        return dict(get_peft_model_state_dict(model))
+        return dict(get_peft_model_state_dict(model, **adapter_save_options(model)))
     return dict(model.state_dict())
 
 

@@ -168,3 +168,23 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
             reward_funcs=[digit_fraction]).train()
     assert json.loads((named / "config.json").read_text())["model"] == str(tmp_path / "base")
     assert main(["export", str(named / "checkpoints" / "step-000001"), str(tmp_path / "merged")]) == 0
+
+
+def test_lora_checkpoints_save_without_looking_the_base_up(tmp_path, monkeypatch):
+    """peft's save_embedding_layers='auto' checks the hub for the base's config on every save (a request online, a
+    'Could not find a config file' warning offline): no embedding carries an adapter, so no lookup happens."""
+    import warnings
+
+    import peft.utils.save_and_load
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the hub was asked for the base model")
+
+    monkeypatch.setattr(peft.utils.save_and_load, "check_file_exists_on_hf_hub", no_lookup)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(TrainConfig(**TINY, max_steps=2, save_steps=1, output_dir=str(tmp_path / "run")),
+                reward_funcs=[digit_fraction]).train()
+    assert (tmp_path / "run" / "checkpoints" / "step-000002" / "model" / "adapter_model.safetensors").is_file()
+    assert not [w for w in caught if "config file" in str(w.message) or "embedding" in str(w.message)], \
+        [str(w.message) for w in caught]
