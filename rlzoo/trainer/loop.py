@@ -125,9 +125,9 @@ class Trainer:
         score_old = self._check_inputs()
         self.run_dir = RunDirectory(config.output_dir or dist.broadcast_object(self._default_output_dir()),
                                     overwrite=config.overwrite, resume=config.resume)
-        # the data set and model a run trains are what it records; recorded Python objects cannot be loaded by name
-        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset),
-                                                   model=recorded_model(config.model, model))
+        # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
+        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
+        self.config = config = dataclasses.replace(config, model=recorded_model(config.model, model))  # likewise
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
