@@ -10,6 +10,8 @@ command line::
     rlzoo train --task additions.parquet --task.answer_column solution \\
         --reward-funcs trl.rewards.think_format_reward accuracy --algorithm dapo
 
+TRL's reward functions need trl (and math-verify for ``accuracy_reward``): ``pip install "rlzoo[trl]"``.
+
 Run (seconds with the tiny random model; minutes with ``--model smollm2-135m``)::
 
     python examples/own_dataset.py --model tiny-random --max-steps 2

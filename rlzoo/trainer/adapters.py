@@ -21,8 +21,8 @@ import torch
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
-__all__ = ["AdapterDisabled", "build_policy", "causal_lm", "checkpoint_state_dict", "export_model",
-           "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
+__all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "causal_lm", "checkpoint_state_dict",
+           "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
 
 
 def is_peft_model(model: Any) -> bool:
@@ -101,8 +101,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, or an adapter on the
-            output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
+        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, a ``lora_dropout`` above
+            0 (:func:`_check_no_dropout`), or an adapter on the output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
             it too); and the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
@@ -125,11 +125,15 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     if peft_config is not None:
         from peft import get_peft_model
 
+        _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
+                          else "peft_config.lora_dropout")
+
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         model = get_peft_model(model, copy.copy(peft_config))
-        if by_name:  # the saved adapter names its base as rlzoo's model spec (a built-in name, path or hub id)
-            model.peft_config["default"].base_model_name_or_path = model_config.model
+        # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model
+        # object without one the ``model:CLASS`` name that load_model refuses saying what to pass
+        model.peft_config["default"].base_model_name_or_path = model_config.model
     if is_peft_model(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -143,13 +147,38 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     return model, tokenizer, reference
 
 
+def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:
+    """Refuse an adapter with dropout: the policy runs in eval mode, so dropout would do nothing while it is asked
+    for (and in train mode it would make the first iteration's ratio differ from 1).
+
+    Raises:
+        ValueError: ``peft_config.lora_dropout > 0`` (names ``given_as``, why, and the value to use).
+    """
+    dropout = getattr(peft_config, "lora_dropout", 0.0) or 0.0
+    if dropout > 0:
+        raise ValueError(f"{given_as} must be 0, got {dropout:g}: rlzoo trains with dropout off, as in its full-model "
+                         "runs (dropout would make the ratio differ from 1 at the first iteration); drop the option")
+
+
+def adapter_save_options(model: Any) -> dict[str, Any]:
+    """Keyword arguments for a PEFT model's ``save_pretrained`` / ``get_peft_model_state_dict`` (none for another
+    model): ``save_embedding_layers`` is whether the input embedding carries an adapter. peft's default ``"auto"``
+    otherwise looks the base model up on the hub on every save, to see whether the vocabulary was resized (a
+    network request, or a warning per checkpoint); rlzoo never resizes it."""
+    if not is_peft_model(model):
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return {"save_embedding_layers": isinstance(model.get_input_embeddings(), BaseTunerLayer)}
+
+
 def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """What a checkpoint's ``model/`` holds, keyed as it is saved: the adapter's tensors
     (``peft.get_peft_model_state_dict``) for a PEFT model, else ``model.state_dict()``."""
     if is_peft_model(model):
         from peft import get_peft_model_state_dict
 
-        return dict(get_peft_model_state_dict(model))
+        return dict(get_peft_model_state_dict(model, **adapter_save_options(model)))
     return dict(model.state_dict())
 
 

@@ -136,7 +136,8 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
                            state_dict: dict[str, Any] | None = None) -> Path:
     """Save a Hugging Face model (safetensors), its tokenizer, config and generation config as one directory,
     atomically (:func:`atomic_dir`): a crash leaves the previous directory or nothing, never half a checkpoint.
-    An existing ``path`` is replaced. Load it back with ``rlzoo.trainer.models.load_model(path)``.
+    An existing ``path`` is replaced. Load it back with ``rlzoo.trainer.models.load_model(path)``. A PEFT model
+    saves its adapter without a hub lookup of its base (:func:`~rlzoo.trainer.adapters.adapter_save_options`).
 
     The tokenizer is saved as configured, whatever the process did with it before: a fast tokenizer's
     backend keeps the padding and truncation of its last call (e.g. left padding for generation), which
@@ -162,8 +163,11 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
         tokenizer = copy.deepcopy(tokenizer)
         tokenizer.backend_tokenizer.no_padding()
         tokenizer.backend_tokenizer.no_truncation()
+    from rlzoo.trainer.adapters import adapter_save_options
+
     with atomic_dir(path) as tmp:
-        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}),
+                              **adapter_save_options(model))
         tokenizer.save_pretrained(tmp)
     return path
 

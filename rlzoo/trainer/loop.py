@@ -50,6 +50,7 @@ from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
+from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
@@ -132,6 +133,7 @@ class Trainer:
         self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
         self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
+        self.config = config = dataclasses.replace(config, model=recorded_model(config.model, model))  # likewise
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start

@@ -13,6 +13,10 @@
    hub cache when ``HF_HUB_OFFLINE=1`` (transformers' own handling of the cache and of offline mode).
 
 Built-in names win over same-named directories: write ``./tiny-random`` for a directory of that name.
+
+A model object given from Python (``Trainer(config, model=...)``) is recorded by :func:`recorded_model`: as its
+``config.name_or_path`` when that is a directory or hub id (what ``load_model`` loads again), else as
+``model:CLASS`` (:data:`PYTHON_MODEL`), a name ``load_model`` refuses with what to pass instead.
 """
 
 import re
@@ -35,14 +39,17 @@ from rlzoo.trainer.builtin_models import (
 from rlzoo.trainer.io import save_pretrained_atomic
 
 __all__ = [
+    "PYTHON_MODEL",
     "SMOLLM2_CHAT_TEMPLATE",
     "ModelUnavailableError",
     "TinyRandomSpec",
     "build_tiny_random",
     "cache_dir",
+    "check_loadable_model",
     "convert_gguf",
     "list_builtin_models",
     "load_model",
+    "recorded_model",
     "save_pretrained_atomic",
     "smollm2_checkpoint",
     "smollm2_gguf_path",
@@ -51,6 +58,49 @@ __all__ = [
 
 class ModelUnavailableError(OSError):
     """A model that exists in principle but is not available on this machine without a download."""
+
+
+PYTHON_MODEL = "model:"
+"""How a model object given from Python without a loadable ``name_or_path`` is named: ``model:`` and its class
+(``model:LlamaForCausalLM``; ``model:CLASS:NAME_OR_PATH`` when it has a name that cannot be loaded). A run records
+this name as its ``model``; it cannot be loaded by name."""
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
+
+
+def recorded_model(model: str, model_object: object = None) -> str:
+    """The model a run trains and records: ``model`` when no ``model_object`` is given, else the object's
+    ``config.name_or_path`` when it is an existing directory (absolute) or a hub id, else ``model:CLASS``
+    (with ``:NAME_OR_PATH`` when the object has one). A ``PeftModel`` is always ``model:CLASS:BASE``: its base's
+    name would load without the adapter.
+
+    Raises:
+        ValueError: no ``model_object`` and ``model`` names a model given from Python (:func:`check_loadable_model`).
+    """
+    if model_object is None:
+        check_loadable_model(model)
+        return model
+    from rlzoo.trainer.adapters import is_peft_model
+
+    name = str(getattr(getattr(model_object, "config", None), "name_or_path", "") or "")
+    if name and not is_peft_model(model_object):
+        if (Path(name) / "config.json").is_file():
+            return str(Path(name).resolve())
+        if not Path(name).exists() and name not in _BUILTINS and _HUB_ID.fullmatch(name):
+            return name
+    return f"{PYTHON_MODEL}{type(model_object).__name__}" + (f":{name}" if name else "")
+
+
+def check_loadable_model(model: str) -> None:
+    """Refuse a ``model`` that names a model object given from Python (what :func:`recorded_model` records for one).
+
+    Raises:
+        ValueError: ``model`` starts with :data:`PYTHON_MODEL` (names it and what to pass instead).
+    """
+    if model.startswith(PYTHON_MODEL):
+        raise ValueError(f"model {model!r} is a model object that was given from Python (Trainer(config, model=..., "
+                         "tokenizer=...)) and cannot be loaded by name: pass the model again via the Python API, or "
+                         "--model a checkpoint directory or hub id")
 
 
 def list_builtin_models() -> list[str]:
@@ -86,9 +136,11 @@ def load_model(
             cache, or not on the hub), or a directory that is not a loadable checkpoint.
         ImportError: ``smollm2-135m`` without its package; the message has the exact pip command.
         FileNotFoundError: a ``.gguf`` path that does not exist.
+        ValueError: a name :func:`recorded_model` gave a model object from Python (:func:`check_loadable_model`).
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model name_or_path must be a non-empty string, got {name_or_path!r}")
+    check_loadable_model(name_or_path)
     if name_or_path in _BUILTINS:
         model, tokenizer = _BUILTINS[name_or_path](dtype)
     elif name_or_path.lower().endswith(".gguf"):
@@ -99,7 +151,7 @@ def load_model(
         model, tokenizer = _load_adapter(name_or_path, dtype, trainable=trainable)
     elif Path(name_or_path).is_dir():
         model, tokenizer = _load_local(name_or_path, dtype, what=f"checkpoint directory {name_or_path!r}")
-    elif re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", name_or_path):
+    elif _HUB_ID.fullmatch(name_or_path):
         model, tokenizer = _load_local(name_or_path, dtype, what=f"hub id {name_or_path!r}")
     else:
         raise UnknownNameError(
@@ -129,8 +181,10 @@ def _load_local(
             "no such local directory, and as a hub id it could not be downloaded (check the id and the network)"
         ) if what.startswith("hub id") else "it is not a loadable Hugging Face checkpoint (config.json, weights, " \
             "tokenizer files)"
+        first = str(err).splitlines()[0] if str(err) else ""  # transformers' messages span lines: one-line errors
         raise ModelUnavailableError(
-            f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())}. ({err})"
+            f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())} "
+            f"({type(err).__name__}: {first})"
         ) from err
     return model, tokenizer
 

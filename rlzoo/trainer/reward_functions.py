@@ -1,6 +1,7 @@
 """Reward functions: TRL's contract as a ``Protocol``, the built-in ``accuracy`` and ``format`` rewards, and the
 errors of reward functions. How a :class:`~rlzoo.trainer.rewards.RewardSet` calls them: :mod:`rlzoo.trainer.rewards`."""
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -13,12 +14,14 @@ from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, EXTRACTIONS, Task
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "REWARD_ARGUMENTS",
     "RewardFunction",
     "RewardFunctionError",
     "accuracy_reward",
     "completion_text",
     "format_reward",
     "nanstd",
+    "reward_error",
 ]
 
 BUILTIN_REWARDS: tuple[str, ...] = ("accuracy", "format")
@@ -39,6 +42,45 @@ class RewardFunction(Protocol):
 class RewardFunctionError(ValueError):
     """A reward function cannot be loaded (no such attribute, not callable), raised, or returned the wrong number
     or type of values; names the function. A ``ValueError``: the ``rlzoo`` command reports it in one line."""
+
+
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""The arguments TRL 1.16 passes every reward function besides the data set's columns."""
+
+
+def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any]) -> RewardFunctionError:
+    """The one-line error for reward function ``fn`` (logged as ``name``) having raised ``err`` when called with
+    ``call``: its type and first line, and what to do when the cause is plain:
+
+    - a ``TypeError`` with required arguments of ``fn`` absent from ``call``: those are data set columns it needs
+      (names them and the columns present, and how to provide them);
+    - a ``TypeError`` indexing a string while the completions are strings: ``fn`` expects conversational data;
+    - an ``ImportError`` of one of TRL's functions: the extra to install.
+    """
+    message = str(err).splitlines()[0] if str(err) else ""
+    text = f"reward function {name!r} raised {type(err).__name__}: {message}"
+    columns = ", ".join(repr(k) for k in call if k not in REWARD_ARGUMENTS) or "(none)"
+    if isinstance(err, TypeError):
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            parameters = []
+        missing = [p.name for p in parameters if p.default is p.empty and p.name not in call
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            return RewardFunctionError(
+                f"reward function {name!r} needs the data set column(s) {', '.join(map(repr, missing))}, which the "
+                f"data set does not have; its columns: {columns} (each reaches reward functions under its own name: "
+                f"rename the column holding it to {missing[0]!r}, and point --task.answer_column at it)")
+        strings = all(isinstance(c, str) for c in call.get("completions", ()))
+        if strings and "string indices" in message:
+            return RewardFunctionError(
+                f"{text}; it expects conversational data (completions as message lists, as TRL passes them when "
+                "the prompts are lists of chat messages), but the prompts are plain strings: give the prompts as "
+                "chat messages, or use a reward function for strings")
+    if isinstance(err, ImportError) and str(getattr(fn, "__module__", "")).split(".")[0] == "trl":
+        text += ': pip install "rlzoo[trl]" (TRL\'s reward functions need trl and math-verify)'
+    return RewardFunctionError(text)
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:

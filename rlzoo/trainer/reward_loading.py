@@ -41,7 +41,7 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
     Raises:
         ValueError: ``spec`` fits none of the forms.
         ImportError: the module (or file) cannot be found or fails to import (its error is chained); a TRL name
-            without ``trl``.
+            or ``trl.*`` path without ``trl`` (names the ``trl`` extra).
         RewardFunctionError: the module has no such attribute (the message lists its public callables), or the
             attribute is not callable.
         OSError: a reward model that cannot be loaded (offline and not cached, not a checkpoint).
@@ -84,7 +84,8 @@ def _attribute(spec: str, module_name: str, attr: str) -> Any:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
-            raise ImportError(f"reward function {spec!r}: no module named {err.name!r}") from err
+            hint = ': pip install "rlzoo[trl]"' if module_name.split(".")[0] == "trl" else ""
+            raise ImportError(f"reward function {spec!r}: no module named {err.name!r}{hint}") from err
         except Exception as err:
             raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
     if not hasattr(module, attr):

@@ -44,12 +44,14 @@ from rlzoo.registry import UnknownNameError
 from rlzoo.trainer.config import RewardConfig
 from rlzoo.trainer.reward_functions import (
     BUILTIN_REWARDS,
+    REWARD_ARGUMENTS,
     RewardFunction,
     RewardFunctionError,
     accuracy_reward,
     completion_text,
     format_reward,
     nanstd,
+    reward_error,
 )
 from rlzoo.trainer.reward_loading import load_reward_function
 from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, Task, TaskItem, TaskStream, is_conversational
@@ -281,7 +283,7 @@ class RewardSet:
             try:
                 values = fn(**call)
             except Exception as err:
-                raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+                raise reward_error(name, fn, err, call) from err
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
         for (k, _, name), values in zip(pending, self._gather([(fn, name) for _, fn, name in pending], call),
                                         strict=True):
@@ -310,7 +312,7 @@ class RewardSet:
             try:
                 return await fn(**call)
             except Exception as err:
-                raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+                raise reward_error(name, fn, err, call) from err
 
         async def every() -> list[Any]:
             return list(await asyncio.gather(*(one(fn, name) for fn, name in functions)))
@@ -318,7 +320,7 @@ class RewardSet:
         return asyncio.run_coroutine_threadsafe(every(), self._loop).result()
 
 
-_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+_ARGUMENTS = REWARD_ARGUMENTS
 
 
 def _is_async(fn: Any) -> bool:

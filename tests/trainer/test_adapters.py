@@ -104,6 +104,12 @@ def test_fused_logprobs_through_the_peft_wrapper_equal_its_own_forward():
 def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"unknown --peft option\(s\) \['rank'\].*lora_alpha"):
         Trainer(TrainConfig(**{**TINY, "peft": {"rank": 4}}, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=r"^--peft.lora_dropout must be 0, got 0.05: rlzoo trains with dropout off.*"
+                                         r"ratio differ from 1 at the first iteration"):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "lora_dropout": 0.05}}, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=r"^peft_config.lora_dropout must be 0, got 0.1"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
+                peft_config=LoraConfig(r=4, lora_dropout=0.1))
     with pytest.raises(ValueError, match="adapter on the output layer"):
         Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ["q_proj", "lm_head"]}},
                             output_dir=str(tmp_path / "run2")))
@@ -121,3 +127,64 @@ def test_lora_on_smollm2_raises_the_reward(tmp_path):
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2, rewards
     assert history[-1]["kl"] > 0.0
     assert (tmp_path / "run" / "checkpoints" / "step-000005" / "model" / "adapter_model.safetensors").is_file()
+
+
+def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
+    """A run of Trainer(config, model=obj) used to record the default model: `--config RUN/config.json` and a CLI
+    resume loaded that model instead, and a LoRA adapter named no base (eval --run and export failed obscurely)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlzoo.cli import main
+
+    model, tok = build_tiny_random()
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), model=model, tokenizer=tok,
+            reward_funcs=[digit_fraction]).train()
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"] == saved["segments"][-1]["settings"]["model"] == "model:LlamaForCausalLM"
+    adapter = run / "checkpoints" / "step-000001" / "model"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == saved["model"]
+    refusal = (r"^model 'model:LlamaForCausalLM' is a model object that was given from Python .* pass the model "
+               r"again via the Python API, or --model a checkpoint directory or hub id$")
+    with monkeypatch.context() as patch:  # refused before any model loads
+        def no_model(*args, **kwargs):
+            raise AssertionError("a model loaded")
+
+        patch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
+        with pytest.raises(ValueError, match=refusal):
+            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
+        with pytest.raises(ValueError, match=refusal):
+            main(["train", "--output-dir", str(run), "--resume", "latest", "--max-steps", "2"])
+    with pytest.raises(ValueError, match=refusal):
+        main(["eval", "--run", str(run), "--eval-size", "2"])
+    with pytest.raises(ValueError, match=refusal):
+        main(["export", str(run / "checkpoints" / "step-000001"), str(tmp_path / "merged")])
+
+    model.save_pretrained(tmp_path / "base")  # a model with a loadable name_or_path records that name
+    tok.save_pretrained(tmp_path / "base")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    named = tmp_path / "named"
+    Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(named)), model=loaded, tokenizer=tok,
+            reward_funcs=[digit_fraction]).train()
+    assert json.loads((named / "config.json").read_text())["model"] == str(tmp_path / "base")
+    assert main(["export", str(named / "checkpoints" / "step-000001"), str(tmp_path / "merged")]) == 0
+
+
+def test_lora_checkpoints_save_without_looking_the_base_up(tmp_path, monkeypatch):
+    """peft's save_embedding_layers='auto' checks the hub for the base's config on every save (a request online, a
+    'Could not find a config file' warning offline): no embedding carries an adapter, so no lookup happens."""
+    import warnings
+
+    import peft.utils.save_and_load
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the hub was asked for the base model")
+
+    monkeypatch.setattr(peft.utils.save_and_load, "check_file_exists_on_hf_hub", no_lookup)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(TrainConfig(**TINY, max_steps=2, save_steps=1, output_dir=str(tmp_path / "run")),
+                reward_funcs=[digit_fraction]).train()
+    assert (tmp_path / "run" / "checkpoints" / "step-000002" / "model" / "adapter_model.safetensors").is_file()
+    assert not [w for w in caught if "config file" in str(w.message) or "embedding" in str(w.message)], \
+        [str(w.message) for w in caught]

@@ -295,3 +295,38 @@ def test_an_empty_task_file_says_so(tmp_path):
         (tmp_path / name).write_text(content)
         with pytest.raises(ValueError, match=f"^task file '.*{name}' is empty: it has no rows$"):
             load_task(str(tmp_path / name))
+
+
+def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
+    """TRL's reward functions need trl and math-verify (the `trl` extra): a missing one says what to install."""
+    import sys
+
+    from trl.rewards import accuracy_rewards
+
+    from rlzoo.trainer.reward_loading import load_reward_function
+
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "trl", None)
+        patch.delitem(sys.modules, "trl.rewards", raising=False)
+        for spec in ("trl.rewards.think_format_reward", "think_format_reward", "trl.rewards:accuracy_reward"):
+            with pytest.raises(ImportError, match=r"^reward function .*: no module named 'trl[.a-z]*': "
+                                                  r"pip install \"rlzoo\[trl\]\"$"):
+                load_reward_function(spec)
+    monkeypatch.setattr(accuracy_rewards, "is_math_verify_available", lambda: False)
+    rewards = RewardSet(["trl.rewards.accuracy_reward"])
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' raised ImportError: .*math_verify.*: "
+                                         r"pip install \"rlzoo\[trl\]\""):
+        rewards(["q"], [[{"role": "assistant", "content": "1"}]], columns={"solution": ["1"]})
+
+
+def test_trl_rewards_on_the_wrong_data_shape_say_what_is_wrong():
+    """accuracy_reward needs a `solution` column; think_format_reward needs conversational completions: the error
+    names the reward, the missing column and the columns present, or the data shape it expects (one line)."""
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the data set column\(s\) "
+                                         r"'solution', which the data set does not have; its columns: 'answer', "
+                                         r"'level' .*rename .*--task.answer_column") as missing:
+        RewardSet(["trl.rewards.accuracy_reward"])(["q"], ["1"], columns={"answer": ["1"], "level": [0]})
+    with pytest.raises(ValueError, match=r"^reward function 'think_format_reward' raised TypeError: string indices"
+                                         r".*; it expects conversational data \(completions as message lists") as shape:
+        RewardSet(["think_format_reward"])(["q"], ["<think>x</think>"])
+    assert "\n" not in str(missing.value) + str(shape.value)
