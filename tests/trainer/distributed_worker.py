@@ -34,8 +34,11 @@ CASES = {
 }
 
 
-def digit_fraction(prompts, completions, **columns):
-    """Reward: the fraction of a completion's characters that are digits (varies on the random model)."""
+def digit_fraction(prompts, completions, log_extra=None, **columns):
+    """Reward: the fraction of a completion's characters that are digits (varies on the random model); logs each
+    completion's digits as the completions table's column ``digits`` (TRL's ``log_extra``)."""
+    if log_extra is not None:
+        log_extra("digits", ["".join(ch for ch in c if ch.isdigit()) for c in completions])
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
@@ -54,6 +57,8 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
     history = trainer.train()
     return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
             "grad_norms": [row["grad_norm"] for row in history], "num_tokens": [row["num_tokens"] for row in history],
+            "reward_std": [row["reward_std"] for row in history],
+            "frac_reward_zero_std": [row["frac_reward_zero_std"] for row in history],
             "sharded": trainer.policy.sharded,
             "weights": weights(trainer), "world_size": trainer.dist.world_size,
             "gradient_all_reduces": reductions and reductions[0]}

@@ -60,6 +60,8 @@ def _assert_same_run(two: dict, history: list[dict], trainer: Trainer, weights_a
     ~2e-4)."""
     assert two["world_size"] == 2
     assert two["rewards"] == pytest.approx([row["reward"] for row in history], rel=1e-6)
+    assert two["reward_std"] == pytest.approx([row["reward_std"] for row in history], rel=1e-6)
+    assert two["frac_reward_zero_std"] == [row["frac_reward_zero_std"] for row in history]  # the same groups
     assert two["grad_norms"] == pytest.approx([row["grad_norm"] for row in history], rel=1e-5)
     assert two["losses"] == pytest.approx([row["loss"] for row in history], rel=1e-5, abs=1e-7)
     mine = trainer.policy.full_state_dict()
@@ -94,8 +96,10 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
             two = two_ranks["out"] / f"{name}-{parallelism}" / "completions"
             assert sorted(p.name for p in two.glob("*.parquet")) == [p.name for p in tables]
             for mine in tables:
-                theirs = datasets.Dataset.from_parquet(str(two / mine.name))
-                assert theirs["completion"] == datasets.Dataset.from_parquet(str(mine))["completion"]
+                theirs, one = (datasets.Dataset.from_parquet(str(path)) for path in (two / mine.name, mine))
+                assert theirs["completion"] == one["completion"]
+                # log_extra values follow their group to the rank that trains on it (None: left on another rank)
+                assert theirs["digits"] == one["digits"] and None not in one["digits"]
     atol = WEIGHTS_ATOL if name in ISSUE_CASES else WEIGHTS_ATOL_OTHERS
     for parallelism in ("ddp", "fsdp"):
         _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer, atol)
