@@ -4,8 +4,8 @@ One optimizer step: the rollout source hands over the step's micro-batches (gene
 so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
 accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
 scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
-when due. The loop never looks at the loss's name: the loss says which inputs it needs
-(``loss.required_fields()``), the estimator which it uses.
+when due (the last step's checkpoint before its evaluation, which may take minutes). The loop never looks at the
+loss's name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
 
 Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
 (config, metrics, plot, lock), and every rank takes part in checkpoints (DCP).
@@ -276,10 +276,22 @@ class Trainer:
                 self.step += 1
                 row = self._step_metrics(batch, losses, row, started, generated)
                 final = self.step == self.config.max_steps
-                self.logger.write(row | self.evaluator.maybe_run(self.policy, self.step, final=final))
-                if self.checkpointer.due(self.step, final=final):
-                    self.save_checkpoint(plot=not final)
+                if final:  # the run's last checkpoint does not wait for its evaluation (minutes on a real model)
+                    self.save_checkpoint()
+                self._log_step(row, final=final)
+                if not final and self.checkpointer.due(self.step, final=False):
+                    self.save_checkpoint(plot=True)
         return self.logger.history
+
+    def _log_step(self, row: dict[str, Any], *, final: bool) -> None:
+        """Evaluate when due and append the step's metrics row with the evaluation's. The row is written even when
+        the evaluation does not finish (a second signal stops the run at once, an error): the step itself is
+        complete."""
+        evaluated: dict[str, float] = {}
+        try:
+            evaluated = self.evaluator.maybe_run(self.policy, self.step, final=final)
+        finally:
+            self.logger.write(row | evaluated)
 
     def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
