@@ -27,7 +27,7 @@ from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss, Rejection
 from rlzoo.trainer.adapters import AdapterDisabled
 from rlzoo.trainer.algorithm import build_loss
-from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
+from rlzoo.trainer.checkpoint import Checkpointer, rank_states, rng_state, set_rng_state
 from rlzoo.trainer.config import (
     AdapterConfig,
     AlgorithmConfig,
@@ -413,8 +413,12 @@ class Trainer:
                 f"checkpoint {path} was written by {checkpoint.world_size} ranks in the middle of a generation "
                 f"cycle (an unfinished batch split across its ranks); it resumes only on {checkpoint.world_size} "
                 "ranks. Resume on other world sizes from a checkpoint at a generation boundary")
-        self.rollouts.load_state_dict(checkpoint.states["rollouts"],
-                                      same_world_size=checkpoint.world_size == self.dist.world_size)
+        rollouts, same_world_size = checkpoint.states["rollouts"], checkpoint.world_size == self.dist.world_size
+        if not same_world_size and "num_tokens_all_ranks" not in rollouts and self.dist.is_main:
+            # written before rank 0's file held every rank's token count: the count is the sum of the ranks' files
+            rollouts = {**rollouts, "num_tokens_all_ranks": sum(
+                float(state.get("num_tokens", 0.0)) for state in rank_states(path, "rollouts"))}
+        self.rollouts.load_state_dict(rollouts, same_world_size=same_world_size)
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
         if self.dist.is_main:
