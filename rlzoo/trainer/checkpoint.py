@@ -35,7 +35,7 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "rng_state", "set_rng_state", "step_of"]
+__all__ = ["Checkpoint", "Checkpointer", "rank_states", "rng_state", "set_rng_state", "step_of"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -224,6 +224,22 @@ class Checkpointer:
                 states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
                           settings=trainer_state.get("settings", {}), states=states)
+
+
+def rank_states(path: str | Path, name: str) -> list[Any]:
+    """Every rank's own state ``NAME-rankR.pt`` of the checkpoint at ``path``, in rank order, on the CPU (e.g. to
+    combine the ranks' counts when another number of ranks resumes it).
+
+    Raises:
+        FileNotFoundError: the checkpoint lacks a rank's file (names it).
+    """
+    path = Path(path)
+    world_size = int(_trainer_state(path).get("world_size", 1))
+    files = [path / f"{name}-rank{rank}.pt" for rank in range(world_size)]
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} lacks {file.name} (written by {world_size} ranks)")
+    return [torch.load(file, map_location="cpu", weights_only=True) for file in files]
 
 
 def _trained_only() -> Any:

@@ -8,9 +8,12 @@ makes them over the whole batch:
 - DAPO's dynamic sampling keeps the first ``prompts_per_generation x ranks`` groups with non-constant rewards in
   the global order (round, then group index), filling with dropped groups after ``max_sampling_rounds``
   (:func:`select_groups`). A kept group sampled on one rank may belong to another rank's share: it is sent there.
-- When a generation batch spans several optimizer steps (``steps_per_generation > gradient_accumulation_steps``),
-  which completions share an optimizer step is the one-process shuffle of the whole batch into micro-batches;
-  rank ``r`` takes the ``r``-th slice of each (:func:`split_globally`).
+- When a pass over a generation batch does not fit in whole optimizer steps (``gradient_accumulation_steps`` not a
+  multiple of ``steps_per_generation``), which completions share an optimizer step is the one-process shuffle of
+  the whole batch into micro-batches; rank ``r`` takes the ``r``-th slice of each (:func:`split_globally`).
+
+A group travels with everything computed from it before the choice: its tensors, texts and rewards, and the values
+reward functions logged for its completions with ``log_extra`` (the completions table's extra columns).
 
 Both are the identity in one process (no communication, the one-process code path unchanged).
 """
@@ -26,8 +29,9 @@ from rlzoo.trainer.rollout import Rollout
 
 __all__ = ["Group", "GroupKey", "assemble", "select_groups", "split_globally"]
 
-Group = tuple[Generated, int, Tensor, Tensor]
-"""A prompt group: ``(generation, its prompt row, rewards Float[G, K], combined reward Float[G])``."""
+Group = tuple[Generated, int, Tensor, Tensor, dict[str, list[Any]]]
+"""A prompt group: ``(generation, its prompt row, rewards Float[G, K], combined reward Float[G], extra)``; ``extra``:
+the ``log_extra`` columns of its ``G`` completions (column -> ``G`` values, None where a function logged fewer)."""
 
 GroupKey = tuple[int, int]
 """``(generation round, global group index)``: the order one process samples groups in."""
@@ -50,7 +54,7 @@ def assemble(groups: list[Group], *, pad_token_id: int, device: torch.device) ->
     width_p = max(gen.prompt_ids.shape[1] for gen, *_ in groups)
     width_c = max(gen.completion_ids.shape[1] for gen, *_ in groups)
     prompt_ids, prompt_mask, comp_ids, comp_mask, trunc, texts, values, rewards, rollout_lp = ([] for _ in range(9))
-    for gen, i, vals, rew in groups:
+    for gen, i, vals, rew, _ in groups:
         prompt_ids.append(_left(gen.prompt_ids[i], width_p, pad_token_id))
         prompt_mask.append(_left(gen.prompt_mask[i], width_p, False))
         sl = slice(i * g, (i + 1) * g)
@@ -107,8 +111,8 @@ def select_groups(kept: list[tuple[GroupKey, Group]], dropped: list[tuple[GroupK
 
 
 def _pack(group: Group) -> dict[str, Any]:
-    """One group's tensors on the CPU (to send to another rank)."""
-    gen, i, values, reward = group
+    """One group's tensors on the CPU and its ``log_extra`` values (to send to another rank)."""
+    gen, i, values, reward, extra = group
     g = reward.shape[0]
     rows = slice(i * g, (i + 1) * g)
     lp = gen.rollout_logprobs
@@ -116,7 +120,7 @@ def _pack(group: Group) -> dict[str, Any]:
             "completion_ids": gen.completion_ids[rows].cpu(), "completion_mask": gen.completion_mask[rows].cpu(),
             "is_truncated": gen.is_truncated[rows].cpu(), "texts": gen.texts[rows],
             "rollout_logprobs": None if lp is None else lp[rows].cpu(), "values": values.cpu(),
-            "reward": reward.cpu()}
+            "reward": reward.cpu(), "extra": extra}
 
 
 def _unpack(packed: dict[str, Any], device: torch.device) -> Group:
@@ -127,7 +131,7 @@ def _unpack(packed: dict[str, Any], device: torch.device) -> Group:
                     group_index=torch.zeros(g, dtype=torch.long, device=device), completion_ids=t["completion_ids"],
                     completion_mask=t["completion_mask"], is_truncated=t["is_truncated"], texts=t["texts"],
                     rollout_logprobs=t["rollout_logprobs"])
-    return gen, 0, t["values"], t["reward"]
+    return gen, 0, t["values"], t["reward"], t["extra"]
 
 
 def split_globally(rollout: Rollout, parts: int, *, generator: torch.Generator, group_size: int, pad_token_id: int,

@@ -4,7 +4,8 @@ The first signal asks the run to stop: the step in progress finishes (an evaluat
 next batch), a checkpoint of the last completed step is written, and the
 run ends with :class:`RunInterrupted` (the command exits 130 for SIGINT, 143 for SIGTERM, as a shell reports a
 process killed by the signal). A second signal stops at once (``KeyboardInterrupt``); every write is atomic,
-so that leaves the last complete checkpoint and no partial file behind.
+so that leaves the last complete checkpoint and no partial file behind. A completed step's metrics row is
+written even when a signal cuts its evaluation short, and the last step's checkpoint precedes the final evaluation.
 """
 
 import signal

@@ -4,8 +4,8 @@ One optimizer step: the rollout source hands over the step's micro-batches (gene
 so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
 accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
 scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
-when due. The loop never looks at the loss's name: the loss says which inputs it needs
-(``loss.required_fields()``), the estimator which it uses.
+when due (the last step's checkpoint before its evaluation, which may take minutes). The loop never looks at the
+loss's name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
 
 Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
 (config, metrics, plot, lock), and every rank takes part in checkpoints (DCP).
@@ -27,7 +27,7 @@ from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss, Rejection
 from rlzoo.trainer.adapters import AdapterDisabled
 from rlzoo.trainer.algorithm import build_loss
-from rlzoo.trainer.checkpoint import Checkpointer, rng_state, set_rng_state
+from rlzoo.trainer.checkpoint import Checkpointer, rank_states, rng_state, set_rng_state
 from rlzoo.trainer.config import (
     AdapterConfig,
     AlgorithmConfig,
@@ -288,10 +288,22 @@ class Trainer:
                 self.step += 1
                 row = self._step_metrics(batch, losses, row, started, generated)
                 final = self.step == self.config.max_steps
-                self.logger.write(row | self.evaluator.maybe_run(self.policy, self.step, final=final))
-                if self.checkpointer.due(self.step, final=final):
-                    self.save_checkpoint(plot=not final)
+                if final:  # the run's last checkpoint does not wait for its evaluation (minutes on a real model)
+                    self.save_checkpoint()
+                self._log_step(row, final=final)
+                if not final and self.checkpointer.due(self.step, final=False):
+                    self.save_checkpoint(plot=True)
         return self.logger.history
+
+    def _log_step(self, row: dict[str, Any], *, final: bool) -> None:
+        """Evaluate when due and append the step's metrics row with the evaluation's. The row is written even when
+        the evaluation does not finish (a second signal stops the run at once, an error): the step itself is
+        complete."""
+        evaluated: dict[str, float] = {}
+        try:
+            evaluated = self.evaluator.maybe_run(self.policy, self.step, final=final)
+        finally:
+            self.logger.write(row | evaluated)
 
     def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
@@ -414,8 +426,12 @@ class Trainer:
                 f"checkpoint {path} was written by {checkpoint.world_size} ranks in the middle of a generation "
                 f"cycle (an unfinished batch split across its ranks); it resumes only on {checkpoint.world_size} "
                 "ranks. Resume on other world sizes from a checkpoint at a generation boundary")
-        self.rollouts.load_state_dict(checkpoint.states["rollouts"],
-                                      same_world_size=checkpoint.world_size == self.dist.world_size)
+        rollouts, same_world_size = checkpoint.states["rollouts"], checkpoint.world_size == self.dist.world_size
+        if not same_world_size and "num_tokens_all_ranks" not in rollouts and self.dist.is_main:
+            # written before rank 0's file held every rank's token count: the count is the sum of the ranks' files
+            rollouts = {**rollouts, "num_tokens_all_ranks": sum(
+                float(state.get("num_tokens", 0.0)) for state in rank_states(path, "rollouts"))}
+        self.rollouts.load_state_dict(rollouts, same_world_size=same_world_size)
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
         if self.dist.is_main:

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer.config import RewardConfig
+from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.reward_functions import (
     BUILTIN_REWARDS,
     REWARD_ARGUMENTS,
@@ -115,7 +116,8 @@ class RewardSet:
         functions, names, weights (tuples).
         trainer_state: the ``transformers.TrainerState`` passed to the functions (the trainer sets its
             ``global_step``).
-        extra_columns: what the functions logged with ``log_extra`` since :meth:`take_logged` (column -> values).
+        extra_columns: what the functions logged with ``log_extra`` since :meth:`take_extra` or :meth:`take_logged`
+            (column -> values).
 
     Raises:
         ValueError: no functions, a weight count that does not match, non-finite weights, repeated names,
@@ -204,13 +206,27 @@ class RewardSet:
         """TRL's ``log_metric``: a scalar, averaged over the values logged before :meth:`take_logged`."""
         self._metrics[name].append(float(value))
 
-    def take_logged(self) -> tuple[dict[str, float], dict[str, list[Any]]]:
-        """The metrics (averaged) and extra columns logged since the last call, which forgets them."""
-        metrics = {name: sum(v) / len(v) for name, v in self._metrics.items() if v}
+    def take_extra(self) -> dict[str, list[Any]]:
+        """The ``log_extra`` columns logged since the last call (or :meth:`take_logged`), which forgets them (so that
+        the trainer can attach each call's values to the completions it scored)."""
         extra = dict(self.extra_columns)
-        self._metrics.clear()
         self.extra_columns.clear()
-        return metrics, extra
+        return extra
+
+    def take_logged(self, dist: Distributed = ONE_PROCESS) -> tuple[dict[str, float], dict[str, list[Any]]]:
+        """The metrics and extra columns logged since the last call, which forgets them. A metric is the mean of every
+        value logged for it on every rank of ``dist`` (TRL 1.16 ``GRPOTrainer._generate_and_score_completions``: the
+        values' sum over the processes divided by their count; one all-gather); extra columns are this rank's."""
+        sums = {name: (sum(v), len(v)) for name, v in self._metrics.items() if v}
+        if dist.enabled:  # a metric some ranks did not log counts their values only
+            merged: dict[str, tuple[float, int]] = {}
+            for rank_sums in dist.all_gather_object(sums):
+                for name, (total, count) in rank_sums.items():
+                    before = merged.get(name, (0.0, 0))
+                    merged[name] = (before[0] + total, before[1] + count)
+            sums = merged
+        self._metrics.clear()
+        return {name: total / count for name, (total, count) in sums.items()}, self.take_extra()
 
     def compute(
         self,

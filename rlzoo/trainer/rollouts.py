@@ -16,6 +16,7 @@ keeps its own rows.
 """
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -162,7 +163,8 @@ class RolloutSource:
         need, rank, world = cfg.prompts_per_generation, self.dist.rank, self.dist.world_size
         kept: list[tuple[GroupKey, Group]] = []
         dropped: list[tuple[GroupKey, Group]] = []
-        rounds, t0, first_round = 0, time.perf_counter(), self.round
+        columns: dict[str, None] = {}  # the log_extra columns, in the order they were first logged
+        rounds, t0 = 0, time.perf_counter()
         self.rewards.take_logged()  # forget what the reward check logged
         self.rewards.trainer_state.global_step = self.micro_step // cfg.gradient_accumulation_steps
         with self.policy.gathered() as model:
@@ -171,7 +173,7 @@ class RolloutSource:
                     break  # the kept groups of every rank fill the global batch
                 rounds += 1
                 items = self.task.next_train(need * world)[rank * need:(rank + 1) * need]
-                self._keep(model, items, self.round, rank * need, kept, dropped)
+                columns.update(dict.fromkeys(self._keep(model, items, self.round, rank * need, kept, dropped)))
                 self.round += 1
         num_kept = self.dist.reduce_floats({"kept": float(len(kept))})["kept"] if world > 1 else len(kept)
         if num_kept < need * world:  # dynamic sampling gave up: fill with zero-variance groups (zero advantage)
@@ -183,36 +185,40 @@ class RolloutSource:
         rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # the sampler's weights: steps completed
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
-        reward_metrics, extra = self.rewards.take_logged()  # TRL's log_metric / log_extra
+        reward_metrics, _ = self.rewards.take_logged(self.dist)  # TRL's log_metric (log_extra: with each group)
         stats.update(reward_metrics)
         sampling = self._score(rollout)
         rollout.advantages, kl_metrics = batch_advantages(self.advantage_fn, rollout, sampling, dist=self.dist,
                                                           group_size=g, kl_reward=self.kl_reward)
         stats.update(kl_metrics)
-        if self.completion_log is not None:  # rows of the share among this rank's completions of every round
-            rows = [((r - first_round) * need + i - rank * need) * g + j if here else None
-                    for (r, i), _, here in share for j in range(g)]
-            self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra, rows=rows)
+        if self.completion_log is not None:  # the log_extra values came with their groups, from any rank
+            columns.update(dict.fromkeys(c for _, group, _ in share for c in group[4]))
+            extra = {c: [v for _, group, _ in share for v in group[4].get(c, [None] * g)] for c in columns}
+            self.completion_log.record(self.rewards.trainer_state.global_step + 1, rollout, extra=extra)
         if cfg.dynamic_sampling:
             stats.update({"dynamic_sampling/rounds": float(rounds), "dynamic_sampling/groups_dropped":
                           self.dist.reduce_floats({"dropped": float(len(dropped))})["dropped"]})
         return rollout, stats
 
     def _keep(self, model: torch.nn.Module, items: list[TaskItem], round_index: int, first: int,
-              kept: list[tuple[GroupKey, Group]], dropped: list[tuple[GroupKey, Group]]) -> None:
+              kept: list[tuple[GroupKey, Group]], dropped: list[tuple[GroupKey, Group]]) -> list[str]:
         """Sample ``items`` (global group indices from ``first``; one seed per group from the round and that index)
         and sort their groups into kept and dropped (dynamic sampling drops groups whose combined rewards are all
-        equal)."""
+        equal), each with the values the reward functions logged for its completions with ``log_extra`` (so that
+        they follow the group to the rank that trains on it). Returns the ``log_extra`` columns logged."""
         g = self.config.num_generations
         seeds = [derive_seed("sample", self.seed, round_index, first + i) for i in range(len(items))]
         gen, values, reward = self._sample(model, items, seeds)
+        logged = self.rewards.take_extra()  # one value per completion of this round (fewer: None for the rest)
         for i in range(len(items)):
             sl = slice(i * g, (i + 1) * g)
-            group = ((round_index, first + i), (gen, i, values[sl], reward[sl]))
+            extra = {c: [v[j] if j < len(v) else None for j in range(i * g, (i + 1) * g)] for c, v in logged.items()}
+            group = ((round_index, first + i), (gen, i, values[sl], reward[sl], extra))
             if self.config.dynamic_sampling and bool(torch.all(reward[sl] == reward[sl][0])):
                 dropped.append(group)
             else:
                 kept.append(group)
+        return list(logged)
 
     def _score(self, rollout: Rollout) -> dict[str, Tensor]:
         """Score the generation batch without gradients: old log-probs when the data can be stale, reference and
@@ -283,27 +289,42 @@ class RolloutSource:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def _split(self, rollout: Rollout, spg: int) -> list[Rollout]:
-        """This rank's ``spg`` micro-batches of a generation batch. When they span several optimizer steps, the
-        whole batch is shuffled as one process does (:func:`split_globally`), so that which completions share a
-        step does not depend on the number of ranks; otherwise every micro-batch is in the same step and each
-        rank shuffles its own share."""
-        if spg > self.config.gradient_accumulation_steps:
+        """This rank's ``spg`` micro-batches of a generation batch. When a pass over them does not fit in whole
+        optimizer steps (``gradient_accumulation_steps`` not a multiple of ``spg``: it spans several steps, or a step
+        ends inside it), the whole batch is shuffled as one process does (:func:`split_globally`), so that which
+        completions share a step does not depend on the number of ranks; otherwise each pass lies in one step and
+        each rank shuffles its own share."""
+        if self.config.gradient_accumulation_steps % spg:
             return split_globally(rollout, spg, generator=self.shuffle_generator, group_size=self.config.num_generations,
                                   pad_token_id=self._pad_token_id, dist=self.dist)
         return rollout.split(spg, generator=self.shuffle_generator, group_size=self.config.num_generations)
 
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
-        """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them)."""
-        micro_batches, gather = batch.micro_batches, self.dist.all_gather
-        reward = gather(torch.cat([mb.reward for mb in micro_batches]))
-        lengths = gather(torch.cat([mb.completion_mask.sum(-1) for mb in micro_batches]).float())
-        truncated = gather(torch.cat([mb.is_truncated for mb in micro_batches]).float())
-        g = self.config.num_generations
-        grouped = reward.view(-1, g) if reward.numel() % g == 0 else reward.view(1, -1)
+        """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
+
+        The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
+        by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
+        micro-batch), so the statistics are those of one process. ``frac_reward_zero_std`` is the fraction of the
+        step's prompt groups whose rewards are all equal (TRL 1.16 ``GRPOTrainer``'s metric), each group found by its
+        global prompt id (the loss's ``group_index``), whichever ranks and micro-batches hold its completions.
+        """
+        micro_batches, parts = batch.micro_batches, []
+        fields = batch.loss_fields(frozenset({"group_index"}), world_size=self.dist.world_size)
+        for k, (mb, field) in enumerate(zip(micro_batches, fields, strict=True)):  # one row per completion, float64
+            columns = (mb.reward, mb.completion_mask.sum(-1), mb.is_truncated, torch.full_like(mb.reward, k),
+                       field["group_index"])
+            parts.append(torch.cat([torch.stack([c.double() for c in columns], 1), mb.rewards.double()], 1))
+        rows = self.dist.all_gather(torch.cat(parts))
+        rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
+        reward = rows[:, 0].to(micro_batches[0].reward.dtype)
+        lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
+        groups = torch.unique(rows[:, 4], return_inverse=True)[1]
+        lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(0, groups, reward, "amin")
+        highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(0, groups, reward, "amax")
         metrics = {
             "reward": float(reward.mean()),
             "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
-            "frac_reward_zero_std": float((grouped.std(-1) == 0).float().mean()) if grouped.shape[1] > 1 else 1.0,
+            "frac_reward_zero_std": float((lowest == highest).float().mean()),
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
@@ -313,8 +334,8 @@ class RolloutSource:
         terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
         for stat in ("mean", "min", "max"):
             metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
-        columns = gather(torch.cat([mb.rewards for mb in micro_batches])).T
-        for name, column in zip(self.rewards.names, columns, strict=True):
+        values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K]
+        for name, column in zip(self.rewards.names, values.T, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
             metrics[f"rewards/{name}/std"] = float(nanstd(column))
         return metrics

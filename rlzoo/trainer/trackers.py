@@ -287,27 +287,25 @@ class CompletionLog:
         self.trackers = trackers
         self.dist = dist
 
-    def table(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
-              rows: Sequence[int | None] | None = None) -> dict[str, list[Any]]:
+    def table(self, step: int, rollout: Rollout, *,
+              extra: Mapping[str, Sequence[Any]] | None = None) -> dict[str, list[Any]]:
         """The table of one generation batch (column -> one value per completion).
 
         Args:
             step: the optimizer step that trains on the batch.
             rollout: the generation batch (completions, rewards, advantages).
-            extra: ``log_extra`` columns, one value per sampled completion (all rounds of dynamic sampling).
-            rows: the positions of the rollout's completions among those sampled (None: the same order; an entry
-                None: sampled on another rank, no ``extra`` values here).
+            extra: ``log_extra`` columns, one value per completion of ``rollout``, in its order (None past the end of
+                a shorter list).
         """
         prompts = [self.tokenizer.decode(ids[mask], skip_special_tokens=False)
                    for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask, strict=True)]
         n = rollout.num_completions
-        rows = list(range(n)) if rows is None else list(rows)
         table: dict[str, list[Any]] = {"step": [step] * n, "prompt": [prompts[int(i)] for i in rollout.group_index],
                                        "completion": list(rollout.texts)}
         for k, name in enumerate(self.reward_names):
             table[name] = [None if math.isnan(v) else v for v in rollout.rewards[:, k].tolist()]
         for column, values in (extra or {}).items():
-            table[column] = [values[r] if r is not None and r < len(values) else None for r in rows]
+            table[column] = [values[r] if r < len(values) else None for r in range(n)]
         advantages = rollout.advantages
         if advantages.ndim == 2:  # token-level estimators: the mean over the completion's tokens
             mask = rollout.completion_mask.to(advantages.dtype)
@@ -315,8 +313,8 @@ class CompletionLog:
         table["advantage"] = advantages.tolist()
         return table
 
-    def record(self, step: int, rollout: Rollout, *, extra: Mapping[str, Sequence[Any]] | None = None,
-               rows: Sequence[int | None] | None = None) -> Path | None:
+    def record(self, step: int, rollout: Rollout, *,
+               extra: Mapping[str, Sequence[Any]] | None = None) -> Path | None:
         """Write the table of a generation batch (:meth:`table`) to ``completions/step-NNNNNN.parquet``
         (atomically) and to the trackers; returns the file. Under torchrun every rank calls it with its share:
         rank 0 writes every rank's rows (in rank order) and returns the file, the others None.
@@ -326,7 +324,7 @@ class CompletionLog:
         """
         import datasets
 
-        table = self.table(step, rollout, extra=extra, rows=rows)
+        table = self.table(step, rollout, extra=extra)
         if self.dist.enabled:
             shares = self.dist.all_gather_object(table)
             if not self.dist.is_main:

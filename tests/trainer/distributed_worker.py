@@ -34,8 +34,11 @@ CASES = {
 }
 
 
-def digit_fraction(prompts, completions, **columns):
-    """Reward: the fraction of a completion's characters that are digits (varies on the random model)."""
+def digit_fraction(prompts, completions, log_extra=None, **columns):
+    """Reward: the fraction of a completion's characters that are digits (varies on the random model); logs each
+    completion's digits as the completions table's column ``digits`` (TRL's ``log_extra``)."""
+    if log_extra is not None:
+        log_extra("digits", ["".join(ch for ch in c if ch.isdigit()) for c in completions])
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
@@ -54,6 +57,8 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
     history = trainer.train()
     return {"losses": [row["loss"] for row in history], "rewards": [row["reward"] for row in history],
             "grad_norms": [row["grad_norm"] for row in history], "num_tokens": [row["num_tokens"] for row in history],
+            "reward_std": [row["reward_std"] for row in history],
+            "frac_reward_zero_std": [row["frac_reward_zero_std"] for row in history],
             "sharded": trainer.policy.sharded,
             "weights": weights(trainer), "world_size": trainer.dist.world_size,
             "gradient_all_reduces": reductions and reductions[0]}
@@ -146,6 +151,29 @@ def loss_sums(rank: int, world: int) -> dict:
     return worst
 
 
+def older_checkpoint(out: Path, rank: int) -> dict:
+    """A checkpoint in the middle of a generation cycle (prompt-mean: the buffer's prompt ids are the loss's group
+    ids) rewritten as versions before global prompt ids wrote it: each rank's own prompt ids in its buffer, no
+    ``global_prompt_ids`` flag, no ``num_tokens_all_ranks``; resumed on 2 ranks, and the uninterrupted run."""
+    import torch
+    import torch.distributed as dist
+
+    full = run_case(out / "older", "prompt_mean", "ddp", per_device=4, save_steps=1, save_total_limit=5)
+    checkpoint = out / "older" / "prompt_mean-ddp" / "checkpoints" / "step-000001"
+    file = checkpoint / f"rollouts-rank{rank}.pt"
+    state = torch.load(file, weights_only=True)
+    prompts = 4 * 2 // 4  # prompts_per_generation: per_device_train_batch_size x steps_per_generation / G
+    assert state["buffer"] and state.pop("global_prompt_ids") and "num_tokens_all_ranks" in state
+    del state["num_tokens_all_ranks"]
+    for micro_batch in state["buffer"]:
+        assert bool((micro_batch["prompt_id"] // prompts == rank).all())  # this rank's share, ids global
+        micro_batch["prompt_id"] = micro_batch["prompt_id"] - rank * prompts
+    torch.save(state, file)
+    dist.barrier()
+    resumed = run_case(out / "older-resumed", "prompt_mean", "ddp", per_device=4, resume=str(checkpoint))
+    return {"full": full, "resumed": resumed}
+
+
 def main() -> None:
     out, mode = Path(sys.argv[1]), sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -180,6 +208,7 @@ def main() -> None:
     checkpoint = out / "resume" / "dapo-fsdp" / "checkpoints" / "step-000002"
     resumed = run_case(out / "resumed", "dapo", "fsdp", per_device=4, resume=str(checkpoint))
     results["resume"] = {"full": full, "resumed": resumed, "checkpoint": str(checkpoint)}
+    results["older_checkpoint"] = older_checkpoint(out, rank)
     results["loss_sums"] = loss_sums(rank, world)
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))

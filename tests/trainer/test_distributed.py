@@ -6,6 +6,7 @@ that trains, one for the killed rank); these tests run the one-process counterpa
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,6 +61,8 @@ def _assert_same_run(two: dict, history: list[dict], trainer: Trainer, weights_a
     ~2e-4)."""
     assert two["world_size"] == 2
     assert two["rewards"] == pytest.approx([row["reward"] for row in history], rel=1e-6)
+    assert two["reward_std"] == pytest.approx([row["reward_std"] for row in history], rel=1e-6)
+    assert two["frac_reward_zero_std"] == [row["frac_reward_zero_std"] for row in history]  # the same groups
     assert two["grad_norms"] == pytest.approx([row["grad_norm"] for row in history], rel=1e-5)
     assert two["losses"] == pytest.approx([row["loss"] for row in history], rel=1e-5, abs=1e-7)
     mine = trainer.policy.full_state_dict()
@@ -94,8 +97,10 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
             two = two_ranks["out"] / f"{name}-{parallelism}" / "completions"
             assert sorted(p.name for p in two.glob("*.parquet")) == [p.name for p in tables]
             for mine in tables:
-                theirs = datasets.Dataset.from_parquet(str(two / mine.name))
-                assert theirs["completion"] == datasets.Dataset.from_parquet(str(mine))["completion"]
+                theirs, one = (datasets.Dataset.from_parquet(str(path)) for path in (two / mine.name, mine))
+                assert theirs["completion"] == one["completion"]
+                # log_extra values follow their group to the rank that trains on it (None: left on another rank)
+                assert theirs["digits"] == one["digits"] and None not in one["digits"]
     atol = WEIGHTS_ATOL if name in ISSUE_CASES else WEIGHTS_ATOL_OTHERS
     for parallelism in ("ddp", "fsdp"):
         _assert_same_run(two_ranks[f"{name}-{parallelism}"], history, trainer, atol)
@@ -134,6 +139,28 @@ def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_p
     assert set(saved) == set(resume["full"]["weights"])
     for name, values in resume["full"]["weights"].items():  # the checkpoint holds step 2's weights, not step 3's
         assert saved[name].numel() == len(values)
+
+
+def test_older_checkpoints_resume_on_two_ranks_and_on_one(two_ranks, tmp_path):
+    """Checkpoints of versions before global prompt ids and rank 0's count of every rank's tokens (built by removing
+    them from fresh ones): a 2-rank checkpoint in the middle of a generation cycle, each rank's buffer holding its own
+    prompt ids (prompt-mean's group ids), resumes on 2 ranks bit for bit; a 2-rank checkpoint resumed on 1 process
+    counts both ranks' tokens (from the ranks' own files)."""
+    older = two_ranks["older_checkpoint"]
+    assert older["resumed"]["losses"] == older["full"]["losses"]
+    assert older["resumed"]["weights"] == older["full"]["weights"]
+    resume = two_ranks["resume"]
+    checkpoint = tmp_path / "older" / "checkpoints" / "step-000002"
+    shutil.copytree(resume["checkpoint"], checkpoint)
+    for rank in range(2):
+        file = checkpoint / f"rollouts-rank{rank}.pt"
+        state = torch.load(file, weights_only=True)
+        del state["num_tokens_all_ranks"], state["global_prompt_ids"]
+        torch.save(state, file)
+    _, history = _one_process(tmp_path, "dapo", resume=str(checkpoint))
+    assert [row["step"] for row in history] == [3]  # a copy of the checkpoint alone: no earlier rows
+    assert history[-1]["num_tokens"] == resume["full"]["num_tokens"][-1]
+    assert resume["full"]["num_tokens"][1] > 0
 
 
 def test_fsdp_shards_over_one_rank_under_torchrun(tmp_path):

@@ -1,6 +1,7 @@
 """A signal during an evaluation abandons it (a 200-problem evaluation of a real model takes minutes): the run
 stops at once with the usual exit code, and no partial accuracy is logged."""
 
+import json
 import os
 import signal
 
@@ -30,3 +31,36 @@ def test_sigint_during_the_step0_evaluation_abandons_it(tmp_path):
     assert len(batches) == 1  # of 4: the other 3 batches were never decoded
     assert trainer.step == 0
     assert "eval/accuracy" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["once", "twice"])
+def test_a_signal_during_the_final_evaluation_keeps_the_last_steps_row_and_checkpoint(tmp_path, signals):
+    """The last step is complete when its evaluation starts (minutes on a real model): one signal abandons the
+    evaluation and the run exits 143 (SIGTERM); a second one stops at once (KeyboardInterrupt, exit 130). Either
+    way metrics.jsonl holds the last step's row (without evaluation metrics) and its checkpoint is written, so no
+    training is lost (save_steps 10 would not have saved step 2)."""
+    run = tmp_path / "run"
+    config = TrainConfig(model="tiny-random", num_generations=4, per_device_train_batch_size=8,
+                         max_completion_length=4, eval_size=8, eval_batch_size=2, progress=False, max_steps=2,
+                         output_dir=str(run))
+    trainer = Trainer(config)
+    generate, batches = trainer.evaluator.generator.generate, []
+
+    def interrupted(*args, **kwargs):
+        if trainer.step == 2:  # the final evaluation (step 0's ran 4 batches)
+            batches.append(1)
+            if len(batches) == 1:
+                for signum in signals:
+                    os.kill(os.getpid(), signum)
+        return generate(*args, **kwargs)
+
+    trainer.evaluator.generator.generate = interrupted
+    with pytest.raises(RunInterrupted if len(signals) == 1 else KeyboardInterrupt) as stop:
+        trainer.train()
+    if len(signals) == 1:
+        assert (stop.value.step, stop.value.exit_code) == (2, 143)
+    assert len(batches) == 1  # the evaluation was cut short
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert "loss" in rows[-1] and "eval/accuracy" not in rows[-1]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
