@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -431,8 +432,8 @@ Anything else (``RuntimeError`` from torch internals, ...) is a bug and keeps it
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
     instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
-    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once. Output into a closed pipe exits 141
-    without a message."""
+    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once. Output into a closed pipe (stdout a pipe whose
+    reader has gone) exits 141 without a message."""
     from rlzoo.trainer.interrupts import RunInterrupted
 
     try:
@@ -443,17 +444,33 @@ def console_main() -> int:
     except KeyboardInterrupt:
         print("rlzoo: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (``rlzoo tasks | head``): quiet, as a command killed by SIGPIPE
+    except BrokenPipeError as err:
+        if os.environ.get("RLZOO_DEBUG") or not _stdout_is_pipe():
+            return _report(err)
+        # the reader of stdout went away (``rlzoo tasks | head``): quiet, as a command killed by SIGPIPE
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush of stdout at exit would raise again
         return 141
     except USER_ERRORS as err:
-        if os.environ.get("RLZOO_DEBUG"):
-            raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        debug = "" if isinstance(err, CommandLineError) else " (RLZOO_DEBUG=1 shows the traceback)"
-        print(f"rlzoo: error: {message}{debug}", file=sys.stderr)
-        return 2
+        return _report(err)
+
+
+def _stdout_is_pipe() -> bool:
+    """Whether stdout is a pipe (where a BrokenPipeError is the reader going away, not a failure of the command)."""
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a replaced sys.stdout)
+        return False
+
+
+def _report(err: BaseException) -> int:
+    """Bad input as one line ``rlzoo: error: ...`` (exit 2); under ``RLZOO_DEBUG=1`` the traceback instead."""
+    if os.environ.get("RLZOO_DEBUG"):
+        raise err
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    debug = "" if isinstance(err, CommandLineError) else " (RLZOO_DEBUG=1 shows the traceback)"
+    print(f"rlzoo: error: {message}{debug}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")  # wandb without an account or a network
 os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="rlzoo-test-trackio-"))  # not the user's trackio store
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="rlzoo-test-trackio-")  # a fresh store, never the user's
 
 import torch
 from hypothesis import HealthCheck, settings

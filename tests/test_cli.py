@@ -302,6 +302,18 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     assert proc.stdout and proc.stderr == "", proc.stderr
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
+    """Only stdout's reader going away is quiet: a BrokenPipeError from anywhere else (a tracker's socket) is
+    reported, not swallowed."""
+    def broken(argv=None):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("rlzoo.cli.main", broken)
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    assert console_main() == 2
+    assert capsys.readouterr().err.startswith("rlzoo: error: [Errno 32] Broken pipe")
+
+
 def test_mappings_lay_over_option_by_option():
     below = {"loss": {"epsilon_high": 0.28, "beta": 0.0}, "peft": {"r": 4}, "task_kwargs": {"max_terms": 3},
              "max_steps": 1}

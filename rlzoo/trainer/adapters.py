@@ -101,14 +101,22 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, a ``lora_dropout`` above
-            0 (:func:`_check_no_dropout`), or an adapter on the output layer (the fused log-probs read the head's weight directly, so it would not train: TRL refuses
-            it too); and the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
+        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, a ``lora_dropout``
+            above 0 (:func:`_check_no_dropout`; checked before the model loads), or an adapter on the output layer
+            (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too); and
+            the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
 
     from rlzoo.trainer.models import load_model
 
+    if peft_config is not None and adapter_config.peft is not None:
+        raise ValueError("give the adapter either as peft_config or as --peft options, not both")
+    if peft_config is None and adapter_config.peft is not None:
+        peft_config = lora_config(adapter_config.peft)
+    if peft_config is not None:  # bad adapter options fail before a model loads
+        _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
+                          else "peft_config.lora_dropout")
     by_name = model is None
     if by_name:
         model, tokenizer = load_model(model_config.model, dtype=dtype, device=device, trainable=True)
@@ -118,15 +126,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         model.to(device=device, dtype=dtype)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-    if peft_config is not None and adapter_config.peft is not None:
-        raise ValueError("give the adapter either as peft_config or as --peft options, not both")
-    if peft_config is None and adapter_config.peft is not None:
-        peft_config = lora_config(adapter_config.peft)
     if peft_config is not None:
         from peft import get_peft_model
-
-        _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
-                          else "peft_config.lora_dropout")
 
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")

@@ -218,6 +218,7 @@ class Trainer:
         rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                                 device=precision.device)
         self._python_rewards = list(rewards.names[len(config.reward_funcs):])  # a checkpoint records their names
+        self._reward_names = list(rewards.names)
         trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
                     if dist.is_main else None)
         completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
@@ -411,11 +412,18 @@ class Trainer:
         Raises:
             FileNotFoundError: not a checkpoint.
             ValueError: a checkpoint of another model (names the first mismatched tensor), a changed setting
-                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
-                checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`).
+                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), a reward function the run
+                had as a Python callable and this resume lacks (names it), or ``max_steps`` the checkpoint has
+                reached (:func:`~rlzoo.trainer.resume.check_run_length`).
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
+        dropped = [name for name in saved.get(PYTHON_REWARDS) or [] if name not in self._reward_names]
+        if dropped:  # a callable is not a setting: compare_settings cannot see it go
+            raise ValueError(
+                f"checkpoint {path} was trained with the reward function(s) {', '.join(dropped)} given as Python "
+                f"callables, which this resume does not give: pass them again (Trainer(..., reward_funcs=[...]) or "
+                f"--reward-funcs module:function)")
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto")

@@ -99,7 +99,8 @@ def check_loadable_model(model: str) -> None:
     """
     if model.startswith(PYTHON_MODEL):
         raise ValueError(f"model {model!r} is a model object that was given from Python (Trainer(config, model=..., "
-                         "tokenizer=...)) and cannot be loaded by name: pass the model again via the Python API, or "
+                         "tokenizer=...)) and cannot be loaded by name: pass the model again via the Python API "
+                         "(a resume: Trainer(resume_config(RUN), model=..., tokenizer=...)), or, for a new run, "
                          "--model a checkpoint directory or hub id")
 
 

@@ -145,7 +145,8 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
     adapter = run / "checkpoints" / "step-000001" / "model"
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == saved["model"]
     refusal = (r"^model 'model:LlamaForCausalLM' is a model object that was given from Python .* pass the model "
-               r"again via the Python API, or --model a checkpoint directory or hub id$")
+               r"again via the Python API \(a resume: Trainer\(resume_config\(RUN\), model=\.\.\., "
+               r"tokenizer=\.\.\.\)\), or, for a new run, --model a checkpoint directory or hub id$")
     with monkeypatch.context() as patch:  # refused before any model loads
         def no_model(*args, **kwargs):
             raise AssertionError("a model loaded")
@@ -154,7 +155,8 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=refusal):
             main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
         with pytest.raises(ValueError, match=refusal):
-            main(["train", "--output-dir", str(run), "--resume", "latest", "--max-steps", "2"])
+            main(["train", "--output-dir", str(run), "--resume", "latest", "--max-steps", "2",
+                  "--reward-funcs", "accuracy"])  # its Python reward replaced: the model is what is refused
     with pytest.raises(ValueError, match=refusal):
         main(["eval", "--run", str(run), "--eval-size", "2"])
     with pytest.raises(ValueError, match=refusal):

@@ -145,6 +145,20 @@ def test_a_cli_resume_of_a_run_with_python_callable_rewards_says_to_give_them_ag
     assert "rewards/digit_fraction/mean" in _rows(run / "metrics.jsonl")[-1]
 
 
+def test_a_resume_without_a_python_callable_reward_of_the_run_is_refused(tmp_path, monkeypatch, capsys):
+    """Given other rewards, a resume used to go on without the run's Python-callable reward, silently."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, eval_size=0)  # digit_fraction, given as a Python callable
+    with pytest.raises(ValueError, match=r"reward function\(s\) digit_fraction given as Python callables, which "
+                                         r"this resume does not give"):
+        Trainer(resume_config(run, max_steps=2),
+                reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(prompts)]).train()
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                     "--reward-funcs", "accuracy")
+    assert code == 2 and "digit_fraction given as Python callables" in _error_line(err), err
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]
+
+
 def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monkeypatch, capsys):
     code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", tmp_path / "empty", "--resume",
                      "latest")
