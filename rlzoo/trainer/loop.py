@@ -287,14 +287,18 @@ class Trainer:
                 row = self.optimizer.step(self.policy.module, loss=losses.reduce(self.dist), step=self.step + 1)
                 self.rollouts.sync_weights()
                 self.step += 1
-                row = self._step_metrics(batch, losses, row, started, generated)
-                final = self.step == self.config.max_steps
-                if final:  # the run's last checkpoint does not wait for its evaluation (minutes on a real model)
-                    self.save_checkpoint()
-                self._log_step(row, final=final)
-                if not final and self.checkpointer.due(self.step, final=False):
-                    self.save_checkpoint(plot=True)
+                self._finish_step(self._step_metrics(batch, losses, row, started, generated))
         return self.logger.history
+
+    def _finish_step(self, row: dict[str, Any]) -> None:
+        """Evaluate, log and checkpoint the step just taken, each when due (the run's last checkpoint first: it
+        does not wait for the final evaluation, minutes on a real model)."""
+        final = self.step == self.config.max_steps
+        if final:
+            self.save_checkpoint()
+        self._log_step(row, final=final)
+        if not final and self.checkpointer.due(self.step, final=False):
+            self.save_checkpoint(plot=True)
 
     def _log_step(self, row: dict[str, Any], *, final: bool) -> None:
         """Evaluate when due and append the step's metrics row with the evaluation's. The row is written even when
@@ -412,18 +416,16 @@ class Trainer:
         Raises:
             FileNotFoundError: not a checkpoint.
             ValueError: a checkpoint of another model (names the first mismatched tensor), a changed setting
-                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), a reward function the run
-                had as a Python callable and this resume lacks (names it), or ``max_steps`` the checkpoint has
-                reached (:func:`~rlzoo.trainer.resume.check_run_length`).
+                that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
+                checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`). A reward function the run
+                had as a Python callable and this resume lacks is a change applied with a warning naming it.
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
         dropped = [name for name in saved.get(PYTHON_REWARDS) or [] if name not in self._reward_names]
-        if dropped:  # a callable is not a setting: compare_settings cannot see it go
-            raise ValueError(
-                f"checkpoint {path} was trained with the reward function(s) {', '.join(dropped)} given as Python "
-                f"callables, which this resume does not give: pass them again (Trainer(..., reward_funcs=[...]) or "
-                f"--reward-funcs module:function)")
+        if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied, logged
+            log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "
+                        "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto")

@@ -145,18 +145,20 @@ def test_a_cli_resume_of_a_run_with_python_callable_rewards_says_to_give_them_ag
     assert "rewards/digit_fraction/mean" in _rows(run / "metrics.jsonl")[-1]
 
 
-def test_a_resume_without_a_python_callable_reward_of_the_run_is_refused(tmp_path, monkeypatch, capsys):
-    """Given other rewards, a resume used to go on without the run's Python-callable reward, silently."""
+def test_a_resume_without_a_python_callable_reward_of_the_run_says_so(tmp_path, caplog):
+    """Given other rewards, a resume used to go on without the run's Python-callable reward, silently; the change
+    is applied (as a change of --reward-funcs is) with a warning naming it."""
     run = tmp_path / "run"
     _train(run, max_steps=1, eval_size=0)  # digit_fraction, given as a Python callable
-    with pytest.raises(ValueError, match=r"reward function\(s\) digit_fraction given as Python callables, which "
-                                         r"this resume does not give"):
-        Trainer(resume_config(run, max_steps=2),
-                reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(prompts)]).train()
-    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
-                     "--reward-funcs", "accuracy")
-    assert code == 2 and "digit_fraction given as Python callables" in _error_line(err), err
-    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]
+
+    def other(prompts, completions, **kw):
+        return [0.0] * len(prompts)
+
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        Trainer(resume_config(run, max_steps=2), reward_funcs=[other]).train()
+    said = [r.getMessage() for r in caplog.records if "Python callables of the checkpoint's run" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("resume: reward function(s) digit_fraction,"), said
+    assert "rewards/other/mean" in _rows(run / "metrics.jsonl")[-1]
 
 
 def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monkeypatch, capsys):
