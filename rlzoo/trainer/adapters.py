@@ -12,6 +12,7 @@ base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads suc
 
 import contextlib
 import dataclasses
+import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,19 +44,64 @@ def causal_lm(model: Any) -> Any:
 def lora_config(options: Mapping[str, Any]) -> Any:
     """A ``peft.LoraConfig`` (task ``CAUSAL_LM``) from the ``--peft.NAME VALUE`` options.
 
+    Each value is checked against the type ``LoraConfig`` declares for its field (``beartype.door.is_bearable``,
+    an int accepted for a float), so a typo fails here, before the model loads, instead of deep inside peft or,
+    worse, silently (``--peft.use_dora yes`` would otherwise be stored and read as true).
+
     Raises:
         ImportError: peft is not installed (names the extra to install).
-        ValueError: an option that is not a field of ``LoraConfig`` (lists the fields), or peft's own check.
+        ValueError: an option that is not a field of ``LoraConfig`` (lists the fields), a value of the wrong type
+            (names the option, the type it takes and the value), or peft's own check (as one line naming --peft).
     """
+    import typing
+
     try:
         from peft import LoraConfig
     except ImportError as err:
         raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
+    from beartype import BeartypeConf
+    from beartype.door import is_bearable
+
     fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise ValueError(f"unknown --peft option(s) {unknown}; the fields of peft.LoraConfig: {', '.join(fields)}")
-    return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
+    hints, tower = typing.get_type_hints(LoraConfig), BeartypeConf(is_pep484_tower=True)  # an int is a float
+    for name, value in options.items():
+        hint = hints.get(name, Any)
+        numeric = hint in (int, float)  # bool is an int to Python, never a rank or a scale to a user
+        if (numeric and isinstance(value, bool)) or not (is_bearable(value, hint, conf=tower)
+                                                         or _is_pattern_choice(value, hint)):
+            raise ValueError(f"--peft.{name} takes {_type_name(hint)}, got {value!r}")
+    if options.get("r", 1) <= 0:
+        raise ValueError(f"--peft.r must be a positive integer (the adapter's rank), got {options['r']}")
+    try:
+        return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
+    except (TypeError, ValueError) as err:  # peft's own checks of option combinations
+        raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
+
+
+def _is_pattern_choice(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fills a placeholder choice of a ``Literal`` in ``hint`` (peft's init_lora_weights offers
+    ``'pissa_niter_[number of iters]'``: "pissa_niter_16" is valid); peft checks the rest of the string."""
+    import typing
+
+    literals = [hint] if typing.get_origin(hint) is typing.Literal else [
+        arg for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal]
+    prefixes = [str(c).split("[")[0] for lit in literals for c in typing.get_args(lit) if "[" in str(c)]
+    return isinstance(value, str) and any(value.startswith(p) for p in prefixes)
+
+
+def _type_name(hint: Any) -> str:
+    """``int`` -> "int"; ``Literal['none', 'all']`` -> "one of 'none', 'all'"; unions sorted and joined with " or "
+    (typing caches unions, so their order of arguments is not the declared one)."""
+    import typing
+
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(sorted(_type_name(arg) for arg in typing.get_args(hint) if arg is not type(None)))
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ the fused log-prob path works through the PEFT wrapper, checkpoints hold the ada
 adapter reloads onto its base and merges into a plain model. Tiny random model."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from tolerances import tol
 
 from rlzoo.trainer import TrainConfig, Trainer
-from rlzoo.trainer.adapters import AdapterDisabled, export_model
+from rlzoo.trainer.adapters import AdapterDisabled, export_model, lora_config
 from rlzoo.trainer.models import build_tiny_random, load_model
 from rlzoo.trainer.scorer import completion_logprobs, model_logits
 
@@ -110,6 +111,21 @@ def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"^peft_config.lora_dropout must be 0, got 0.1"):
         Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
                 peft_config=LoraConfig(r=4, lora_dropout=0.1))
+    for options, message in [({"r": "abc"}, "--peft.r takes int, got 'abc'"),
+                             ({"r": 8.5}, "--peft.r takes int, got 8.5"),
+                             ({"r": True}, "--peft.r takes int, got True"),
+                             ({"r": 0}, "--peft.r must be a positive integer (the adapter's rank), got 0"),
+                             ({"lora_alpha": "abc"}, "--peft.lora_alpha takes int, got 'abc'"),
+                             ({"use_dora": "yes_please"}, "--peft.use_dora takes bool, got 'yes_please'"),
+                             ({"bias": "some"}, "--peft.bias takes one of 'none', 'all', 'lora_only', got 'some'"),
+                             ({"layers_to_transform": [1, "a"]},
+                              "--peft.layers_to_transform takes int or list[int], got [1, 'a']")]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):  # before the model loads: no model given
+            Trainer(TrainConfig(**{**TINY, "peft": options}, output_dir=str(tmp_path / "run")))
+    # what the types allow: a float option given an int, a placeholder choice of init_lora_weights, lists
+    config = lora_config({"r": 4, "lora_dropout": 0, "init_lora_weights": "pissa_niter_4",
+                          "target_modules": ["q_proj", "v_proj"], "use_dora": False})
+    assert (config.r, config.init_lora_weights, set(config.target_modules)) == (4, "pissa_niter_4", {"q_proj", "v_proj"})
     with pytest.raises(ValueError, match="adapter on the output layer"):
         Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ["q_proj", "lm_head"]}},
                             output_dir=str(tmp_path / "run2")))
