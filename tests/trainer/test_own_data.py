@@ -123,6 +123,20 @@ def test_python_api_takes_datasets_and_iterable_datasets(tmp_path):
     assert second[10:] == ["15 + 15 =", "2 + 2 =", "3 + 3 =", "4 + 4 =", "5 + 5 ="]
 
 
+def test_a_small_stream_holds_out_at_most_a_fifth_and_an_empty_one_fails_at_once(caplog):
+    """An IterableDataset without eval_dataset gets the map-style cap: 30 rows and eval_size 200 hold out 6 rows
+    (with the warning), not all 30 (which left an empty training stream, found only after the model loaded)."""
+    rows = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(30)])
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        stream = TaskStream(DatasetTask(name="s", dataset=rows.to_iterable_dataset(), eval_size=200))
+    assert len(stream.eval_items) == 6 and "capped at 6 rows" in caplog.text
+    assert [i.question for i in stream.next_train(2)] == ["6 + 6 =", "7 + 7 ="]  # the held-out rows are skipped
+    empty = datasets.IterableDataset.from_generator(lambda: iter(()), features=rows.features)
+    for held_out in (None, rows):
+        with pytest.raises(ValueError, match=r"the training stream has no row left for training"):
+            DatasetTask(name="s", dataset=empty, eval_dataset=held_out, eval_size=4)
+
+
 def test_trl_reward_functions_run_unchanged():
     """trl.rewards' own functions through a RewardSet on conversational items (TRL's names and dotted paths)."""
     from rlzoo.trainer.tasks import TaskItem

@@ -15,6 +15,7 @@ TRL's ``**columns``.
 
 import dataclasses
 import logging
+import math
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -161,7 +162,8 @@ class DatasetTask(Task):
 
     Held-out set: the first ``eval_size`` rows of ``eval_dataset`` when given; else, for a ``Dataset``, rows drawn
     with ``random.Random(eval_seed)`` (at most :data:`MAX_EVAL_FRACTION` of them: a larger ``eval_size`` is capped
-    with a warning) and, for an ``IterableDataset``, its first ``eval_size`` rows. Training stream: the other rows in
+    with a warning) and, for an ``IterableDataset``, its first ``eval_size`` rows (capped alike when the stream
+    ends within ``eval_size / MAX_EVAL_FRACTION`` rows). Training stream: the other rows in
     epochs, each reshuffled with a seed derived from ``(train_seed, epoch)`` (an ``IterableDataset`` is streamed in
     its own order).
 
@@ -173,7 +175,8 @@ class DatasetTask(Task):
 
     Raises (at construction):
         ValueError: a missing prompt or answer column (names the columns present and the option), a prompt that
-            is neither a string nor a list of messages, ``eval_size`` < 0, or no row left for training.
+            is neither a string nor a list of messages, ``eval_size`` < 0, or no row left for training (an empty
+            training stream too).
     """
 
     name: str
@@ -195,9 +198,7 @@ class DatasetTask(Task):
                 self._check_columns(data, what)
         wanted = self.eval_size if self.answer_column is not None else 0  # nothing to score without answers
         if self._streaming:
-            object.__setattr__(self, "_eval_rows", self._first_rows(
-                self.eval_dataset if self.eval_dataset is not None else self.dataset, wanted))
-            object.__setattr__(self, "_skip", 0 if self.eval_dataset is not None else len(self.__dict__["_eval_rows"]))
+            self._hold_out_stream(wanted)
             return
         n = len(self.dataset)
         order = list(range(n))
@@ -205,18 +206,41 @@ class DatasetTask(Task):
             eval_rows = [self.eval_dataset[i] for i in range(min(wanted, len(self.eval_dataset)))]
         else:
             random.Random(self.eval_seed).shuffle(order)
-            k = wanted
-            if k > MAX_EVAL_FRACTION * n:
-                k = int(MAX_EVAL_FRACTION * n)
-                log.warning("task %s: eval_size=%d would leave %d of %d rows for training; the held-out split is "
-                            "capped at %d rows (%.0f %%). Pass eval_dataset / --task.eval_split for a separate set",
-                            self.name, self.eval_size, max(0, n - self.eval_size), n, k, 100 * MAX_EVAL_FRACTION)
+            k = self._capped(wanted, n)
             eval_rows = [self.dataset[j] for j in order[:k]]
             order = order[k:]
         if not order:
             raise ValueError(f"task {self.name!r} has {n} rows; none is left for training")
         object.__setattr__(self, "_eval_rows", eval_rows)
         object.__setattr__(self, "_pool", order)
+
+    def _capped(self, wanted: int, n: int) -> int:
+        """How many of ``n`` rows to hold out for ``wanted``: at most :data:`MAX_EVAL_FRACTION` of them (with a
+        warning), so that a small data set is not left with a handful of training rows."""
+        if wanted <= MAX_EVAL_FRACTION * n:
+            return wanted
+        k = int(MAX_EVAL_FRACTION * n)
+        log.warning("task %s: eval_size=%d would leave %d of %d rows for training; the held-out split is capped at %d "
+                    "rows (%.0f %%). Pass eval_dataset / --task.eval_split for a separate set",
+                    self.name, self.eval_size, max(0, n - wanted), n, k, 100 * MAX_EVAL_FRACTION)
+        return k
+
+    def _hold_out_stream(self, wanted: int) -> None:
+        """An ``IterableDataset``'s held-out rows: ``eval_dataset``'s first ``wanted``, or the training stream's
+        first ``wanted``, which the training stream then skips. The stream's head is read up to
+        ``wanted / MAX_EVAL_FRACTION`` rows to apply the same cap as for a ``Dataset`` (a stream that ends
+        sooner is small); an empty training stream is an error now, before the model loads."""
+        if self.eval_dataset is not None:
+            eval_rows, skip, left = self._first_rows(self.eval_dataset, wanted), 0, self._first_rows(self.dataset, 1)
+        else:
+            head = self._first_rows(self.dataset, max(1, math.ceil(wanted / MAX_EVAL_FRACTION)))
+            skip = wanted if len(head) >= wanted / MAX_EVAL_FRACTION else self._capped(wanted, len(head))
+            eval_rows, left = head[:skip], head[skip:]
+        if not left:
+            raise ValueError(f"task {self.name!r}: the training stream has no row left for training (held out: "
+                             f"{skip}); pass eval_dataset or a smaller eval_size")
+        object.__setattr__(self, "_eval_rows", eval_rows)
+        object.__setattr__(self, "_skip", skip)
 
     @property
     def _streaming(self) -> bool:
