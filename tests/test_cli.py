@@ -1,6 +1,7 @@
 """The ``rlzoo`` command: list, explain, train/eval argument parsing, a tiny end-to-end train and eval."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,28 @@ def test_trl_spellings_point_to_rlzoos(flag, pointer, tmp_path):
     path.write_text(f"{flag.lstrip('-')}: 1\n")
     with pytest.raises(ValueError, match=f"TRL's {flag.lstrip('-')} is "):
         parse_train_args(["--config", str(path)])
+
+
+@pytest.mark.parametrize(("flag", "hint", "key"), [
+    ("--epsilon_high", "--epsilon_high is a loss option: --loss.epsilon_high", "loss.epsilon_high"),
+    ("--use_bias_correction_kl", "is a loss option: --loss.use_bias_correction_kl", "loss.use_bias_correction_kl"),
+    ("--off_policy_mask_threshold", "is a loss option: --loss.off_policy_mask_threshold", None),
+    ("--kl_estimator", "--kl_estimator is a loss option: --loss.kl_estimator", "loss.kl_estimator"),
+    ("--mean_level", "--mean_level is an advantage option: --advantage.mean_level", "advantage_options.mean_level"),
+    ("--sapo_temperature_pos", "TRL's --sapo_temperature_pos is --loss.tau_pos in rlzoo", "loss.tau_pos"),
+    ("--vllm_importance_sampling_clip_max", "TRL's --vllm_importance_sampling_clip_max is --loss.is_max", None),
+])
+def test_a_loss_or_advantage_option_given_as_a_plain_flag_points_to_its_section(flag, hint, key, tmp_path):
+    """Every loss field of TRL's GRPOConfig and every rlzoo loss / advantage option, not a hand-kept few:
+    --epsilon_high (the README's DAPO option) was a bare "unknown option", --sapo_temperature_pos a did-you-mean of
+    the sampling --temperature."""
+    with pytest.raises(ValueError, match=re.escape(hint)):
+        parse_train_args([flag, "1"])
+    if key is not None:
+        path = tmp_path / "c.yaml"
+        path.write_text(f"{flag.lstrip('-')}: 1\n")
+        with pytest.raises(ValueError, match=f"unknown config keys .*{re.escape(key)}"):
+            parse_train_args(["--config", str(path)])
 
 
 def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, capsys):

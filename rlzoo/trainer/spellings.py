@@ -11,7 +11,7 @@ grpo_config.py, trl/trainer/model_config.py, trl/scripts/utils.py).
 
 from collections.abc import Iterable
 
-__all__ = ["TRL_SPELLINGS", "spelling_hint"]
+__all__ = ["TRL_SPELLINGS", "option_home", "spelling_hint"]
 
 TRL_SPELLINGS: dict[str, tuple[str, str]] = {
     # TRL name: (rlzoo flag, rlzoo config-file key)
@@ -44,8 +44,36 @@ TRL_SPELLINGS: dict[str, tuple[str, str]] = {
     "top_entropy_quantile": ("--loss.top_entropy_quantile", "loss.top_entropy_quantile"),
     "vllm_mode": ("--backend vllm", "backend"),
     "use_vllm": ("--backend vllm", "backend"),
+    # GRPOConfig's loss fields that rlzoo's loss options spell differently (rlzoo.compat.trl's table)
+    "sapo_temperature_pos": ("--loss.tau_pos", "loss.tau_pos"),
+    "sapo_temperature_neg": ("--loss.tau_neg", "loss.tau_neg"),
+    "vespo_k_pos": ("--loss.k_pos", "loss.k_pos"),
+    "vespo_k_neg": ("--loss.k_neg", "loss.k_neg"),
+    "vespo_lambda_pos": ("--loss.lambda_pos", "loss.lambda_pos"),
+    "vespo_lambda_neg": ("--loss.lambda_neg", "loss.lambda_neg"),
+    "vllm_importance_sampling_correction": ("--loss.is_correction MODE (with --backend vllm)", "loss.is_correction"),
+    "vllm_importance_sampling_mode": ("--loss.is_correction", "loss.is_correction"),
+    "vllm_importance_sampling_clip_min": ("--loss.is_min", "loss.is_min"),
+    "vllm_importance_sampling_clip_max": ("--loss.is_max", "loss.is_max"),
+    "vllm_importance_sampling_cap": ("--loss.is_max", "loss.is_max"),
 }
-"""TRL option name -> (rlzoo's flag, rlzoo's config-file key)."""
+"""TRL option name -> (rlzoo's flag, rlzoo's config-file key). TRL's loss fields that keep their name
+(``epsilon_high``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``...) and rlzoo's own loss and advantage
+options given as plain flags are found by :func:`option_home`."""
+
+
+def option_home(key: str) -> tuple[str, str] | None:
+    """Where a plain ``--NAME`` that is a loss or advantage option lives: ``("--loss.NAME", "loss.NAME")`` for an
+    option of a registered loss part (``epsilon_high``, ``kl_estimator``, ``rollout_is``...),
+    ``("--advantage.NAME", "advantage_options.NAME")`` for one of a registered advantage estimator, else None."""
+    from rlzoo.advantages import AdvantageEstimator
+    from rlzoo.losses.composition import SLOTS
+
+    if any(key in cls.option_names() for slot in SLOTS for cls in slot.base.registry.values()):
+        return f"--loss.{key}", f"loss.{key}"
+    if any(key in cls.option_names() for cls in AdvantageEstimator.registry.values()):
+        return f"--advantage.{key}", f"advantage_options.{key}"
+    return None
 
 
 def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
@@ -58,11 +86,17 @@ def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
     Example:
         >>> spelling_hint(["--loss_type", "--beta"], flags=True)
         "TRL's --loss_type is --algorithm NAME (a preset: rlzoo list) in rlzoo; TRL's --beta is --loss.beta in rlzoo"
+        >>> spelling_hint(["--epsilon_high=0.28", "--mean_level"], flags=True)
+        '--epsilon_high is a loss option: --loss.epsilon_high; --mean_level is an advantage option: --advantage.mean_level'
     """
     parts = []
     for name in names:
         key = name.lstrip("-").split("=", 1)[0].replace("-", "_")
+        given = name.split("=", 1)[0]
         if key in TRL_SPELLINGS:
             flag, config_key = TRL_SPELLINGS[key]
-            parts.append(f"TRL's {name.split('=', 1)[0]} is {flag if flags else config_key} in rlzoo")
+            parts.append(f"TRL's {given} is {flag if flags else config_key} in rlzoo")
+        elif (home := option_home(key)) is not None:
+            section = "an advantage" if home[0].startswith("--advantage") else "a loss"
+            parts.append(f"{given} is {section} option: {home[0] if flags else home[1]}")
     return "; ".join(parts)
