@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -161,3 +162,39 @@ def test_two_sigints_exit_130_at_once(tmp_path):
     assert "rlzoo: interrupted" in done.stderr and "Traceback" not in done.stderr
     assert _checkpoints(run) == ["step-000001"]  # step 2 abandoned: the last complete checkpoint stays
     assert [r["step"] for r in _rows(run)] == [1]
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_sigterm_to_every_process_checkpoints_the_step(tmp_path):
+    """Slurm's preemption: SIGTERM to the workers and to torchrun's agent, which forwards its own, so each rank
+    receives SIGTERM twice. The ranks still finish the step, checkpoint it and stop with SIGTERM's message
+    (before the fix the second SIGTERM stopped one rank mid-step and the other failed in a collective: no
+    checkpoint). torchrun itself exits 1 with its SignalException traceback (its agent's own behaviour; see
+    docs/distributed.md)."""
+    run, log = tmp_path / "run", tmp_path / "log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                  "2", "-m", "rlzoo", "train", *TINY_FLAGS, "--per-device-train-batch-size", "4",
+                                  "--max-steps", "1000", "--save-steps", "1000", "--output-dir", str(run)],
+                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while "step 1/1000" not in log.read_text() and agent.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                                      text=True, check=False).stdout.split()]
+            assert len(workers) == 2, log.read_text()[-3000:]
+            for pid in workers:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.2)
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=300) == 1
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    text = log.read_text()
+    assert text.count("rlzoo: stopped by SIGTERM after step") == 2, text[-3000:]
+    last = _rows(run)[-1]["step"]
+    assert [r["step"] for r in _rows(run)] == list(range(1, last + 1))
+    assert _checkpoints(run) == [f"step-{last:06d}"]
