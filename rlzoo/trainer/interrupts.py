@@ -67,12 +67,14 @@ class GracefulInterrupt:
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.requested is not None:
-            log.warning("%s received again: the checkpoint of the last completed step goes on (SIGKILL or Ctrl-C "
-                        "stop at once)", name)
+            when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
+            log.warning("%s received %s: the checkpoint of the last completed step goes on (Ctrl-C or SIGKILL stop "
+                        "at once)", name, when)
             return
         self.requested = signum
-        again = "press Ctrl-C again to stop at once" if signum == signal.SIGINT else "a SIGKILL stops at once"
-        log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, again)
+        hint = ("press Ctrl-C again to stop at once" if signum == signal.SIGINT
+                else "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored")
+        log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint)
 
     def __enter__(self) -> "GracefulInterrupt":  # noqa: PYI034 (beartype, the tests' checker, rejects Self here)
         if threading.current_thread() is threading.main_thread():

@@ -111,7 +111,7 @@ def test_a_step0_checkpoint_after_the_step0_evaluation_does_not_log_it_twice(tmp
     ((signal.SIGTERM, signal.SIGINT), signal.SIGTERM, True),  # a person's Ctrl-C overrides a graceful stop
     ((signal.SIGINT, signal.SIGINT), signal.SIGINT, True),
 ], ids=["term-term", "int-term", "term-int", "int-int"])
-def test_a_repeated_sigterm_is_ignored_and_a_second_sigint_stops_at_once(signals, requested, at_once):
+def test_a_repeated_sigterm_is_ignored_and_a_second_sigint_stops_at_once(signals, requested, at_once, caplog):
     def stops_at_once(signum: int) -> bool:
         try:
             os.kill(os.getpid(), signum)
@@ -124,6 +124,8 @@ def test_a_repeated_sigterm_is_ignored_and_a_second_sigint_stops_at_once(signals
         assert interrupt.requested == requested
         assert stops_at_once(signals[1]) == at_once
         assert interrupt.requested == requested  # the first signal stays the one the run exits with
+    if not at_once:
+        assert "the checkpoint of the last completed step goes on" in caplog.text
 
 
 def _train_cli(tmp_path, signals: str, *flags: str) -> tuple[subprocess.CompletedProcess, object]:
