@@ -432,7 +432,8 @@ Anything else (``RuntimeError`` from torch internals, ...) is a bug and keeps it
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
     instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
-    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once. Output into a closed pipe (stdout a pipe whose
+    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once, a repeated SIGTERM (a scheduler's) is
+    ignored (:mod:`rlzoo.trainer.interrupts`). Output into a closed pipe (stdout a pipe whose
     reader has gone) exits 141 without a message."""
     from rlzoo.trainer.interrupts import RunInterrupted
 

@@ -9,7 +9,9 @@ A checkpoint ``checkpoints/step-NNNNNN/`` holds:
   tokenizer, :mod:`rlzoo.trainer.adapters`);
 - ``NAME.pt``: state shared by the ranks (the learning-rate schedule), and ``NAME-rankR.pt``: each rank's
   own (its generation cycle and unfinished batch, its RNGs);
-- ``trainer_state.json``: the step, the world size and the run's settings.
+- ``trainer_state.json``: the step, the world size and the run's settings; for a checkpoint written before its
+  step's ``metrics.jsonl`` row (the run's last step, checkpointed before the final evaluation), that row's training
+  metrics (``row``), so that a kill during the evaluation loses no row.
 
 It is written into a temporary sibling (every rank writes into the one rank 0 made) and renamed into place
 by rank 0 once all have written (:func:`rlzoo.trainer.io.atomic_dir`), so a kill never leaves half a
@@ -68,6 +70,7 @@ class Checkpoint:
         settings: the run's config (``TrainConfig.to_dict()``) when it was written.
         states: the shared states and this rank's own (``NAME-rankR.pt``; rank 0's when the world size
             changed), by name.
+        row: the step's metrics row without its evaluation, for a checkpoint written before that row (else None).
     """
 
     path: Path
@@ -75,6 +78,7 @@ class Checkpoint:
     world_size: int
     settings: Mapping[str, Any]
     states: Mapping[str, Any]
+    row: Mapping[str, Any] | None = None
 
 
 def step_of(path: Path) -> int | None:
@@ -132,7 +136,7 @@ class Checkpointer:
 
     def save(self, step: int, *, policy: ParallelModel, optimizer: torch.optim.Optimizer, tokenizer: Any,
              shared: Mapping[str, Any], per_rank: Mapping[str, Any], settings: Mapping[str, Any],
-             dist: Distributed) -> Path:
+             dist: Distributed, row: Mapping[str, Any] | None = None) -> Path:
         """Write the checkpoint of ``step`` atomically (every rank calls it), then keep the newest
         ``save_total_limit``.
 
@@ -144,6 +148,8 @@ class Checkpointer:
             per_rank: this rank's states (``NAME-rankR.pt``).
             settings: the run's config, recorded for resume checks.
             dist: the process group context.
+            row: the step's metrics row (without evaluation metrics) when the checkpoint is written before it
+                is (JSON numbers; NaN allowed): a resume writes it if ``metrics.jsonl`` lacks it.
 
         Raises:
             OSError: the write failed (disk full: ``no space left on device`` naming the file); the previous
@@ -169,6 +175,8 @@ class Checkpointer:
                     torch.save(value, fh)
             if dist.is_main:
                 trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings)}
+                if row is not None:
+                    trainer_state["row"] = dict(row)
                 with disk_full_is_os_error(path / "trainer_state.json"):
                     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
         if dist.is_main:
@@ -223,7 +231,7 @@ class Checkpointer:
             if not owner or int(owner) == rank:
                 states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
-                          settings=trainer_state.get("settings", {}), states=states)
+                          settings=trainer_state.get("settings", {}), states=states, row=trainer_state.get("row"))
 
 
 def rank_states(path: str | Path, name: str) -> list[Any]:

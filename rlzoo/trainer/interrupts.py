@@ -1,19 +1,33 @@
 """Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (cluster preemption).
 
 The first signal asks the run to stop: the step in progress finishes (an evaluation in progress is abandoned at its
-next batch), a checkpoint of the last completed step is written, and the
-run ends with :class:`RunInterrupted` (the command exits 130 for SIGINT, 143 for SIGTERM, as a shell reports a
-process killed by the signal). A second signal stops at once (``KeyboardInterrupt``); every write is atomic,
-so that leaves the last complete checkpoint and no partial file behind. A completed step's metrics row is
-written even when a signal cuts its evaluation short, and the last step's checkpoint precedes the final evaluation.
+next batch), a checkpoint of the last completed step is written, and the run ends with :class:`RunInterrupted`
+(the command exits 130 for SIGINT, 143 for SIGTERM: 128 + the signal, as a shell reports a process killed by it).
+
+A signal while that stop is under way:
+
+- **SIGINT** (a person pressing Ctrl-C again) stops at once: ``KeyboardInterrupt``, exit 130. Every write is
+  atomic, so that leaves the last complete checkpoint and no partial file behind.
+- **SIGTERM** is logged and changes nothing: the checkpoint goes on and the command exits with the code of the
+  signal that asked for the stop (143 after a first SIGTERM). A scheduler sends SIGTERM more than once for one
+  preemption (Slurm signals every process of a job step, and torchrun's agent forwards its own SIGTERM to the
+  workers), so a second SIGTERM is no request to hurry; the scheduler's SIGKILL at the end of its grace period is
+  the hard stop.
+
+A completed step's metrics row is written even when a signal cuts its evaluation short. The last step's checkpoint
+precedes the final evaluation and carries the step's metrics row, so a kill during that evaluation loses nothing:
+``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
 """
 
+import logging
 import signal
 import threading
 import types
 from typing import Any
 
 __all__ = ["GracefulInterrupt", "RunInterrupted"]
+
+log = logging.getLogger("rlzoo.train")
 
 
 class RunInterrupted(Exception):
@@ -33,9 +47,10 @@ class RunInterrupted(Exception):
 
 
 class GracefulInterrupt:
-    """Context manager: while active, SIGINT and SIGTERM set :attr:`requested` instead of stopping the process;
-    a second one raises ``KeyboardInterrupt`` at once. Installs nothing outside the main thread (signals are
-    delivered there only), where :attr:`requested` stays None.
+    """Context manager: while active, SIGINT and SIGTERM set :attr:`requested` instead of stopping the process.
+    Once a stop is requested, a SIGINT raises ``KeyboardInterrupt`` at once and a SIGTERM is logged and ignored
+    (see the module's docstring). Installs nothing outside the main thread (signals are delivered there only),
+    where :attr:`requested` stays None.
 
     Attributes:
         requested: the first signal received, or None.
@@ -48,14 +63,18 @@ class GracefulInterrupt:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.requested is not None:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
+            log.warning("%s received %s: the checkpoint of the last completed step goes on (Ctrl-C or SIGKILL stop "
+                        "at once)", name, when)
+            return
         self.requested = signum
-        import logging
-
-        logging.getLogger("rlzoo.train").warning(
-            "%s received: finishing the current step, then writing a checkpoint (send it again to stop at once)",
-            signal.Signals(signum).name)
+        hint = ("press Ctrl-C again to stop at once" if signum == signal.SIGINT
+                else "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored")
+        log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint)
 
     def __enter__(self) -> "GracefulInterrupt":  # noqa: PYI034 (beartype, the tests' checker, rejects Self here)
         if threading.current_thread() is threading.main_thread():

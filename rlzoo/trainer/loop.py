@@ -4,7 +4,8 @@ One optimizer step: the rollout source hands over the step's micro-batches (gene
 so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
 accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
 scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
-when due (the last step's checkpoint before its evaluation, which may take minutes). The loop never looks at the
+when due (the last step's checkpoint before its evaluation, which may take minutes; that checkpoint carries the
+step's metrics row, which a resume writes if a kill during the evaluation lost it). The loop never looks at the
 loss's name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
 
 Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
@@ -49,7 +50,7 @@ from rlzoo.trainer.evaluation import EvalResult, Evaluator, evaluate
 from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.kl_reward import KLRewardShaping
-from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, read_metrics
+from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, has_row, read_metrics
 from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
@@ -146,6 +147,7 @@ class Trainer:
                                score_old=score_old)
         self.step = 0
         self._saved_step = -1
+        self._pending_row: dict[str, Any] | None = None  # the resumed checkpoint's step's row, missing from the file
 
     def _check_inputs(self) -> bool:
         """Refuse, before the model loads, what the run cannot give the loss; returns whether the generation batch
@@ -292,10 +294,11 @@ class Trainer:
 
     def _finish_step(self, row: dict[str, Any]) -> None:
         """Evaluate, log and checkpoint the step just taken, each when due (the run's last checkpoint first: it
-        does not wait for the final evaluation, minutes on a real model)."""
+        does not wait for the final evaluation, minutes on a real model, and carries ``row`` for a resume to write
+        should a kill stop the evaluation)."""
         final = self.step == self.config.max_steps
         if final:
-            self.save_checkpoint()
+            self.save_checkpoint(row=row)
         self._log_step(row, final=final)
         if not final and self.checkpointer.due(self.step, final=False):
             self.save_checkpoint(plot=True)
@@ -374,10 +377,24 @@ class Trainer:
                      self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
         self.dist.barrier()
         self.rollouts.check_rewards()
-        if self.step == 0:
-            initial = self.evaluator.maybe_run(self.policy, 0, final=False)
-            if initial:
-                self.logger.write({"step": 0, **initial})
+        self._write_missing_row(resumed=checkpoint is not None)
+
+    def _write_missing_row(self, *, resumed: bool) -> None:
+        """Write the row of the step the run starts at if ``metrics.jsonl`` lacks it: the step-0 evaluation (of a
+        fresh run, or of a resume from a step-0 checkpoint a signal wrote before that evaluation finished), or the
+        row the resumed checkpoint carries (a kill during the final evaluation), with that evaluation run now on the
+        checkpoint's weights (the training metrics are the interrupted run's, bit for bit)."""
+        if self._pending_row is not None:
+            row, self._pending_row = self._pending_row, None
+            self._log_step(row, final=True)
+            return
+        main = self.dist.is_main
+        if self.step != 0 or resumed and self.dist.broadcast_object(
+                any(r.get("step") == 0 for r in self.logger.history) if main else None):
+            return
+        initial = self.evaluator.maybe_run(self.policy, 0, final=False)
+        if initial:
+            self.logger.write({"step": 0, **initial})
 
     def _resolved(self) -> dict[str, Any]:
         precision = self.precision
@@ -393,8 +410,10 @@ class Trainer:
                 "output_dir": str(self.run_dir.path)}
 
     # --------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, *, plot: bool = False) -> Path:
-        """Checkpoint the run at its current step (and re-plot when ``plot``).
+    def save_checkpoint(self, *, plot: bool = False, row: dict[str, Any] | None = None) -> Path:
+        """Checkpoint the run at its current step (and re-plot when ``plot``). ``row``: the step's metrics row
+        (training metrics) when the checkpoint precedes its write (:attr:`Checkpoint.row
+        <rlzoo.trainer.checkpoint.Checkpoint.row>`).
 
         Raises:
             OSError: the write failed (disk full names the file); earlier checkpoints are untouched.
@@ -403,7 +422,7 @@ class Trainer:
             self.step, policy=self.policy, optimizer=self.optimizer.optimizer, tokenizer=self.tokenizer,
             settings={**self.config.to_dict(), PYTHON_REWARDS: self._python_rewards},
             shared={"scheduler": self.optimizer.scheduler_state()},
-            per_rank={"rollouts": self.rollouts.state_dict(), "rng": rng_state()}, dist=self.dist)
+            per_rank={"rollouts": self.rollouts.state_dict(), "rng": rng_state()}, dist=self.dist, row=row)
         self._saved_step = self.step
         if plot:
             self.logger.plot()  # a run that stops later still has its plot up to here
@@ -417,7 +436,8 @@ class Trainer:
             FileNotFoundError: not a checkpoint.
             ValueError: a checkpoint of another model (names the first mismatched tensor), a changed setting
                 that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
-                checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`). A reward function the run
+                checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`; allowed when the
+                checkpoint's step has no metrics row: the run then writes it). A reward function the run
                 had as a Python callable and this resume lacks is a change applied with a warning naming it.
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
@@ -428,7 +448,12 @@ class Trainer:
                         "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
-        check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto")
+        row_missing = checkpoint.row is not None and not self.dist.broadcast_object(  # the same on every rank
+            has_row(checkpoint.path.resolve().parent.parent / "metrics.jsonl", checkpoint.step)
+            if self.dist.is_main else None)
+        check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto",
+                         row_missing=row_missing)
+        self._pending_row = dict(checkpoint.row) if row_missing and checkpoint.row is not None else None
         self.optimizer.restore(checkpoint.states["scheduler"], completed_steps=checkpoint.step,
                                reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
         if checkpoint.world_size != self.dist.world_size and checkpoint.states["rollouts"]["buffer"]:

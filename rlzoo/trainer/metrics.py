@@ -19,7 +19,7 @@ from rlzoo.trainer.io import append_line, atomic_write_text
 from rlzoo.trainer.plots import plot_metrics
 from rlzoo.trainer.trackers import Trackers
 
-__all__ = ["LossMetrics", "MetricsLogger", "plot_metrics", "read_metrics", "write_metrics"]
+__all__ = ["LossMetrics", "MetricsLogger", "has_row", "plot_metrics", "read_metrics", "write_metrics"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -104,6 +104,15 @@ def read_metrics(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bo
             raise ValueError(f"{path}:{lineno}: not a JSON object; metrics.jsonl is damaged")
         rows.append(row)
     return rows, torn
+
+
+def has_row(path: str | os.PathLike[str], step: int) -> bool:
+    """Whether the ``metrics.jsonl`` at ``path`` holds a row of ``step`` (a torn last line does not count).
+
+    Raises:
+        ValueError: from :func:`read_metrics`.
+    """
+    return any(row.get("step") == step for row in read_metrics(path)[0])
 
 
 def write_metrics(path: str | os.PathLike[str], rows: list[Mapping[str, Any]]) -> None:

@@ -209,15 +209,22 @@ def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **
     return TrainConfig.from_dict({**(saved or {}), "output_dir": str(output_dir), "resume": resume, **overrides})
 
 
-def check_run_length(max_steps: int, step: int, checkpoint: str | os.PathLike[str], *, auto: bool = False) -> None:
+def check_run_length(max_steps: int, step: int, checkpoint: str | os.PathLike[str], *, auto: bool = False,
+                     row_missing: bool = False) -> None:
     """Refuse a resume that would not train: ``max_steps`` at or below the checkpoint's ``step``. Under
     ``--resume auto`` a run already at ``max_steps`` is complete rather than wrong (a job requeued after its last
-    checkpoint): one log line, and the trainer then trains nothing and records no new segment.
+    checkpoint): one log line, and the trainer then trains nothing and records no new segment. So is a run at
+    ``max_steps`` whose last step has no metrics row (``row_missing``: killed during its final evaluation, after
+    its checkpoint): the trainer evaluates that step and writes the row, then ends.
 
     Raises:
-        ValueError: ``max_steps < step``, or ``max_steps == step`` unless ``auto`` (names --max-steps).
+        ValueError: ``max_steps < step``, or ``max_steps == step`` unless ``auto`` or ``row_missing`` (names
+            --max-steps).
     """
-    if max_steps == step and auto:
+    if max_steps == step and row_missing:
+        log.info("resume: step %d of checkpoint %s has no metrics row (the run stopped during its final "
+                 "evaluation): evaluating it and writing the row", step, checkpoint)
+    elif max_steps == step and auto:
         log.info("resume: the run is already complete at step %d (--max-steps %d, checkpoint %s); nothing to train",
                  step, max_steps, checkpoint)
     elif max_steps <= step:

@@ -1,0 +1,202 @@
+"""Run safety around stops: no completed step's metrics row is ever lost (a kill during the final evaluation,
+which follows the last checkpoint), and repeated signals end a run with the exit code of the signal that ended
+it (a repeated SIGTERM from a scheduler lets the checkpoint finish; a second Ctrl-C stops at once)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
+
+TINY = {"model": "tiny-random", "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 4,
+        "eval_size": 2, "eval_batch_size": 2, "progress": False, "max_steps": 2, "save_steps": 100}
+TINY_FLAGS = ["--model", "tiny-random", "--num-generations", "4", "--per-device-train-batch-size", "8",
+              "--max-completion-length", "4", "--eval-size", "0", "--no-progress"]
+TIMING = ("step_time", "generation_time", "train_time", "tokens_per_second")
+
+
+def _rows(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _checkpoints(run) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+# ------------------------------------------------------------------- a kill during the final evaluation
+def test_a_resume_writes_the_last_steps_row_that_a_kill_during_the_final_evaluation_lost(tmp_path):
+    """The last step's checkpoint is written before the final evaluation (minutes on a real model). SIGKILL (an OOM
+    kill, a scheduler's hard stop) during that evaluation leaves the checkpoint without its metrics row;
+    ``--resume latest`` evaluates that step on the checkpoint's weights and writes the row (its training metrics
+    the killed run's, carried by the checkpoint). (That the evaluation's numbers are the uninterrupted run's is
+    the next test's: across processes they could differ by the thread count.)"""
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        from rlzoo.trainer import TrainConfig, Trainer
+        trainer = Trainer(TrainConfig(**{TINY!r}, output_dir=sys.argv[1]))
+        generate = trainer.evaluator.generator.generate
+        def killed(*args, **kwargs):
+            if trainer.step == 2:  # the final evaluation's first batch
+                os.kill(os.getpid(), signal.SIGKILL)
+            return generate(*args, **kwargs)
+        trainer.evaluator.generator.generate = killed
+        trainer.train()
+        """))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert [r["step"] for r in _rows(run)] == [0, 1]  # step 2's row is lost with the process
+    assert _checkpoints(run) == ["step-000002"]
+
+    got = Trainer(TrainConfig(**TINY, output_dir=str(run), resume="latest")).train()
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # exactly one row per step
+    assert rows == got
+    assert "eval/accuracy" in rows[-1] and "eval/accuracy" in rows[0]
+    carried = json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["row"]
+    assert {k: v for k, v in rows[-1].items() if not k.startswith("eval/")} == carried  # bit for bit, timings too
+    assert {k for k in carried if k not in TIMING} >= {"loss", "reward", "grad_norm"}
+    # a second resume finds the row: the run is complete, and --resume latest says so
+    with pytest.raises(ValueError, match="nothing to train"):
+        Trainer(TrainConfig(**TINY, output_dir=str(run), resume="latest")).train()
+    assert len(_rows(run)) == 3
+
+
+def test_a_row_torn_by_a_kill_after_the_final_evaluation_is_rewritten_identically(tmp_path):
+    """A kill while the last row is appended (a torn line, repaired at the next start) loses the row too; the
+    resume rewrites it byte for byte (same process: the evaluation's numbers are the same; timings from the
+    checkpoint)."""
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**TINY, output_dir=str(run))).train()
+    whole = (run / "metrics.jsonl").read_text()
+    last = whole.splitlines(keepends=True)[-1]
+    (run / "metrics.jsonl").write_text(whole[: -len(last)] + last[:20])  # torn in the middle of the last row
+    Trainer(TrainConfig(**TINY, output_dir=str(run), resume="auto")).train()
+    assert (run / "metrics.jsonl").read_text() == whole
+
+
+def test_a_step0_checkpoint_after_the_step0_evaluation_does_not_log_it_twice(tmp_path):
+    """A signal right after the step-0 evaluation checkpoints step 0 (nothing trained); its resume does not
+    evaluate step 0 again (one row per step)."""
+    run = tmp_path / "run"
+    trainer = Trainer(TrainConfig(**TINY, output_dir=str(run)))
+    write = trainer.logger.write
+
+    def then_signal(row):
+        write(row)
+        if row["step"] == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.logger.write = then_signal
+    with pytest.raises(RunInterrupted, match="after step 0"):
+        trainer.train()
+    assert _checkpoints(run) == ["step-000000"]
+    Trainer(TrainConfig(**TINY, output_dir=str(run), resume="latest")).train()
+    assert [r["step"] for r in _rows(run)] == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------- repeated signals
+@pytest.mark.parametrize(("signals", "requested", "at_once"), [
+    ((signal.SIGTERM, signal.SIGTERM), signal.SIGTERM, False),  # a scheduler's SIGTERM, forwarded by torchrun too
+    ((signal.SIGINT, signal.SIGTERM), signal.SIGINT, False),
+    ((signal.SIGTERM, signal.SIGINT), signal.SIGTERM, True),  # a person's Ctrl-C overrides a graceful stop
+    ((signal.SIGINT, signal.SIGINT), signal.SIGINT, True),
+], ids=["term-term", "int-term", "term-int", "int-int"])
+def test_a_repeated_sigterm_is_ignored_and_a_second_sigint_stops_at_once(signals, requested, at_once, caplog):
+    def stops_at_once(signum: int) -> bool:
+        try:
+            os.kill(os.getpid(), signum)
+        except KeyboardInterrupt:
+            return True
+        return False
+
+    with GracefulInterrupt() as interrupt:
+        assert not stops_at_once(signals[0])
+        assert interrupt.requested == requested
+        assert stops_at_once(signals[1]) == at_once
+        assert interrupt.requested == requested  # the first signal stays the one the run exits with
+    if not at_once:
+        assert "the checkpoint of the last completed step goes on" in caplog.text
+
+
+def _train_cli(tmp_path, signals: str, *flags: str) -> tuple[subprocess.CompletedProcess, object]:
+    """``python -m rlzoo train`` whose reward sends ``signals`` to the process during step 2's generation."""
+    reward = tmp_path / "signals.py"
+    reward.write_text(textwrap.dedent(f"""
+        import os, signal
+        calls = []
+        def reward(prompts, completions, **kw):
+            calls.append(1)
+            if len(calls) == 3:  # the dry check, step 1, then step 2
+                for name in {signals.split()!r}:
+                    os.kill(os.getpid(), getattr(signal, name))
+            return [0.0] * len(completions)
+        """))
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "rlzoo", "train", *TINY_FLAGS, "--max-steps", "3",
+                           "--reward-funcs", f"{reward}:reward", "--output-dir", str(run), *flags],
+                          capture_output=True, text=True, timeout=600,
+                          check=False)
+    return done, run
+
+
+def test_two_sigterms_exit_143_after_checkpointing_the_step(tmp_path):
+    done, run = _train_cli(tmp_path, "SIGTERM SIGTERM", "--save-steps", "100")
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "stopped by SIGTERM after step 2" in done.stderr and "SIGTERM received again" in done.stderr
+    assert _checkpoints(run) == ["step-000002"]  # the step in progress finished and was checkpointed
+    assert [r["step"] for r in _rows(run)] == [1, 2]
+    assert [p.name for p in run.iterdir() if p.name.startswith(".") and p.name != ".rlzoo.lock"] == []
+
+
+def test_two_sigints_exit_130_at_once(tmp_path):
+    done, run = _train_cli(tmp_path, "SIGINT SIGINT", "--save-steps", "1")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "rlzoo: interrupted" in done.stderr and "Traceback" not in done.stderr
+    assert _checkpoints(run) == ["step-000001"]  # step 2 abandoned: the last complete checkpoint stays
+    assert [r["step"] for r in _rows(run)] == [1]
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_sigterm_to_every_process_checkpoints_the_step(tmp_path):
+    """Slurm's preemption: SIGTERM to the workers and to torchrun's agent, which forwards its own, so each rank
+    receives SIGTERM twice. The ranks still finish the step, checkpoint it and stop with SIGTERM's message
+    (before the fix the second SIGTERM stopped one rank mid-step and the other failed in a collective: no
+    checkpoint). torchrun itself exits 1 with its SignalException traceback (its agent's own behaviour; see
+    docs/distributed.md)."""
+    run, log = tmp_path / "run", tmp_path / "log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                  "2", "-m", "rlzoo", "train", *TINY_FLAGS, "--per-device-train-batch-size", "4",
+                                  "--max-steps", "1000", "--save-steps", "1000", "--output-dir", str(run)],
+                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while "step 1/1000" not in log.read_text() and agent.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                                      text=True, check=False).stdout.split()]
+            assert len(workers) == 2, log.read_text()[-3000:]
+            for pid in workers:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.2)
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=300) == 1
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    text = log.read_text()
+    assert text.count("rlzoo: stopped by SIGTERM after step") == 2, text[-3000:]
+    last = _rows(run)[-1]["step"]
+    assert [r["step"] for r in _rows(run)] == list(range(1, last + 1))
+    assert _checkpoints(run) == [f"step-{last:06d}"]
