@@ -112,7 +112,8 @@ def resolve_loss(
 
     Warns:
         UserWarning: an explicit loss without a KL penalty while ``GRPOConfig.beta != 0`` (TRL computes reference
-            log-probs for nothing).
+            log-probs for nothing); an explicit loss without a sampler correction while ``use_vllm`` and
+            ``vllm_importance_sampling_correction`` (TRL's default) ask for one (none is applied).
 
     Raises:
         TypeError: ``loss`` is of another type.
@@ -158,6 +159,17 @@ def resolve_loss(
             f"GRPOConfig.beta={args.beta} makes TRL load a reference model and compute its log-probs every generation, "
             f"but loss {name!r} has no KL penalty, so they are unused: set GRPOConfig(beta=0.0) to save that time "
             "and memory",
+            UserWarning,
+            stacklevel=3,
+        )
+    if (loss is not None and args.use_vllm and args.vllm_importance_sampling_correction
+            and "rollout_logprobs" not in needed):
+        warnings.warn(
+            f"GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True) asks for TRL's correction of the "
+            f"vLLM sampler's drift ({args.vllm_importance_sampling_mode!r}), but loss {name!r} has none, so no "
+            f"correction is applied: give the loss one, e.g. rlzoo.get_loss({name!r}, is_correction="
+            f"{args.vllm_importance_sampling_mode!r}, is_max={args.vllm_importance_sampling_clip_max}), or set "
+            "vllm_importance_sampling_correction=False",
             UserWarning,
             stacklevel=3,
         )

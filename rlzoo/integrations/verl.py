@@ -6,7 +6,10 @@ verl picks its actor's policy loss by name (``actor_rollout_ref.actor.policy_los
 
     from rlzoo.integrations.verl import register
 
-    register("rlzoo_gmpo", "gmpo")          # then: actor_rollout_ref.actor.policy_loss.loss_mode=rlzoo_gmpo
+    register("rlzoo_gmpo", "gmpo", follow_loss_agg_mode=False)  # then: ...policy_loss.loss_mode=rlzoo_gmpo
+
+(``follow_loss_agg_mode=False`` keeps the loss's own aggregation, GMPO's per-sequence mean, as verl's ``geo_mean``
+does; by default the loss takes verl's ``loss_agg_mode``, ``token-mean`` unless configured.)
 
 verl builds its workers in other processes (Ray), so the registration must run in each of them: put it in a
 module and name that module in ``actor_rollout_ref.model.external_lib`` (verl imports it in every worker) or in

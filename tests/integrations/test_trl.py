@@ -13,6 +13,8 @@ rate; with SGD a weight difference is the learning rate times the gradient diffe
 
 import math
 import re
+import types
+import warnings
 
 import pytest
 import torch
@@ -23,8 +25,8 @@ import rlzoo
 trl = pytest.importorskip("trl", reason="TRL (test oracle) is not installed: pip install trl==1.16.0")
 datasets = pytest.importorskip("datasets")
 
-from rlzoo.compat.trl import TRLGRPOLoss
-from rlzoo.integrations.trl import GRPOTrainer
+from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss
+from rlzoo.integrations.trl import GRPOTrainer, resolve_loss
 from rlzoo.trainer.models import build_tiny_random
 
 PROMPTS = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
@@ -250,6 +252,21 @@ def test_is_correction_without_vllm_names_use_vllm(tiny, tmp_path):
     loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
     with pytest.raises(ValueError, match=r"GRPOConfig\(use_vllm=True\)"):
         GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer, loss=loss)
+
+
+def test_an_explicit_loss_without_the_vllm_correction_trl_would_apply_warns():
+    """TRL 1.16 corrects the vLLM sampler's drift by default; an explicit loss without a correction drops it, and
+    says so (and how to keep it). The default loss (None) maps TRL's correction and gives no warning."""
+    args = types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "use_vllm": True, "steps_per_generation": 1,
+                                    "gradient_accumulation_steps": 1, "max_completion_length": 8})
+    with pytest.warns(UserWarning, match=r"loss 'gmpo' has none.*rlzoo.get_loss\('gmpo', is_correction="
+                                         r"'sequence_mask', is_max=3.0\)"):
+        resolve_loss("gmpo", args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_loss(rlzoo.get_loss("gmpo", is_correction="sequence_mask", is_max=3.0), args)
+        resolve_loss(None, args)
+        resolve_loss("gmpo", types.SimpleNamespace(**{**vars(args), "vllm_importance_sampling_correction": False}))
 
 
 def test_bad_loss_argument(tiny, tmp_path):
