@@ -259,6 +259,10 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     (["train", "--temperature=hot"], "--temperature takes a number, got 'hot'"),
     (["train", "--reward-weights", "1", "x"], "--reward-weights takes a list (a number each), or None, got '1' 'x'"),
     (["train", "--max-steps"], "--max-steps needs a value: an integer"),
+    # a list-valued flag given nothing: tyro took it as an empty list ("RewardSet needs at least one reward function")
+    (["train", "--reward-funcs"], "--reward-funcs needs a value: a list (a string each); give the values after it"),
+    (["train", "--reward-funcs", "--max-steps", "1"], "--reward-funcs needs a value: a list (a string each)"),
+    (["train", "--reward-weights"], "--reward-weights needs a value: a list (a number each), or None; give the"),
     (["train", "--progress", "x"], "--progress is a switch and takes no value, got 'x' (give --progress or --no"),
     (["train", "stray"], "unexpected argument 'stray'"),
     (["train", "--config"], "--config needs a file"),
