@@ -136,7 +136,11 @@ def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capsys
     assert [b["extra_info"]["impl"] for b in data["benchmarks"]] == ["loss_eager"]
     assert not (tmp_path / "results.json.partial").exists()
     page = docs.read_text()
-    assert f"`{out}`" in page and "## Results: CPU" in page and "#### PolicyLoss: eager vs torch.compile" in page
+    # render.py names a results file inside the checkout relative to it (as the committed docs name
+    # benchmarks/results/cpu.json), so with a --basetemp inside the checkout the page has the relative path
+    checkout, shown = Path(__file__).resolve().parents[1], out.resolve()
+    shown = shown.relative_to(checkout) if shown.is_relative_to(checkout) else shown
+    assert f"`{shown}`" in page and "## Results: CPU" in page and "#### PolicyLoss: eager vs torch.compile" in page
 
 
 def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monkeypatch, capsys):
@@ -282,6 +286,10 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     (["train", "--temperature=hot"], "--temperature takes a number, got 'hot'"),
     (["train", "--reward-weights", "1", "x"], "--reward-weights takes a list (a number each), or None, got '1' 'x'"),
     (["train", "--max-steps"], "--max-steps needs a value: an integer"),
+    # a list-valued flag given nothing: tyro took it as an empty list ("RewardSet needs at least one reward function")
+    (["train", "--reward-funcs"], "--reward-funcs needs a value: a list (a string each); give the values after it"),
+    (["train", "--reward-funcs", "--max-steps", "1"], "--reward-funcs needs a value: a list (a string each)"),
+    (["train", "--reward-weights"], "--reward-weights needs a value: a list (a number each), or None; give the"),
     (["train", "--progress", "x"], "--progress is a switch and takes no value, got 'x' (give --progress or --no"),
     (["train", "stray"], "unexpected argument 'stray'"),
     (["train", "--config"], "--config needs a file"),

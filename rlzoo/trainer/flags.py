@@ -35,11 +35,15 @@ def tyro_cli(cls: type, *, args: Sequence[str], prog: str, description: str, def
             when an unknown flag is close to one.
 
     Raises:
-        CommandLineError: one line (:func:`flag_error`).
+        CommandLineError: one line (:func:`flag_error`, or :func:`_list_without_values` for a list-valued flag given
+            no value, which tyro would take as an empty list).
         SystemExit: on ``--help`` (tyro prints the help).
     """
     import tyro
 
+    empty = _list_without_values(cls, list(args))
+    if empty is not None:
+        raise CommandLineError(empty)
     options: dict[str, Any] = {"args": list(args), "prog": prog, "description": description}
     if default is not None:
         options["default"] = default
@@ -119,6 +123,35 @@ def flag_error(event: Any, cls: type, args: list[str], *, prog: str, dotted: Seq
                 message = as_flag + message[len(field.group(1)):]
         return message
     return f"invalid arguments ({kind}); {more}"
+
+
+def _list_without_values(cls: type, args: list[str]) -> str | None:
+    """The error line for a list-valued flag of ``cls`` (``tuple[str, ...]``: ``--reward-funcs A B``) given with no
+    value (at the end of ``args`` or followed by another ``--`` option), else None.
+
+    tyro reads such a flag with argparse's ``nargs="*"``, so ``--reward-funcs`` alone parsed as an empty list and the
+    run failed later with an error not naming the flag (``RewardSet needs at least one reward function``). No
+    list-valued option of rlzoo takes an empty list. ``--help`` anywhere: None (tyro prints the help)."""
+    if "-h" in args or "--help" in args:
+        return None
+    hints = typing.get_type_hints(cls)  # Annotated stripped
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if _is_dotted(hint) or not _is_list(hint):
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        for i, arg in enumerate(args):
+            if "=" not in arg and flag_name(arg) == flag and (i + 1 == len(args) or args[i + 1].startswith("--")):
+                return f"{flag} needs a value: {_takes(hint)}; give the values after it, separated by spaces"
+    return None
+
+
+def _is_list(hint: Any) -> bool:
+    """Whether ``hint`` is a variable-length tuple (``tuple[X, ...]``), or one or None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_is_list(h) for h in typing.get_args(hint) if h is not type(None))
+    inner = typing.get_args(hint)
+    return typing.get_origin(hint) is tuple and len(inner) == 2 and inner[1] is Ellipsis
 
 
 def _is_dotted(hint: Any) -> bool:

@@ -10,7 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.registry import UnknownNameError
-from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, EXTRACTIONS, Task
+from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, EXTRACTIONS, DatasetTask, Task
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -48,18 +48,24 @@ REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state",
 """The arguments TRL 1.16 passes every reward function besides the data set's columns."""
 
 
-def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any]) -> RewardFunctionError:
+def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any],
+                 task: Task | None = None) -> RewardFunctionError:
     """The one-line error for reward function ``fn`` (logged as ``name``) having raised ``err`` when called with
     ``call``: its type and first line, and what to do when the cause is plain:
 
-    - a ``TypeError`` with required arguments of ``fn`` absent from ``call``: those are data set columns it needs
-      (names them and the columns present, and how to provide them);
+    - a ``TypeError`` with required arguments of ``fn`` absent from ``call``: those are columns it needs (names
+      them, the reward, the columns present and how to provide them: for a data set ``task``
+      (:class:`~rlzoo.trainer.tasks.DatasetTask`) renaming its column, and ``--task.answer_column`` when that
+      column is the task's answer column; for another task, or none, a reward function that takes the columns
+      present);
     - a ``TypeError`` indexing a string while the completions are strings: ``fn`` expects conversational data;
     - an ``ImportError`` of one of TRL's functions: the extra to install.
+
+    ``task``: the task whose items gave ``call``'s columns (None: columns given directly to a
+    :class:`~rlzoo.trainer.rewards.RewardSet`).
     """
     message = str(err).splitlines()[0] if str(err) else ""
     text = f"reward function {name!r} raised {type(err).__name__}: {message}"
-    columns = ", ".join(repr(k) for k in call if k not in REWARD_ARGUMENTS) or "(none)"
     if isinstance(err, TypeError):
         try:
             parameters = inspect.signature(fn).parameters.values()
@@ -68,10 +74,7 @@ def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any]) ->
         missing = [p.name for p in parameters if p.default is p.empty and p.name not in call
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if missing:
-            return RewardFunctionError(
-                f"reward function {name!r} needs the data set column(s) {', '.join(map(repr, missing))}, which the "
-                f"data set does not have; its columns: {columns} (each reaches reward functions under its own name: "
-                f"rename the column holding it to {missing[0]!r}, and point --task.answer_column at it)")
+            return RewardFunctionError(_missing_columns(name, missing, call, task))
         strings = all(isinstance(c, str) for c in call.get("completions", ()))
         if strings and "string indices" in message:
             return RewardFunctionError(
@@ -81,6 +84,24 @@ def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any]) ->
     if isinstance(err, ImportError) and str(getattr(fn, "__module__", "")).split(".")[0] == "trl":
         text += ': pip install "rlzoo[trl]" (TRL\'s reward functions need trl and math-verify)'
     return RewardFunctionError(text)
+
+
+def _missing_columns(name: str, missing: Sequence[str], call: Mapping[str, Any], task: Task | None) -> str:
+    """The message of :func:`reward_error` for reward function ``name`` lacking the columns ``missing``."""
+    columns = ", ".join(repr(k) for k in call if k not in REWARD_ARGUMENTS) or "(none)"
+    needed = ", ".join(map(repr, missing))
+    if isinstance(task, DatasetTask):
+        answer = task.answer_column
+        also = f"; if that is the answer column {answer!r}, also pass --task.answer_column {missing[0]}" if answer else ""
+        return (f"reward function {name!r} needs the data set column(s) {needed}, which the data set does not have; "
+                f"its columns: {columns} (each reaches reward functions under its own name: rename the column "
+                f"holding it to {missing[0]!r}{also})")
+    if task is not None:
+        return (f"reward function {name!r} needs the column(s) {needed}, which task {task.name!r} does not give "
+                f"reward functions; its columns: {columns} (choose a reward function that takes these, or train on "
+                f"a data set with a {missing[0]!r} column)")
+    return (f"reward function {name!r} needs the column(s) {needed}, which were not given; the columns given: "
+            f"{columns} (pass each under the name the function takes)")
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
@@ -102,8 +123,9 @@ def accuracy_reward(task: Task, extraction: str = DEFAULT_EXTRACTION) -> RewardF
     if extraction not in EXTRACTIONS:
         raise UnknownNameError(f"unknown answer extraction {extraction!r}; valid: {', '.join(EXTRACTIONS)}")
     if not task.has_answers:
-        raise ValueError(f"reward 'accuracy' needs reference answers; task {task.name!r} has none (set "
-                         "--task.answer_column, or choose other --reward-funcs)")
+        option = "set --task.answer_column, or " if isinstance(task, DatasetTask) else ""
+        raise ValueError(f"reward 'accuracy' needs reference answers; task {task.name!r} has none ({option}choose "
+                         "other --reward-funcs)")
 
     def accuracy(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         for key in ("completion_ids", "trainer_state", "log_extra", "log_metric"):

@@ -106,7 +106,8 @@ class RewardSet:
         names: one distinct name per function for metrics and errors; None = the built-in name or the
             function's ``__name__`` (``_2``, ``_3``... appended to repeats).
         task: the :class:`~rlzoo.trainer.tasks.Task` or :class:`~rlzoo.trainer.tasks.TaskStream` that
-            ``"accuracy"`` scores with.
+            ``"accuracy"`` scores with, and whose columns the functions get (a function's missing-column error
+            says how to provide the column for that kind of task).
         extraction: answer extraction for ``"accuracy"``/``"format"``; None = the TaskStream's
             ``answer_extraction``, else :data:`~rlzoo.trainer.tasks.DEFAULT_EXTRACTION`.
         max_steps: the run's length (``trainer_state.max_steps``).
@@ -191,6 +192,7 @@ class RewardSet:
         self.weights: tuple[float, ...] = weight_values
         self.names: tuple[str, ...] = tuple(unique)
         self.trainer_state = TrainerState(max_steps=max_steps)
+        self._task = base_task  # whose columns the functions get (named in their errors)
         self.extra_columns: dict[str, list[Any]] = collections.defaultdict(list)
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -299,7 +301,7 @@ class RewardSet:
             try:
                 values = fn(**call)
             except Exception as err:
-                raise reward_error(name, fn, err, call) from err
+                raise reward_error(name, fn, err, call, self._task) from err
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
         for (k, _, name), values in zip(pending, self._gather([(fn, name) for _, fn, name in pending], call),
                                         strict=True):
@@ -328,7 +330,7 @@ class RewardSet:
             try:
                 return await fn(**call)
             except Exception as err:
-                raise reward_error(name, fn, err, call) from err
+                raise reward_error(name, fn, err, call, self._task) from err
 
         async def every() -> list[Any]:
             return list(await asyncio.gather(*(one(fn, name) for fn, name in functions)))

@@ -61,10 +61,13 @@ class Trackers:
 
     Names: ``--run-name``, default ``PARENT/DIR`` of the output directory (``exp1/seed0``): both wandb and trackio
     show that name, and group a run's timelines under it. wandb's run id is the timeline's id; trackio (>= 0.24:
-    runs of one name have their own ids) gives each run an id of its own, recorded as ``trackio_id``. A resume
-    continues the newest trackio run of that name when it is the recorded one; when another run of the same
-    name was started since (two directories given one ``--run-name``), the timeline goes on in a new trackio run
-    instead of being mixed into that one (a warning says so).
+    runs of one name have their own ids) gives each run an id of its own, recorded as ``trackio_id`` beside the
+    run's name (``trackio_name``). A resume continues the newest trackio run of the recorded name when it is the
+    recorded one; when another run of the same name was started since (two directories given one
+    ``--run-name``), the timeline goes on in a new trackio run instead of being mixed into that one (a warning
+    says so). A record written before trackio runs had ids (no ``trackio_id``: rlzoo named the run
+    ``NAME-ID``, ID the timeline's) continues that run by its name (``resume="must"``), or starts a new one with
+    a warning when the trackio store does not hold it.
 
     Args:
         config: the tracking section (``report_to``, ``run_name``).
@@ -179,20 +182,30 @@ class Trackers:
     def _open_trackio(self, step: int) -> None:
         import trackio
 
-        def start(resume: str) -> Any:
-            return trackio.init(project=PROJECT, name=self.run_name, group=self.run_name, config=self.settings,
+        def start(name: str, resume: str) -> Any:
+            return trackio.init(project=PROJECT, name=name, group=self.run_name, config=self.settings,
                                 resume=resume, auto_log_gpu=False, auto_log_cpu=False, embed=False)
 
         recorded = self._record.get("trackio_id")
-        self._trackio = start("allow" if self._continues and recorded else "never")
+        name = self._record.get("trackio_name") or self.run_name
+        if self._continues and not recorded:  # recorded before trackio runs had ids: the run is named NAME-ID
+            name = f"{self.run_name}-{self.run_id}"
+            try:
+                self._trackio = start(name, "must")
+            except ValueError:  # trackio has no run of that name (the store moved or was cleared)
+                log.warning("trackers: trackers.json records trackio run %r, which the trackio store does not hold; "
+                            "this timeline goes on in a new trackio run", name)
+                self._trackio = start(self.run_name, "never")
+        else:
+            self._trackio = start(name, "allow" if self._continues else "never")
         if self._continues and recorded and self._trackio.id != recorded:  # the newest run of the name is not ours
             log.warning("trackers: the newest trackio run named %r is not this timeline's (%s): another run uses the "
                         "same --run-name, or the trackio store moved; this timeline goes on in a new trackio run",
-                        self.run_name, recorded)
+                        name, recorded)
             self._trackio.finish()
-            self._trackio = start("never")
-        if self._trackio.id != recorded:
-            self._record["trackio_id"] = self._trackio.id
+            self._trackio = start(self.run_name, "never")
+        if (self._trackio.id, self._trackio.name) != (recorded, self._record.get("trackio_name")):
+            self._record.update(trackio_id=self._trackio.id, trackio_name=self._trackio.name)
             self._write_record()
 
     def _open_wandb(self, step: int) -> None:

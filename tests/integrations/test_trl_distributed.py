@@ -94,16 +94,47 @@ def two_ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("trl-two-ranks")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, ROOT / "tests", HERE))),
            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    # its own process group (start_new_session), killed whole with each rank's on a timeout, a failure or an
+    # interruption (_kill_launch): no rank outlives the test, and communicate() does not wait on their pipes
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              __file__, str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks: no orphan outlives the test
+        _kill_launch(proc)
         stdout, stderr = proc.communicate()
+    finally:
+        if proc.returncode != 0:  # failed or interrupted: whatever of it is left
+            _kill_launch(proc)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def _kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher ``proc`` (started with ``start_new_session``: its process group is its pid) and, while
+    it runs, its ranks. Killing the launcher's group alone is not enough: torch.distributed.elastic starts each
+    rank in a session of its own (``SubprocessHandler._popen``: ``start_new_session=True``), so the ranks outlived
+    a killed torchrun, holding the stdout/stderr pipes that ``communicate()`` then waited on. Each rank's own
+    group goes too (what it started). Processes already gone are fine."""
+    import psutil  # a dependency of trl, which this test needs
+
+    ranks = []
+    if proc.poll() is None:  # not reaped: its pid is still its own
+        try:
+            ranks = psutil.Process(proc.pid).children(recursive=True)  # before the kill: then they are init's
+        except psutil.NoSuchProcess:
+            pass
+    for group in (proc.pid, *(rank.pid for rank in ranks)):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for rank in ranks:  # one that was not its group's leader
+        try:
+            rank.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _tensor(rows):

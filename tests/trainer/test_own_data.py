@@ -336,11 +336,47 @@ def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
 def test_trl_rewards_on_the_wrong_data_shape_say_what_is_wrong():
     """accuracy_reward needs a `solution` column; think_format_reward needs conversational completions: the error
     names the reward, the missing column and the columns present, or the data shape it expects (one line)."""
+    data = datasets.Dataset.from_dict({"prompt": ["q", "r"], "answer": ["1", "2"], "level": [0, 1]})
+    task = DatasetTask(name="data.jsonl", dataset=data, eval_size=0)
     with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the data set column\(s\) "
                                          r"'solution', which the data set does not have; its columns: 'answer', "
-                                         r"'level' .*rename .*--task.answer_column") as missing:
-        RewardSet(["trl.rewards.accuracy_reward"])(["q"], ["1"], columns={"answer": ["1"], "level": [0]})
+                                         r"'level' \(.*: rename the column holding it to 'solution'; if that is the "
+                                         r"answer column 'answer', also pass --task.answer_column solution\)$") as missing:
+        RewardSet(["trl.rewards.accuracy_reward"], task=task)(["q"], ["1"], columns={"answer": ["1"], "level": [0]})
     with pytest.raises(ValueError, match=r"^reward function 'think_format_reward' raised TypeError: string indices"
                                          r".*; it expects conversational data \(completions as message lists") as shape:
         RewardSet(["think_format_reward"])(["q"], ["<think>x</think>"])
     assert "\n" not in str(missing.value) + str(shape.value)
+
+
+def test_a_missing_column_mentions_task_answer_column_only_where_it_applies():
+    """--task.answer_column used to be named for any missing column: also for a reasoning-gym task (which has no
+    such option), for a data set without an answer column, and for columns given from Python without a task."""
+    from rlzoo.trainer.tasks import ReasoningGymTask
+
+    accuracy = ["trl.rewards.accuracy_reward"]
+    columns = {"answer": ["1"], "level": [0]}
+    data = datasets.Dataset.from_dict({"prompt": ["q", "r"], "label": ["1", "2"], "level": [0, 1]})
+    no_answers = DatasetTask(name="data.jsonl", dataset=data, answer_column=None, eval_size=0)
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the data set column\(s\) "
+                                         r"'solution', .*its columns: 'label', 'level' \(.*rename the column holding "
+                                         r"it to 'solution'\)$") as dataset_error:
+        RewardSet(accuracy, task=no_answers)(["q"], ["1"], columns={"label": ["1"], "level": [0]})
+    gym = ReasoningGymTask(name="leg_counting", kwargs={}, eval_size=0)
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the column\(s\) 'solution', "
+                                         r"which task 'leg_counting' does not give reward functions; its columns: "
+                                         r"'answer', 'level' \(choose a reward function") as gym_error:
+        RewardSet(accuracy, task=gym)(["q"], ["1"], columns=columns)
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy_reward' needs the column\(s\) 'solution', "
+                                         r"which were not given; the columns given: 'answer', 'level'") as no_task:
+        RewardSet(accuracy)(["q"], ["1"], columns=columns)
+    for error in (dataset_error, gym_error, no_task):
+        assert "answer_column" not in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=r"task 'data.jsonl' has none \(set --task.answer_column, or choose other"):
+        RewardSet(["accuracy"], task=no_answers)
+
+    class Unanswered(ReasoningGymTask):  # a task of one's own without reference answers
+        has_answers = property(lambda self: False)
+
+    with pytest.raises(ValueError, match=r"task 'leg_counting' has none \(choose other --reward-funcs\)$"):
+        RewardSet(["accuracy"], task=Unanswered(name="leg_counting", eval_size=0))

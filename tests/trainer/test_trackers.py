@@ -176,6 +176,49 @@ def test_a_timeline_whose_run_name_another_run_took_goes_on_in_a_new_trackio_run
     assert record("a")["trackio_id"] not in (first, record("b")["trackio_id"])
 
 
+def test_a_run_recorded_before_trackio_ids_resumes_its_trackio_run(tmp_path, caplog):
+    """A trackers.json written before trackio runs were named --run-name (no trackio_id: the run was NAME-ID) used
+    to resume into a new trackio run named NAME; it continues the recorded NAME-ID run. A record whose run the
+    trackio store does not hold goes on in a new run, with a warning."""
+    import logging
+
+    import trackio
+
+    def old_run(directory: str, steps: range | None) -> str:
+        """A run directory as rlzoo wrote it before: trackers.json without trackio_id, the trackio run NAME-ID."""
+        timeline = f"{directory[:4]}0123"
+        (tmp_path / directory).mkdir()
+        (tmp_path / directory / "trackers.json").write_text(json.dumps({"id": timeline, "start_step": 0, "step": 1}))
+        name = f"{tmp_path.name}/{directory}"
+        if steps is not None:
+            run = trackio.init(project="rlzoo", name=f"{name}-{timeline}", group=name, resume="never",
+                               auto_log_gpu=False, auto_log_cpu=False, embed=False)
+            for step in steps:
+                run.log({"x": float(step)}, step=step)
+            run.finish()
+        return name
+
+    def resume(directory: str, start: int = 1) -> dict:
+        trackers = Trackers(TrackingConfig(report_to="trackio"), output_dir=tmp_path / directory, settings={})
+        trackers.open(start)
+        for step in (start + 1, start + 2):
+            trackers.log({"step": step, "x": float(step)})
+        trackers.close()
+        return json.loads((tmp_path / directory / "trackers.json").read_text())
+
+    name = old_run("kept", range(2))
+    record = resume("kept")
+    assert _trackio_runs(f"{name}-kept0123") == [[0, 1, 2, 3]] and _trackio_runs(name) == []
+    assert (record["id"], record["trackio_name"], record["step"]) == ("kept0123", f"{name}-kept0123", 3)
+    assert resume("kept", 3)["trackio_id"] == record["trackio_id"]  # and again, now by the recorded name and id
+    assert _trackio_runs(f"{name}-kept0123") == [[0, 1, 2, 3, 4, 5]]
+    name = old_run("lost", None)
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        record = resume("lost")
+    assert "which the trackio store does not hold" in caplog.text
+    assert _trackio_runs(name) == [[2, 3]] and record["trackio_name"] == name
+
+
 def test_wandb_without_credentials_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """Online wandb without a login used to fail after the model loaded with a UsageError traceback, leaving an
     empty metrics.jsonl that refused the next plain start."""
