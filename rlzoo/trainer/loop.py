@@ -266,8 +266,12 @@ class Trainer:
         return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     def _title(self, task: str) -> str:
+        """The plot's title: loss, task and model; a local file or directory by its name, not its whole path."""
+        def short(name: str) -> str:
+            return Path(name).name if ("/" in name or "\\" in name) and Path(name).exists() else name
+
         adapter = " + LoRA" if self.config.peft is not None else ""
-        return f"{self.loss_fn.name or 'custom loss'} on {task} - {self.config.model}{adapter}"
+        return f"{self.loss_fn.name or 'custom loss'} on {short(task)} - {short(self.config.model)}{adapter}"
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, Any]]:

@@ -93,6 +93,7 @@ def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path):
                          task_kwargs={"prompt_column": "question", "eval_split": "test"})
     trainer = Trainer(config)
     assert [item.question for item in trainer.evaluator.task.eval_items] == ["24 + 1 =", "25 + 1 =", "26 + 1 ="]
+    assert trainer.logger.title.endswith(" on org-math - tiny-random")  # the directory's name, not its whole path
     assert trainer.train()[-1]["step"] == 2
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "disk"))
     (tmp_path / "rows.csv").write_text("question,answer\n" + "".join(f"{r['question']},{r['answer']}\n" for r in rows))
