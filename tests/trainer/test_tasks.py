@@ -182,6 +182,9 @@ def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):
         load_task(path, kwargs={"x": 1})
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_task(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "header.csv").write_text("prompt,answer\n")  # was datasets' 'Instruction "train" corresponds to...'
+    with pytest.raises(ValueError, match=r"^task file .*header.csv has no rows \(a header at most\)$"):
+        load_task(str(tmp_path / "header.csv"))
 
 
 @pytest.mark.parametrize(

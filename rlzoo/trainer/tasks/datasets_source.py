@@ -138,7 +138,7 @@ def _load_error(spec: str, err: BaseException) -> str:
 
 def _file_error(path: Path, err: BaseException) -> BaseException:
     """The error for a data file ``datasets`` could not read: the first line of JSON lines that is not a JSON
-    object, else the file and ``datasets``' message."""
+    object, a CSV file without rows, else the file and ``datasets``' message."""
     if isinstance(err, FileNotFoundError) and not path.exists():
         return err
     if path.suffix == ".jsonl":
@@ -152,6 +152,8 @@ def _file_error(path: Path, err: BaseException) -> BaseException:
                     return ValueError(f"{path}:{lineno}: invalid JSON: {bad.msg} (column {bad.colno})")
                 if not isinstance(row, dict):
                     return ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    if path.suffix == ".csv" and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
+        return ValueError(f"task file {path} has no rows (a header at most)")
     cause = err.__cause__ or err.__context__ or err
     return ValueError(f"cannot read task file {path}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
 
