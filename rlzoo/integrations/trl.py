@@ -164,11 +164,13 @@ def resolve_loss(
         )
     if (loss is not None and args.use_vllm and args.vllm_importance_sampling_correction
             and "rollout_logprobs" not in needed):
+        clip_max = args.vllm_importance_sampling_clip_max
+        bound = "" if clip_max is None else f", is_max={clip_max}"
         warnings.warn(
             f"GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True) asks for TRL's correction of the "
             f"vLLM sampler's drift ({args.vllm_importance_sampling_mode!r}), but loss {name!r} has none, so no "
             f"correction is applied: give the loss one, e.g. rlzoo.get_loss({name!r}, is_correction="
-            f"{args.vllm_importance_sampling_mode!r}, is_max={args.vllm_importance_sampling_clip_max}), or set "
+            f"{args.vllm_importance_sampling_mode!r}{bound}), or set "
             "vllm_importance_sampling_correction=False",
             UserWarning,
             stacklevel=3,

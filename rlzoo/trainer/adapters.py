@@ -67,6 +67,7 @@ def lora_config(options: Mapping[str, Any]) -> Any:
     if unknown:
         raise ValueError(f"unknown --peft option(s) {unknown}; the fields of peft.LoraConfig: {', '.join(fields)}")
     hints, tower = typing.get_type_hints(LoraConfig), BeartypeConf(is_pep484_tower=True)  # an int is a float
+    hints["lora_alpha"] = float  # declared int, used only as the scale lora_alpha / r: 16.0 and 0.5 work in peft
     for name, value in options.items():
         hint = hints.get(name, Any)
         numeric = hint in (int, float)  # bool is an int to Python, never a rank or a scale to a user

@@ -34,7 +34,7 @@ import torch
 
 from rlzoo.trainer.config import CheckpointConfig
 from rlzoo.trainer.distributed import Distributed
-from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, save_pretrained_atomic
+from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
 __all__ = ["Checkpoint", "Checkpointer", "rank_states", "rng_state", "set_rng_state", "step_of"]
@@ -176,7 +176,7 @@ class Checkpointer:
             if dist.is_main:
                 trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings)}
                 if row is not None:
-                    trainer_state["row"] = dict(row)
+                    trainer_state["row"] = json_row(dict(row))  # as metrics.jsonl writes it
                 with disk_full_is_os_error(path / "trainer_state.json"):
                     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
         if dist.is_main:

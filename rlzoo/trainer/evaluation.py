@@ -154,9 +154,10 @@ class Evaluator:
                                    batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
                                    progress=self.progress, should_stop=self.should_stop)
 
-    def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *, final: bool) -> dict[str, float]:
+    def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *,
+                  final: bool) -> dict[str, float] | None:
         """The eval metrics when an evaluation is due after optimizer step ``step`` (0: before training),
-        else ``{}``; logs the result."""
+        ``{}`` when none is due, None when a signal abandoned it (:attr:`should_stop`); logs the result."""
         due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
         if not (self.enabled and due):
             return {}
@@ -165,7 +166,7 @@ class Evaluator:
         except EvaluationAbandoned:
             if self.dist.is_main:
                 log.warning("step %d held-out evaluation abandoned: the run is stopping", step)
-            return {}
+            return None
         if self.dist.is_main:
             log.info("step %d held-out greedy accuracy %s", step, result)
         return result.metrics()

@@ -14,9 +14,9 @@ A signal while that stop is under way:
   workers), so a second SIGTERM is no request to hurry; the scheduler's SIGKILL at the end of its grace period is
   the hard stop.
 
-A completed step's metrics row is written even when a signal cuts its evaluation short. The last step's checkpoint
-precedes the final evaluation and carries the step's metrics row, so a kill during that evaluation loses nothing:
-``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
+A completed step's metrics row is written even when a signal cuts its evaluation short, except the last step's:
+its checkpoint precedes the final evaluation and carries the row, so a signal or a kill during that evaluation
+loses nothing: ``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
 """
 
 import logging

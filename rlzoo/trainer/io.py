@@ -10,6 +10,7 @@ any point leaves either the old or the new content under ``NAME``, never nothing
 import contextlib
 import copy
 import errno
+import math
 import os
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "disk_full_is_os_error",
+    "json_row",
     "recover_interrupted_writes",
     "save_pretrained_atomic",
     "umask_mode",
@@ -240,3 +242,9 @@ def _finish_tree(root: Path) -> None:
             _fsync_path(path)
         Path(dirpath).chmod(dir_mode)
         _fsync_path(Path(dirpath))
+
+
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with non-finite floats as None: JSON has no NaN or infinity (Python's json would write the
+    non-standard tokens ``NaN`` / ``Infinity``, which jq and strict parsers reject)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}

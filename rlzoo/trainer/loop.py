@@ -309,13 +309,15 @@ class Trainer:
 
     def _log_step(self, row: dict[str, Any], *, final: bool) -> None:
         """Evaluate when due and append the step's metrics row with the evaluation's. The row is written even when
-        the evaluation does not finish (a second signal stops the run at once, an error): the step itself is
-        complete."""
-        evaluated: dict[str, float] = {}
+        the evaluation does not finish (a signal, an error): the step itself is complete. Except the last step's:
+        its checkpoint carries the row, and the resume runs the final evaluation (the number a run is read by) and
+        writes it, so a preemption during the final evaluation costs that evaluation only."""
+        evaluated: dict[str, float] | None = None
         try:
             evaluated = self.evaluator.maybe_run(self.policy, self.step, final=final)
         finally:
-            self.logger.write(row | evaluated)
+            if evaluated is not None or not final:
+                self.logger.write(row | (evaluated or {}))
 
     def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.trainer.distributed import Distributed
-from rlzoo.trainer.io import append_line, atomic_write_text
+from rlzoo.trainer.io import append_line, atomic_write_text, json_row
 from rlzoo.trainer.plots import plot_metrics
 from rlzoo.trainer.trackers import Trackers
 
@@ -69,12 +69,6 @@ class LossMetrics:
                 self.metrics[key] = max(self.metrics.get(key, -math.inf), value)
             else:
                 self.metrics[key] = self.metrics.get(key, 0.0) + share * value
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN/inf
-    return value
 
 
 def read_metrics(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
@@ -170,7 +164,9 @@ class MetricsLogger:
             from tqdm.auto import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self._bar = tqdm(total=self.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+            logged = max((r["step"] for r in rows if "loss" in r and r.get("step", 0) <= step), default=0)
+            self._bar = tqdm(total=self.max_steps, initial=logged, desc="train", unit="step",  # a missing row of
+                             dynamic_ncols=True)                                              # `step` is still due
             self._redirect = contextlib.ExitStack()
             self._redirect.enter_context(logging_redirect_tqdm())  # records print once, above the bar
 
@@ -180,7 +176,7 @@ class MetricsLogger:
         Raises:
             OSError: the write failed (disk full names the file).
         """
-        row = {k: _clean(v) for k, v in row.items()}
+        row = json_row(row)
         if self.writes:
             append_line(self.path, json.dumps(row, sort_keys=True))
         self.history.append(row)

@@ -115,7 +115,7 @@ def test_bad_lora_options_name_the_field(tmp_path):
                              ({"r": 8.5}, "--peft.r takes int, got 8.5"),
                              ({"r": True}, "--peft.r takes int, got True"),
                              ({"r": 0}, "--peft.r must be a positive integer (the adapter's rank), got 0"),
-                             ({"lora_alpha": "abc"}, "--peft.lora_alpha takes int, got 'abc'"),
+                             ({"lora_alpha": "abc"}, "--peft.lora_alpha takes float, got 'abc'"),
                              ({"use_dora": "yes_please"}, "--peft.use_dora takes bool, got 'yes_please'"),
                              ({"bias": "some"}, "--peft.bias takes one of 'none', 'all', 'lora_only', got 'some'"),
                              ({"layers_to_transform": [1, "a"]},
@@ -123,7 +123,7 @@ def test_bad_lora_options_name_the_field(tmp_path):
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):  # before the model loads: no model given
             Trainer(TrainConfig(**{**TINY, "peft": options}, output_dir=str(tmp_path / "run")))
     # what the types allow: a float option given an int, a placeholder choice of init_lora_weights, lists
-    config = lora_config({"r": 4, "lora_dropout": 0, "init_lora_weights": "pissa_niter_4",
+    config = lora_config({"r": 4, "lora_alpha": 16.0, "lora_dropout": 0, "init_lora_weights": "pissa_niter_4",
                           "target_modules": ["q_proj", "v_proj"], "use_dora": False})
     assert (config.r, config.init_lora_weights, set(config.target_modules)) == (4, "pissa_niter_4", {"q_proj", "v_proj"})
     with pytest.raises(ValueError, match="adapter on the output layer"):
