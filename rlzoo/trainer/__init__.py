@@ -8,7 +8,8 @@ Components, each built from its own config section (:mod:`rlzoo.trainer.config`)
 - :class:`~rlzoo.trainer.optim.OptimizerStep`: AdamW, schedule, clipping;
 - :class:`~rlzoo.trainer.evaluation.Evaluator`, :class:`~rlzoo.trainer.checkpoint.Checkpointer`,
   :class:`~rlzoo.trainer.metrics.MetricsLogger`, :class:`~rlzoo.trainer.run_dir.RunDirectory`;
-- :class:`~rlzoo.trainer.loop.Trainer` wires them and runs the loop.
+- :mod:`~rlzoo.trainer.components` builds them (``build_models``, ``build_components``), and
+  :class:`~rlzoo.trainer.loop.Trainer` runs the loop over them.
 """
 
 from rlzoo.trainer.config import TrainConfig

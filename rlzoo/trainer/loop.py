@@ -1,4 +1,5 @@
-"""The trainer: builds the run's components from their config sections and runs the training loop.
+"""The trainer: builds the run's components from their config sections (:mod:`rlzoo.trainer.components`) and runs
+the training loop.
 
 One optimizer step: the rollout source hands over the step's micro-batches (generating when the cycle says
 so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
@@ -25,35 +26,21 @@ from typing import Any
 import torch
 
 from rlzoo.batch import Normalizer
-from rlzoo.losses import PolicyLoss, Rejection
-from rlzoo.trainer.adapters import AdapterDisabled
+from rlzoo.losses import PolicyLoss
 from rlzoo.trainer.algorithm import build_loss
-from rlzoo.trainer.checkpoint import Checkpointer, rank_states, rng_state, set_rng_state
+from rlzoo.trainer.checkpoint import rank_states, rng_state, set_rng_state
+from rlzoo.trainer.components import build_components, build_models, check_loss_inputs
 from rlzoo.trainer.config import (
-    AdapterConfig,
     AlgorithmConfig,
-    CheckpointConfig,
-    EvalConfig,
     ModelConfig,
-    OptimizerConfig,
-    ParallelConfig,
-    RewardConfig,
-    RolloutConfig,
-    ScorerConfig,
-    SignalConfig,
-    TaskConfig,
     TrackingConfig,
     TrainConfig,
 )
 from rlzoo.trainer.distributed import init_distributed
-from rlzoo.trainer.evaluation import EvalResult, Evaluator, evaluate
-from rlzoo.trainer.generation import HFGenerator, build_generator
+from rlzoo.trainer.evaluation import EvalResult, evaluate
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
-from rlzoo.trainer.kl_reward import KLRewardShaping
-from rlzoo.trainer.metrics import LossMetrics, MetricsLogger, has_row, read_metrics
+from rlzoo.trainer.metrics import LossMetrics, has_row, read_metrics
 from rlzoo.trainer.models import recorded_model
-from rlzoo.trainer.optim import OptimizerStep
-from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import (
     OPTIMIZER_SETTINGS,
@@ -62,24 +49,15 @@ from rlzoo.trainer.resume import (
     compare_settings,
     find_checkpoint,
 )
-from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
-from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import recorded_task
-from rlzoo.trainer.trackers import CompletionLog, Trackers
+from rlzoo.trainer.trackers import Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
 
 log = logging.getLogger("rlzoo.train")
-
-
-TRAINER_FIELDS = frozenset({"old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "teacher_logprobs",
-                            "group_index", "rewards", "versions", "current_version"})
-"""The optional :class:`~rlzoo.PolicyBatch` fields the trainer can fill (``rollout_logprobs``: the sampler's log-probs
-from either backend, ``teacher_logprobs`` with ``--teacher``, ``versions`` / ``current_version``: the optimizer steps
-completed before each batch's generation / before the newest one's); a loss that needs another is refused before the model loads."""
 
 
 class Trainer:
@@ -129,7 +107,7 @@ class Trainer:
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
-        score_old = self._check_inputs()
+        score_old, self._drops_tokens = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
         output_dir = config.output_dir or dist.broadcast_object(self._default_output_dir(train_dataset))
         self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
@@ -142,116 +120,20 @@ class Trainer:
         datasets.disable_progress_bars()
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        self._build_models(model=model, tokenizer=tokenizer, peft_config=peft_config)
-        self._build_components(advantage_fn, reward_funcs, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                               score_old=score_old)
+        models = build_models(config, self.loss_fn, dist=dist, precision=self.precision, model=model,
+                              tokenizer=tokenizer, peft_config=peft_config)
+        self.model, self.tokenizer, self.policy = models.model, models.tokenizer, models.policy
+        self.reference, self.teacher = models.reference, models.teacher
+        parts = build_components(config, models, self.loss_fn, advantage_fn, reward_funcs, dist=dist,
+                                 precision=self.precision, run_dir=self.run_dir.path,
+                                 checkpoints=self.run_dir.checkpoints, train_dataset=train_dataset,
+                                 eval_dataset=eval_dataset, score_old=score_old)
+        self.scorer, self.rollouts, self.evaluator = parts.scorer, parts.rollouts, parts.evaluator
+        self.optimizer, self.checkpointer, self.logger = parts.optimizer, parts.checkpointer, parts.logger
+        self._python_rewards, self._reward_names = parts.python_rewards, parts.reward_names
         self.step = 0
         self._saved_step = -1
         self._pending_row: dict[str, Any] | None = None  # the resumed checkpoint's step's row, missing from the file
-
-    def _check_inputs(self) -> bool:
-        """Refuse, before the model loads, what the run cannot give the loss; returns whether the generation batch
-        is scored for old log-probs (when the data can be stale, and for a rejection's counts; never when the
-        loss takes its old policy from the sampler: bypass mode, the log-linear proximal policy). Sets
-        ``_drops_tokens``: the loss's rejection removes tokens from the counts (not in bypass mode)."""
-        from rlzoo.trainer.teacher import check_teacher
-
-        config, loss_fn, required = self.config, self.loss_fn, self.required
-        unknown = sorted(required - TRAINER_FIELDS)
-        if unknown:
-            raise ValueError(f"this loss needs PolicyBatch.{', '.join(unknown)}, which the trainer does not provide "
-                             f"(it provides {', '.join(sorted(TRAINER_FIELDS))}); drop the option that asks for it")
-        sampler_is_old = loss_fn.bypass_mode or loss_fn.prox_logp_method == "loglinear"
-        rejects = any(isinstance(p, Rejection) for p in loss_fn.parts())
-        if rejects and loss_fn.prox_logp_method == "loglinear":
-            raise ValueError("a rollout rejection (rollout_rs, m2po) with prox_logp_method='loglinear' judges tokens "
-                             "by the current policy, so the step's counts are not known before its forward passes: "
-                             "use prox_logp_method='recompute' or drop the rejection")
-        check_teacher(config.teacher, "teacher_logprobs" in required)
-        check_parallelism(config.section(ParallelConfig), dist=self.dist, device=self.precision.device,
-                          backend=config.backend)
-        self._drops_tokens = rejects and not loss_fn.bypass_mode  # the counts lose tokens (not so in bypass mode)
-        rollout_config = config.section(RolloutConfig)
-        completions = rollout_config.generation_batch_size * self.dist.world_size
-        if config.use_kl_in_reward and config.kl_ctrl == "adaptive" and config.kl_horizon * 5 <= completions:
-            raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
-                             f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
-                             "horizon can drive beta to 0 or below")
-        return (rollout_config.old_logprobs_needed or rejects) and not sampler_is_old
-
-    def _build_models(self, *, model: Any, tokenizer: Any, peft_config: Any) -> None:
-        """The policy (and its tokenizer), the reference and the teacher, as the ranks hold them."""
-        from rlzoo.trainer.adapters import build_policy
-        from rlzoo.trainer.teacher import load_teacher
-
-        config, dist, precision = self.config, self.dist, self.precision
-        parallel = config.section(ParallelConfig)
-        self.model, self.tokenizer, reference = build_policy(  # dropout off: the first ratio is exactly 1
-            config.section(ModelConfig), config.section(AdapterConfig), dtype=precision.param_dtype,
-            device=precision.device, model=model,
-            needs_reference="ref_logprobs" in self.required or config.use_kl_in_reward,
-            tokenizer=tokenizer, peft_config=peft_config)
-        if config.gradient_checkpointing:
-            enable_activation_checkpointing(self.model)
-        if dist.enabled and self.loss_fn.batch_coupled and dist.is_main:
-            log.warning("loss %s selects tokens from statistics of the batch it is given (clip_cov / kl_cov / "
-                        "top_entropy_quantile): under torchrun each rank computes them on its own share",
-                        self.loss_fn.name or "custom")
-        self.policy = ParallelModel(self.model, dist=dist, config=parallel, precision=precision)
-        if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
-            self.reference: Any = AdapterDisabled(self.model, module=self.policy.module)
-        else:
-            self.reference = reference and ParallelModel(reference, dist=dist, config=parallel,
-                                                         precision=precision, trainable=False)
-        self.teacher = config.teacher and ParallelModel(
-            load_teacher(config.teacher, tokenizer=self.tokenizer, dtype=precision.param_dtype,
-                         device=precision.device), dist=dist, config=parallel, precision=precision,
-            trainable=False)
-
-    def _build_components(self, advantage_fn: Any, reward_funcs: Sequence[Callable[..., list[float | None]]], *,
-                          train_dataset: Any, eval_dataset: Any, score_old: bool) -> None:
-        """The task, rewards, scorer, rollout source, evaluator, optimizer step, checkpointer and metrics logger,
-        each from its own config section."""
-        from rlzoo.trainer.rewards import build_rewards
-        from rlzoo.trainer.tasks import build_task
-
-        config, dist, precision, required = self.config, self.dist, self.precision, self.required
-        task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
-        rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
-                                device=precision.device)
-        self._python_rewards = list(rewards.names[len(config.reward_funcs):])  # a checkpoint records their names
-        self._reward_names = list(rewards.names)
-        trackers = (Trackers(config.section(TrackingConfig), output_dir=self.run_dir.path, settings=config.to_dict())
-                    if dist.is_main else None)
-        completion_log = CompletionLog(self.run_dir.path, tokenizer=self.tokenizer, reward_names=rewards.names,
-                                       trackers=trackers, dist=dist) if config.log_completions else None
-        rollout_config = config.section(RolloutConfig)
-        self.scorer = Scorer(config.section(ScorerConfig), precision=precision, temperature=config.temperature,
-                             micro_batch_size=config.per_device_train_batch_size,
-                             gradient_checkpointing=config.gradient_checkpointing, with_entropy="entropies" in required,
-                             share_prefix=(config.share_prompt_prefix and not config.gradient_checkpointing
-                                           and not self.policy.sharded))
-        generator = build_generator(rollout_config, self.model, self.tokenizer, share_prefix=self.scorer.share_prefix,
-                                    seed=config.seed, precision=precision,
-                                    rollout_logprobs="rollout_logprobs" in required)
-        self.rollouts = RolloutSource(
-            rollout_config, config.section(RewardConfig), task=task, rewards=rewards, advantage_fn=advantage_fn,
-            scorer=self.scorer, generator=generator, tokenizer=self.tokenizer, policy=self.policy,
-            reference=(self.reference if isinstance(self.reference, AdapterDisabled)
-                       else self.reference and self.reference.module),
-            precision=precision, seed=config.seed, dist=dist, completion_log=completion_log,
-            teacher=self.teacher and self.teacher.module,
-            kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None,
-            old_logprobs=score_old)
-        eval_generator = HFGenerator(self.tokenizer, max_completion_length=config.max_completion_length,
-                                     max_prompt_length=config.max_prompt_length, share_prefix=False)
-        self.evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=self.tokenizer,
-                                   generator=eval_generator, precision=precision, dist=dist,
-                                   progress=config.progress and dist.is_main)
-        self.optimizer = OptimizerStep(config.section(OptimizerConfig), self.policy.module, max_steps=config.max_steps)
-        self.checkpointer = Checkpointer(config.section(CheckpointConfig), self.run_dir.checkpoints)
-        self.logger = MetricsLogger(self.run_dir.path, max_steps=config.max_steps, progress=config.progress,
-                                    writes=dist.is_main, trackers=trackers, title=self._title(task.task.name))
 
     @property
     def output_dir(self) -> Path:
@@ -264,14 +146,6 @@ class Trainer:
         task = Path(self.config.task).stem or self.config.task.replace("/", "-")
         task = "dataset" if train_dataset is not None else task
         return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-    def _title(self, task: str) -> str:
-        """The plot's title: loss, task and model; a local file or directory by its name, not its whole path."""
-        def short(name: str) -> str:
-            return Path(name).name if ("/" in name or "\\" in name) and Path(name).exists() else name
-
-        adapter = " + LoRA" if self.config.peft is not None else ""
-        return f"{self.loss_fn.name or 'custom loss'} on {short(task)} - {short(self.config.model)}{adapter}"
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, Any]]:
