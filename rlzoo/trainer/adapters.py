@@ -44,9 +44,10 @@ def causal_lm(model: Any) -> Any:
 def lora_config(options: Mapping[str, Any]) -> Any:
     """A ``peft.LoraConfig`` (task ``CAUSAL_LM``) from the ``--peft.NAME VALUE`` options.
 
-    Each value is checked against the type ``LoraConfig`` declares for its field (``beartype.door.is_bearable``,
-    an int accepted for a float), so a typo fails here, before the model loads, instead of deep inside peft or,
-    worse, silently (``--peft.use_dora yes`` would otherwise be stored and read as true).
+    Each value is checked against the type ``LoraConfig`` declares for its field (:func:`_fits`: every item of a
+    list, an int accepted for a float, a bool never for a number), so a typo fails here, before the model loads,
+    instead of deep inside peft or, worse, silently (``--peft.use_dora yes`` would otherwise be stored and read
+    as true).
 
     Raises:
         ImportError: peft is not installed (names the extra to install).
@@ -59,20 +60,15 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         from peft import LoraConfig
     except ImportError as err:
         raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
-    from beartype import BeartypeConf
-    from beartype.door import is_bearable
-
     fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise ValueError(f"unknown --peft option(s) {unknown}; the fields of peft.LoraConfig: {', '.join(fields)}")
-    hints, tower = typing.get_type_hints(LoraConfig), BeartypeConf(is_pep484_tower=True)  # an int is a float
+    hints = typing.get_type_hints(LoraConfig)
     hints["lora_alpha"] = float  # declared int, used only as the scale lora_alpha / r: 16.0 and 0.5 work in peft
     for name, value in options.items():
         hint = hints.get(name, Any)
-        numeric = hint in (int, float)  # bool is an int to Python, never a rank or a scale to a user
-        if (numeric and isinstance(value, bool)) or not (is_bearable(value, hint, conf=tower)
-                                                         or _is_pattern_choice(value, hint)):
+        if not (_fits(value, hint) or _is_pattern_choice(value, hint)):
             raise ValueError(f"--peft.{name} takes {_type_name(hint)}, got {value!r}")
     if options.get("r", 1) <= 0:
         raise ValueError(f"--peft.r must be a positive integer (the adapter's rank), got {options['r']}")
@@ -80,6 +76,37 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
     except (TypeError, ValueError) as err:  # peft's own checks of option combinations
         raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (parsed from a flag or a config file: None, bool, int, float, str, list, dict) has type
+    ``hint``, checking every item of a container. A bool is no int or float (Python's subclassing aside: never a
+    rank or a scale to a user); an int is a float. A class hint other than these takes an instance of it."""
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is type(None) or hint is None:
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin in (list, tuple):  # a JSON or YAML list stands for a tuple too
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(args) == len(value) and all(map(_fits, value, args))
+        return not args or all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and (not args or all(_fits(k, args[0]) and _fits(v, args[1])
+                                                            for k, v in value.items()))
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin or hint)
 
 
 def _is_pattern_choice(value: Any, hint: Any) -> bool:
