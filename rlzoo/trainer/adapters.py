@@ -12,6 +12,7 @@ base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads suc
 
 import contextlib
 import dataclasses
+import math
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -72,6 +73,10 @@ def lora_config(options: Mapping[str, Any]) -> Any:
             raise ValueError(f"--peft.{name} takes {_type_name(hint)}, got {value!r}")
     if options.get("r", 1) <= 0:
         raise ValueError(f"--peft.r must be a positive integer (the adapter's rank), got {options['r']}")
+    alpha = options.get("lora_alpha", 1)
+    if not (math.isfinite(alpha) and alpha > 0):  # 0 scales the adapter away: training would change nothing
+        raise ValueError(f"--peft.lora_alpha must be a finite number > 0 (the adapter's scale is lora_alpha / r), "
+                         f"got {alpha}")
     try:
         return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
     except (TypeError, ValueError) as err:  # peft's own checks of option combinations
@@ -90,7 +95,7 @@ def _fits(value: Any, hint: Any) -> bool:
     if hint is type(None) or hint is None:
         return value is None
     if origin is typing.Literal:
-        return value in args
+        return any(type(value) is type(choice) and value == choice for choice in args)  # True is no 1 here
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, arg) for arg in args)
     if origin in (list, tuple):  # a JSON or YAML list stands for a tuple too
@@ -106,7 +111,10 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, origin or hint)
+    try:
+        return isinstance(value, origin or hint)
+    except TypeError:  # a hint isinstance cannot take (a NewType, a TypeVar...): peft checks the value itself
+        return True
 
 
 def _is_pattern_choice(value: Any, hint: Any) -> bool:

@@ -15,8 +15,8 @@ A signal while that stop is under way:
   the hard stop.
 
 A completed step's metrics row is written even when a signal cuts its evaluation short, except the last step's:
-its checkpoint precedes the final evaluation and carries the row, so a signal or a kill during that evaluation
-loses nothing: ``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
+its checkpoint precedes the final evaluation and carries the row, so a signal, an error or a kill during that
+evaluation loses nothing: ``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
 """
 
 import logging

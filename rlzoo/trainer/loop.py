@@ -6,7 +6,7 @@ so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every
 accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
 scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
 when due (the last step's checkpoint before its evaluation, which may take minutes; that checkpoint carries the
-step's metrics row, which a resume writes if a kill during the evaluation lost it). The loop never looks at the
+step's metrics row, which a resume writes if a signal, an error or a kill stopped the evaluation). The loop never looks at the
 loss's name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
 
 Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
@@ -80,7 +80,9 @@ class Trainer:
     Attributes:
         model, tokenizer: the policy (the Hugging Face model) and its tokenizer.
         policy, reference: the policy and the frozen reference (None unless the loss needs reference log-probs)
-            as the ranks hold them (:class:`~rlzoo.trainer.parallel.ParallelModel`: plain, DDP or FSDP2).
+            as the ranks hold them (:class:`~rlzoo.trainer.parallel.ParallelModel`: plain, DDP or FSDP2; for an
+            adapter run the reference is :class:`~rlzoo.trainer.adapters.AdapterDisabled`).
+        teacher: the ``--teacher`` model as the ranks hold it, or None.
         rollouts, scorer, optimizer, evaluator, checkpointer, logger, run_dir, dist: the run's components.
         step: optimizer steps taken.
 
@@ -248,7 +250,8 @@ class Trainer:
                 self.run_dir.abandon_after(self.step)
         if main:
             previous = read_metrics(source_run / "metrics.jsonl")[0] if source_run else []
-            self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step])
+            self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step],
+                             row_due=self._pending_row is not None)
             if checkpoint is None or self.step < self.config.max_steps:  # else --resume auto of a complete run
                 self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
                                           resumed_from=str(checkpoint) if checkpoint else None, changes=changes,

@@ -145,9 +145,10 @@ class MetricsLogger:
         """``OUTPUT_DIR/metrics.jsonl``."""
         return self.output_dir / "metrics.jsonl"
 
-    def open(self, step: int, previous: list[dict[str, Any]] | None = None) -> None:
+    def open(self, step: int, previous: list[dict[str, Any]] | None = None, *, row_due: bool = False) -> None:
         """Start logging at ``step``: read the rows already in the file (a torn last line is repaired) or
-        write ``previous`` (the rows of the run a checkpoint came from), then start the progress bar.
+        write ``previous`` (the rows of the run a checkpoint came from), then start the progress bar (at
+        ``step - 1`` when ``row_due``: the resumed checkpoint's step has no row yet, and writing it advances the bar).
 
         Raises:
             ValueError: from :func:`read_metrics`.
@@ -164,9 +165,8 @@ class MetricsLogger:
             from tqdm.auto import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            logged = max((r["step"] for r in rows if "loss" in r and r.get("step", 0) <= step), default=0)
-            self._bar = tqdm(total=self.max_steps, initial=logged, desc="train", unit="step",  # a missing row of
-                             dynamic_ncols=True)                                              # `step` is still due
+            self._bar = tqdm(total=self.max_steps, initial=step - row_due, desc="train", unit="step",
+                             dynamic_ncols=True)
             self._redirect = contextlib.ExitStack()
             self._redirect.enter_context(logging_redirect_tqdm())  # records print once, above the bar
 

@@ -116,6 +116,8 @@ def test_bad_lora_options_name_the_field(tmp_path):
                              ({"r": True}, "--peft.r takes int, got True"),
                              ({"r": 0}, "--peft.r must be a positive integer (the adapter's rank), got 0"),
                              ({"lora_alpha": "abc"}, "--peft.lora_alpha takes float, got 'abc'"),
+                             ({"lora_alpha": 0}, ("--peft.lora_alpha must be a finite number > 0 (the adapter's "
+                                                 "scale is lora_alpha / r), got 0")),
                              ({"use_dora": "yes_please"}, "--peft.use_dora takes bool, got 'yes_please'"),
                              ({"bias": "some"}, "--peft.bias takes one of 'none', 'all', 'lora_only', got 'some'"),
                              ({"layers_to_transform": [1, "a"]},
@@ -129,6 +131,26 @@ def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="adapter on the output layer"):
         Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ["q_proj", "lm_head"]}},
                             output_dir=str(tmp_path / "run2")))
+
+
+@pytest.mark.parametrize(("field", "value", "fits"), [
+    ("layers_to_transform", [1, 2], True), ("layers_to_transform", 3, True), ("layers_to_transform", None, True),
+    ("layers_to_transform", [1, "a"], False), ("layers_to_transform", [1, True], False),  # every item, bool no int
+    ("layers_to_transform", [[1]], False),
+    ("layer_replication", [[0, 4], [2, 6]], True), ("layer_replication", [[0, 4, 5]], False),  # list[tuple[int, int]]
+    ("trainable_token_indices", {"embed": [1, 2]}, True), ("trainable_token_indices", {"embed": [1, "x"]}, False),
+    ("lora_dropout", 0, True), ("lora_dropout", True, False), ("r", 16.0, False), ("use_dora", 1, False),
+    ("bias", "none", True), ("bias", None, False), ("init_lora_weights", 1, False), ("init_lora_weights", False, True),
+    ("modules_to_save", ["lm_head"], True), ("modules_to_save", "lm_head", False),
+])
+def test_lora_option_types_are_checked_item_by_item(field, value, fits):
+    """What rlzoo's own checker says of values a flag or a YAML / JSON file parses to, against peft.LoraConfig's
+    declared types (beartype's is_bearable samples one item of a list: [1, 'a'] passed half the time)."""
+    import typing
+
+    from rlzoo.trainer.adapters import _fits
+
+    assert _fits(value, typing.get_type_hints(LoraConfig)[field]) is fits
 
 
 @pytest.mark.slow
