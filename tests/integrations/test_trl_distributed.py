@@ -85,7 +85,13 @@ def worker(out: Path) -> None:
             for b, n, loss in recorder.calls
         ]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
-    torch.distributed.destroy_process_group()
+    torch.distributed.barrier()
+    # Out without tearing down: torch 2.13 can deadlock freeing DDP's Reducer after training (the main thread,
+    # holding the GIL, joins gloo's threads in ~ProcessGroupGloo while one of them frees a finished all-gather's
+    # Python tensor and waits for the GIL), which hung this launch until its timeout. Both ranks' files are written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
