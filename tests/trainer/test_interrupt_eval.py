@@ -1,6 +1,8 @@
 """A signal during an evaluation abandons it (a 200-problem evaluation of a real model takes minutes): the run
-stops at once with the usual exit code, and no partial accuracy is logged."""
+stops at once with the usual exit code, and no partial accuracy is logged; the final evaluation is run again by
+the resume."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -34,11 +36,14 @@ def test_sigint_during_the_step0_evaluation_abandons_it(tmp_path):
 
 
 @pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["once", "twice"])
-def test_a_signal_during_the_final_evaluation_keeps_the_last_steps_row_and_checkpoint(tmp_path, signals):
+def test_a_signal_during_the_final_evaluation_keeps_the_checkpoint_and_leaves_the_row_to_the_resume(tmp_path,
+                                                                                                    signals):
     """The last step is complete when its evaluation starts (minutes on a real model): one signal abandons the
     evaluation and the run exits 143 (SIGTERM); a second one stops at once (KeyboardInterrupt, exit 130). Either
-    way metrics.jsonl holds the last step's row (without evaluation metrics) and its checkpoint is written, so no
-    training is lost (save_steps 10 would not have saved step 2)."""
+    way the last step's checkpoint is written (save_steps 10 would not have saved step 2) and carries the step's
+    row, which is not written without its evaluation: ``--resume latest`` runs the final evaluation and writes
+    it (it used to be written without one, and the resume then said "nothing to train": the final accuracy was
+    lost for good under a preemption)."""
     run = tmp_path / "run"
     config = TrainConfig(model="tiny-random", num_generations=4, per_device_train_batch_size=8,
                          max_completion_length=4, eval_size=8, eval_batch_size=2, progress=False, max_steps=2,
@@ -60,7 +65,12 @@ def test_a_signal_during_the_final_evaluation_keeps_the_last_steps_row_and_check
     if len(signals) == 1:
         assert (stop.value.step, stop.value.exit_code) == (2, 143)
     assert len(batches) == 1  # the evaluation was cut short
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [0, 1, 2]
-    assert "loss" in rows[-1] and "eval/accuracy" not in rows[-1]
+
+    def rows():
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert [row["step"] for row in rows()] == [0, 1]
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
+    Trainer(dataclasses.replace(config, resume="latest")).train()
+    assert [row["step"] for row in rows()] == [0, 1, 2]
+    assert "loss" in rows()[-1] and "eval/accuracy" in rows()[-1]

@@ -84,28 +84,6 @@ def test_a_row_torn_by_a_kill_after_the_final_evaluation_is_rewritten_identicall
     assert (run / "metrics.jsonl").read_text() == whole
 
 
-def test_a_sigterm_during_the_final_evaluation_leaves_the_row_to_the_resume(tmp_path):
-    """A preemption (SIGTERM) during the final evaluation abandons it; the row is not written without its
-    evaluation (it was, and the resume then said "nothing to train": the final accuracy was lost for good) but
-    left to the resume, which evaluates and writes it."""
-    run = tmp_path / "run"
-    trainer = Trainer(TrainConfig(**{**TINY, "eval_batch_size": 1}, output_dir=str(run)))  # 2 batches: abandoned
-    generate = trainer.evaluator.generator.generate                                       # before the second
-
-    def preempted(*args, **kwargs):
-        if trainer.step == 2:  # the final evaluation's first batch
-            os.kill(os.getpid(), signal.SIGTERM)
-        return generate(*args, **kwargs)
-
-    trainer.evaluator.generator.generate = preempted
-    with pytest.raises(RunInterrupted, match="after step 2"):
-        trainer.train()
-    assert [r["step"] for r in _rows(run)] == [0, 1] and _checkpoints(run) == ["step-000002"]
-    Trainer(TrainConfig(**{**TINY, "eval_batch_size": 1}, output_dir=str(run), resume="latest")).train()
-    rows = _rows(run)
-    assert [r["step"] for r in rows] == [0, 1, 2] and "eval/accuracy" in rows[-1]
-
-
 def test_a_step0_checkpoint_after_the_step0_evaluation_does_not_log_it_twice(tmp_path):
     """A signal right after the step-0 evaluation checkpoints step 0 (nothing trained); its resume does not
     evaluate step 0 again (one row per step)."""
