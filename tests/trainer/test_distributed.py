@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -190,3 +191,36 @@ def test_a_killed_rank_ends_the_job_and_the_run_resumes(tmp_path):
                             "per_device_train_batch_size": 8, "output_dir": str(run), "resume": "latest"})
     history = Trainer(config, reward_funcs=[digit_fraction]).train()
     assert [row["step"] for row in history] == [1, 2, 3, 4]
+
+
+def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_path):
+    """The README's ``torchrun --nproc_per_node 2 -m rlzoo train`` runs to its end (exit 0, one metrics row per
+    step, written by rank 0 alone), and each rank has destroyed the process group when the interpreter starts its
+    exit: an ``atexit`` probe, registered by the reward module, records ``dist.is_initialized()``. (Left to the
+    interpreter's exit, torch 2.13's gloo teardown can deadlock; NCCL warns.)"""
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(f"""
+        import atexit, os
+        import torch.distributed as dist
+
+        def _record():
+            with open({str(tmp_path)!r} + "/exit-" + os.environ["RANK"], "w") as out:
+                out.write(str(dist.is_initialized()))
+
+        atexit.register(_record)
+
+        def length(prompts, completions, **kwargs):
+            return [float(len(c)) for c in completions]
+        """))
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "rlzoo", "train", "--model", "tiny-random", "--num-generations", "4",
+                           "--per-device-train-batch-size", "4", "--max-completion-length", "4", "--eval-size", "0",
+                           "--no-progress", "--max-steps", "2", "--reward-funcs", f"{probe}:length",
+                           "--output-dir", str(run)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert [(tmp_path / f"exit-{rank}").read_text() for rank in (0, 1)] == ["False", "False"]
