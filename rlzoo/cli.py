@@ -286,9 +286,14 @@ def _cmd_plot(argv: Sequence[str]) -> int:
 def _cmd_train(argv: Sequence[str]) -> int:
     from rlzoo.trainer import train
     from rlzoo.trainer.distributed import leave_process_group
+    from rlzoo.trainer.interrupts import RunInterrupted
 
     config = parse_train_args(argv)
-    history = train(config)
+    try:
+        history = train(config)
+    except RunInterrupted:  # the ranks agreed to stop after the same step: they leave together too
+        leave_process_group()
+        raise
     leave_process_group()  # under torchrun: every rank leaves the group together before the interpreter exits
     evals = [r for r in history if r.get("eval/accuracy") is not None]
     if evals and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
