@@ -27,7 +27,7 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.generation import Generated
 from rlzoo.trainer.rollout import Rollout
 
-__all__ = ["Group", "GroupKey", "assemble", "select_groups", "split_globally"]
+__all__ = ["Group", "GroupKey", "assemble", "select_groups", "split_generation_batch", "split_globally"]
 
 Group = tuple[Generated, int, Tensor, Tensor, dict[str, list[Any]]]
 """A prompt group: ``(generation, its prompt row, rewards Float[G, K], combined reward Float[G], extra)``; ``extra``:
@@ -161,6 +161,26 @@ def split_globally(rollout: Rollout, parts: int, *, generator: torch.Generator, 
         raise ValueError(f"a micro-batch of {size} completions cannot be split over {world} ranks")
     mine = torch.arange(dist.rank * size // world, (dist.rank + 1) * size // world)
     return [mb.select(mine) for mb in micro_batches]
+
+
+def split_generation_batch(rollout: Rollout, parts: int, *, gradient_accumulation_steps: int,
+                           generator: torch.Generator, group_size: int, pad_token_id: int,
+                           dist: Distributed) -> list[Rollout]:
+    """This rank's ``parts`` micro-batches of a generation batch. When a pass over them does not fit in whole
+    optimizer steps (``gradient_accumulation_steps`` not a multiple of ``parts``: it spans several steps, or a step
+    ends inside it), the whole batch is shuffled as one process does (:func:`split_globally`), so that which
+    completions share a step does not depend on the number of ranks; otherwise each pass lies in one step and each
+    rank shuffles its own share (:meth:`Rollout.split`: no communication).
+
+    Args: as :func:`split_globally`'s, plus ``gradient_accumulation_steps`` (micro-batches per optimizer step).
+
+    Raises:
+        ValueError: as :func:`split_globally`.
+    """
+    if gradient_accumulation_steps % parts:
+        return split_globally(rollout, parts, generator=generator, group_size=group_size, pad_token_id=pad_token_id,
+                              dist=dist)
+    return rollout.split(parts, generator=generator, group_size=group_size)
 
 
 def _cpu(rollout: Rollout) -> dict[str, Any]:

@@ -16,7 +16,6 @@ keeps its own rows.
 """
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -28,11 +27,11 @@ from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
-from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_globally
+from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_generation_batch
 from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.rewards import RewardSet, nanstd
+from rlzoo.trainer.rewards import RewardSet
 from rlzoo.trainer.rollout import Rollout
 from rlzoo.trainer.scorer import Scorer
 from rlzoo.trainer.step_batch import OptimizerStepBatch
@@ -276,7 +275,10 @@ class RolloutSource:
                 if micro_batches:  # the step spans two generation batches: the new one's prompts get new ids
                     offset += cfg.prompts_per_generation
                 rollout, stats = self.generate()
-                self.buffer = self._split(rollout, spg)
+                self.buffer = split_generation_batch(
+                    rollout, spg, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                    generator=self.shuffle_generator, group_size=cfg.num_generations,
+                    pad_token_id=self._pad_token_id, dist=self.dist)
             micro_batches.append(self.buffer[self.micro_step % spg])
             offsets.append(offset)
             self.micro_step += 1
@@ -288,57 +290,10 @@ class RolloutSource:
     def _pad_token_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-    def _split(self, rollout: Rollout, spg: int) -> list[Rollout]:
-        """This rank's ``spg`` micro-batches of a generation batch. When a pass over them does not fit in whole
-        optimizer steps (``gradient_accumulation_steps`` not a multiple of ``spg``: it spans several steps, or a step
-        ends inside it), the whole batch is shuffled as one process does (:func:`split_globally`), so that which
-        completions share a step does not depend on the number of ranks; otherwise each pass lies in one step and
-        each rank shuffles its own share."""
-        if self.config.gradient_accumulation_steps % spg:
-            return split_globally(rollout, spg, generator=self.shuffle_generator, group_size=self.config.num_generations,
-                                  pad_token_id=self._pad_token_id, dist=self.dist)
-        return rollout.split(spg, generator=self.shuffle_generator, group_size=self.config.num_generations)
-
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
-        """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
-
-        The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
-        by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
-        micro-batch), so the statistics are those of one process. ``frac_reward_zero_std`` is the fraction of the
-        step's prompt groups whose rewards are all equal (TRL 1.16 ``GRPOTrainer``'s metric), each group found by its
-        global prompt id (the loss's ``group_index``), whichever ranks and micro-batches hold its completions.
-        """
-        micro_batches, parts = batch.micro_batches, []
-        fields = batch.loss_fields(frozenset({"group_index"}), world_size=self.dist.world_size)
-        for k, (mb, field) in enumerate(zip(micro_batches, fields, strict=True)):  # one row per completion, float64
-            columns = (mb.reward, mb.completion_mask.sum(-1), mb.is_truncated, torch.full_like(mb.reward, k),
-                       field["group_index"])
-            parts.append(torch.cat([torch.stack([c.double() for c in columns], 1), mb.rewards.double()], 1))
-        rows = self.dist.all_gather(torch.cat(parts))
-        rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
-        reward = rows[:, 0].to(micro_batches[0].reward.dtype)
-        lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
-        groups = torch.unique(rows[:, 4], return_inverse=True)[1]
-        lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(0, groups, reward, "amin")
-        highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(0, groups, reward, "amax")
-        metrics = {
-            "reward": float(reward.mean()),
-            "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
-            "frac_reward_zero_std": float((lowest == highest).float().mean()),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(truncated.mean()),
-            "num_tokens": self.dist.reduce_floats({"num_tokens": self.num_tokens})["num_tokens"],
-        }
-        terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
-        for stat in ("mean", "min", "max"):
-            metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
-        values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K]
-        for name, column in zip(self.rewards.names, values.T, strict=True):
-            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
-            metrics[f"rewards/{name}/std"] = float(nanstd(column))
-        return metrics
+        """The step's reward and length metrics over every rank (:meth:`OptimizerStepBatch.step_metrics`), with the
+        run's ``num_tokens`` so far."""
+        return batch.step_metrics(dist=self.dist, reward_names=self.rewards.names, num_tokens=self.num_tokens)
 
     def sync_weights(self) -> None:
         """Give the sampler the policy's new weights (after an optimizer step; a no-op for Hugging Face

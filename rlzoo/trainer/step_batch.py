@@ -2,7 +2,8 @@
 derived from the rollout (group ids, rewards, versions), the tokens the loss counts and the step's counts."""
 
 import dataclasses
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -10,6 +11,8 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from rlzoo.batch import LossMasker, Normalizer
+from rlzoo.trainer.distributed import Distributed
+from rlzoo.trainer.rewards import nanstd
 from rlzoo.trainer.rollout import Rollout
 
 __all__ = ["OptimizerStepBatch"]
@@ -91,3 +94,51 @@ class OptimizerStepBatch:
     def num_tokens(self) -> float:
         """Prompt + completion tokens processed by this step."""
         return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
+
+    def step_metrics(self, *, dist: Distributed, reward_names: Sequence[str], num_tokens: float) -> dict[str, float]:
+        """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
+
+        The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
+        by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
+        micro-batch), so the statistics are those of one process. ``frac_reward_zero_std`` is the fraction of the
+        step's prompt groups whose rewards are all equal (TRL 1.16 ``GRPOTrainer``'s metric), each group found by its
+        global prompt id (the loss's ``group_index``), whichever ranks and micro-batches hold its completions.
+        Every rank must call it (it all-gathers).
+
+        Args:
+            dist: the process group context (one process: the statistics of this batch alone).
+            reward_names: the reward functions' names, one per column of each micro-batch's ``rewards`` ``[N, K]``
+                (``rewards/NAME/mean`` and ``rewards/NAME/std``, NaN-skipping as TRL's).
+            num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
+        """
+        micro_batches, parts = self.micro_batches, []
+        fields = self.loss_fields(frozenset({"group_index"}), world_size=dist.world_size)
+        for k, (mb, field) in enumerate(zip(micro_batches, fields, strict=True)):  # one row per completion, float64
+            columns = (mb.reward, mb.completion_mask.sum(-1), mb.is_truncated, torch.full_like(mb.reward, k),
+                       field["group_index"])
+            parts.append(torch.cat([torch.stack([c.double() for c in columns], 1), mb.rewards.double()], 1))
+        rows = dist.all_gather(torch.cat(parts))
+        rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
+        reward = rows[:, 0].to(micro_batches[0].reward.dtype)
+        lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
+        groups = torch.unique(rows[:, 4], return_inverse=True)[1]
+        lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(0, groups, reward, "amin")
+        highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(0, groups, reward, "amax")
+        metrics = {
+            "reward": float(reward.mean()),
+            "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+            "frac_reward_zero_std": float((lowest == highest).float().mean()),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(truncated.mean()),
+            "num_tokens": dist.reduce_floats({"num_tokens": num_tokens})["num_tokens"],
+        }
+        terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
+        for stat in ("mean", "min", "max"):
+            metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
+        values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K]
+        for name, column in zip(reward_names, values.T, strict=True):
+            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
+            metrics[f"rewards/{name}/std"] = float(nanstd(column))
+        return metrics

@@ -3,18 +3,15 @@ shuffle of a generation batch that spans several optimizer steps, the ranks' sha
 process selects. Ranks are simulated by threads exchanging objects (the code under test only all-gathers)."""
 
 import threading
-from types import SimpleNamespace
 
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rlzoo.trainer.config import RolloutConfig
 from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.generation import Generated
-from rlzoo.trainer.group_shares import assemble, select_groups, split_globally
+from rlzoo.trainer.group_shares import assemble, select_groups, split_generation_batch, split_globally
 from rlzoo.trainer.rewards import RewardSet
-from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 
 G = 2  # completions per prompt
@@ -139,14 +136,6 @@ def test_a_generation_batch_is_shuffled_into_micro_batches_as_one_process_does(w
             assert torch.equal(mb.old_logprobs[:, 0], -tags.float())
 
 
-def _source(dist: Distributed) -> RolloutSource:
-    """A rollout source with only what :meth:`RolloutSource.batch_metrics` reads (no model, task or rewards)."""
-    source = object.__new__(RolloutSource)
-    source.config, source.dist, source.num_tokens = RolloutConfig(num_generations=G), dist, 0.0
-    source.rewards = SimpleNamespace(names=("r",))
-    return source
-
-
 @settings(max_examples=25, deadline=None)
 @given(world=st.sampled_from([2, 3]), per_rank=st.integers(1, 3), parts=st.sampled_from([2, 4]),
        accumulation=st.sampled_from([1, 2]), seed=st.integers(0, 2**16), data=st.data())
@@ -178,15 +167,13 @@ def test_step_metrics_of_groups_split_over_ranks_are_the_one_process_metrics(wor
 
     whole = assemble([scored(t) for t in range(world * per_rank)], pad_token_id=0, device=torch.device("cpu"))
     whole.advantages = whole.reward
-    one_process = _source(Distributed())
-    one = [one_process.batch_metrics(b) for b in steps(whole.split(parts, generator=torch.Generator().manual_seed(seed),
-                                                                  group_size=G))]
+    shuffled = whole.split(parts, generator=torch.Generator().manual_seed(seed), group_size=G)
+    one = [b.step_metrics(dist=Distributed(), reward_names=("r",), num_tokens=0.0) for b in steps(shuffled)]
 
     def ranks(d):
-        source = _source(d)
         mine = split_globally(share(d.rank), parts, generator=torch.Generator().manual_seed(seed), group_size=G,
                               pad_token_id=0, dist=d)
-        return [source.batch_metrics(b) for b in steps(mine)]
+        return [b.step_metrics(dist=d, reward_names=("r",), num_tokens=0.0) for b in steps(mine)]
 
     for metrics in on_ranks(world, ranks):
         assert metrics == one
@@ -234,18 +221,15 @@ def test_a_generation_batch_whose_pass_ends_inside_a_step_is_split_as_one_proces
         r.advantages = r.reward
         return r
 
-    def source(dist):
-        s = object.__new__(RolloutSource)
-        s.config = RolloutConfig(num_generations=G, gradient_accumulation_steps=accumulation,
-                                 steps_per_generation=spg, per_device_train_batch_size=n // world // spg)
-        s.dist, s.tokenizer, s.shuffle_generator = dist, SimpleNamespace(pad_token_id=0), torch.Generator()
-        s.shuffle_generator.manual_seed(seed)
-        return s
+    def split(rollout, dist):
+        return split_generation_batch(rollout, spg, gradient_accumulation_steps=accumulation,
+                                      generator=torch.Generator().manual_seed(seed), group_size=G, pad_token_id=0,
+                                      dist=dist)
 
     whole = assemble([group(t, 1) for t in range(world * per_rank)], pad_token_id=0, device=torch.device("cpu"))
     whole.advantages = whole.reward
-    one = source(Distributed())._split(whole, spg)
-    mine = on_ranks(world, lambda d: source(d)._split(share(d.rank), spg))
+    one = split(whole, Distributed())
+    mine = on_ranks(world, lambda d: split(share(d.rank), d))
     steps = range(0, 2 * spg - accumulation + 1, accumulation)  # two passes over the batch (num_iterations 2)
     for start in steps:
         indices = [k % spg for k in range(start, start + accumulation)]
