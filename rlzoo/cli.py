@@ -291,7 +291,9 @@ def _cmd_train(argv: Sequence[str]) -> int:
     config = parse_train_args(argv)
     try:
         history = train(config)
-    except RunInterrupted:  # the ranks agreed to stop after the same step: they leave together too
+    except (RunInterrupted, FloatingPointError):
+        # every rank stops after the same step (a signal agreed through an all-reduce, a non-finite reduced loss or
+        # gradient norm): they leave the process group together, as after a normal end
         leave_process_group()
         raise
     leave_process_group()  # under torchrun: every rank leaves the group together before the interpreter exits

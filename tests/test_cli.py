@@ -366,3 +366,31 @@ def test_eval_model_of_a_run_or_checkpoint_directory_points_to_run(tmp_path):
         main(["eval", "--model", str(run)])
     with pytest.raises(ValueError, match=f"is a checkpoint of a run, not a model: pass --model {checkpoint / 'model'}"):
         main(["eval", "--model", str(checkpoint)])
+
+
+@pytest.mark.parametrize("stop", ["finished", "signal", "non-finite", "other"])
+def test_rlzoo_train_leaves_the_process_group_when_every_rank_stops_together(stop, tmp_path, monkeypatch):
+    """A run that ends, or stops on every rank after the same step (RunInterrupted: a signal the ranks agreed on;
+    FloatingPointError: a non-finite reduced loss), leaves the torchrun process group before ``rlzoo train``
+    returns or re-raises (the 2-rank end-to-end case is tests/trainer/test_distributed.py's); any other error
+    does not (the other ranks would wait in the barrier)."""
+    from rlzoo.trainer.interrupts import RunInterrupted
+
+    errors = {"signal": RunInterrupted(15, 3, str(tmp_path)), "non-finite": FloatingPointError("step 3"),
+              "finished": None, "other": OSError("disk")}
+
+    def train(config):
+        if errors[stop] is not None:
+            raise errors[stop]
+        return []
+
+    left: list[int] = []
+    monkeypatch.setattr("rlzoo.trainer.train", train)
+    monkeypatch.setattr("rlzoo.trainer.distributed.leave_process_group", lambda: left.append(1))
+    argv = ["train", "--model", "tiny-random", "--output-dir", str(tmp_path / "run")]
+    if errors[stop] is None:
+        assert main(argv) == 0
+    else:
+        with pytest.raises(type(errors[stop])):
+            main(argv)
+    assert left == ([] if stop == "other" else [1])

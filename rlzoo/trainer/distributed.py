@@ -184,13 +184,18 @@ def init_distributed(*, timeout_s: int, device: str, shard: bool = False) -> Dis
 def leave_process_group() -> None:
     """Destroy the default process group after a barrier (every rank must call it); a no-op without one.
 
-    ``rlzoo train`` calls it when a run under torchrun ends normally or stops on a signal (the ranks agree to stop
-    after the same step), as PyTorch asks of every program that initialised a group (NCCL warns at exit otherwise).
+    ``rlzoo train`` calls it when a run under torchrun ends normally, stops on a signal or on a non-finite step (the
+    ranks agree to stop after the same step), as PyTorch asks of every program that initialised a group (NCCL warns
+    at exit otherwise).
     Tearing the group down here joins gloo's and NCCL's threads while Python runs normally, instead of in the
     interpreter's exit, where torch 2.13 can deadlock: the main thread joins gloo's threads in ``~ProcessGroupGloo``
     holding the GIL while a gloo thread waits for the GIL to free a finished collective's tensor (seen with py-spy
-    in a DDP process left to exit on its own). Not called after an error: a rank that failed would leave the others
-    in the barrier until ``distributed_timeout``.
+    in a DDP process left to exit on its own). Not called after an error that only some ranks meet: the others
+    would wait in the barrier until torchrun, seeing the failed rank exit, stops them (or ``distributed_timeout``
+    passes).
+
+    Raises:
+        RuntimeError: torch.distributed's error when a rank is gone or the barrier outlasts ``distributed_timeout``.
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

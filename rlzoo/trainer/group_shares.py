@@ -175,7 +175,8 @@ def split_generation_batch(rollout: Rollout, parts: int, *, gradient_accumulatio
     Args: as :func:`split_globally`'s, plus ``gradient_accumulation_steps`` (micro-batches per optimizer step).
 
     Raises:
-        ValueError: as :func:`split_globally`.
+        ValueError: the batch's completions do not split into ``parts`` equal micro-batches
+            (:meth:`Rollout.split`), or a micro-batch into ``world_size`` equal slices (:func:`split_globally`).
     """
     if gradient_accumulation_steps % parts:
         return split_globally(rollout, parts, generator=generator, group_size=group_size, pad_token_id=pad_token_id,

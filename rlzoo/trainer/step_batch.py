@@ -1,5 +1,6 @@
 """One optimizer step's micro-batches and what the loss gets from them besides the scored log-probs: the fields
-derived from the rollout (group ids, rewards, versions), the tokens the loss counts and the step's counts."""
+derived from the rollout (group ids, rewards, versions), the tokens the loss counts and the step's counts; and the
+step's reward and length metrics over every rank."""
 
 import dataclasses
 import math
@@ -110,6 +111,13 @@ class OptimizerStepBatch:
             reward_names: the reward functions' names, one per column of each micro-batch's ``rewards`` ``[N, K]``
                 (``rewards/NAME/mean`` and ``rewards/NAME/std``, NaN-skipping as TRL's).
             num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
+
+        Returns:
+            ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``completions/*`` lengths (tokens) and clipped
+            ratio, ``num_tokens``, and per reward function ``rewards/NAME/mean`` and ``rewards/NAME/std``.
+
+        Raises:
+            ValueError: ``reward_names`` does not name every column of the micro-batches' ``rewards``.
         """
         micro_batches, parts = self.micro_batches, []
         fields = self.loss_fields(frozenset({"group_index"}), world_size=dist.world_size)
