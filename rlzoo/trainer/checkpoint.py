@@ -37,7 +37,7 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "rank_states", "rng_state", "set_rng_state", "step_of"]
+__all__ = ["Checkpoint", "Checkpointer", "rank_states", "rng_state", "run_of", "set_rng_state", "step_of"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -85,6 +85,12 @@ def step_of(path: Path) -> int | None:
     """The step number of a ``step-N`` directory name, else None."""
     match = _STEP_DIR.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def run_of(path: str | Path) -> Path:
+    """The run directory holding the checkpoint ``path`` (``RUN/checkpoints/step-N`` -> ``RUN``, resolved): where
+    that run's ``metrics.jsonl`` and ``config.json`` are."""
+    return Path(path).resolve().parent.parent
 
 
 class Checkpointer:

@@ -28,7 +28,7 @@ import torch
 from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss
 from rlzoo.trainer.algorithm import build_loss
-from rlzoo.trainer.checkpoint import rank_states, rng_state, set_rng_state
+from rlzoo.trainer.checkpoint import rank_states, rng_state, run_of, set_rng_state
 from rlzoo.trainer.components import build_components, build_models, check_loss_inputs
 from rlzoo.trainer.config import (
     AlgorithmConfig,
@@ -245,7 +245,7 @@ class Trainer:
                                                     else None)
         if checkpoint is not None:
             changes = self.load_checkpoint(checkpoint)
-            source_run = checkpoint.resolve().parent.parent
+            source_run = run_of(checkpoint)
             if main and source_run == self.run_dir.path.resolve():
                 self.run_dir.abandon_after(self.step)
         if main:
@@ -332,7 +332,7 @@ class Trainer:
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         row_missing = checkpoint.row is not None and not self.dist.broadcast_object(  # the same on every rank
-            has_row(checkpoint.path.resolve().parent.parent / "metrics.jsonl", checkpoint.step)
+            has_row(run_of(checkpoint.path) / "metrics.jsonl", checkpoint.step)
             if self.dist.is_main else None)
         check_run_length(self.config.max_steps, checkpoint.step, path, auto=self.config.resume == "auto",
                          row_missing=row_missing)
