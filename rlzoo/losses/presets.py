@@ -63,6 +63,23 @@ class Preset:
         module = self.build.__module__
         return module.replace(".", "/") + ".py" if module.startswith("rlzoo.") else module
 
+    def reading(self) -> list[str]:
+        """The files a reader opens besides :attr:`source` to understand the preset, in pipeline order: the pipeline
+        that calls the parts (:meth:`PolicyLoss.__call__`; the off-policy path too when the loss takes it) and the
+        module of each active part defined outside the preset's own file, with the part's name
+        (``rlzoo/losses/surrogate.py (ppo_clip)``)."""
+        loss = self.build()
+        pipeline = ["rlzoo/losses/policy_loss.py (PolicyLoss.__call__)"]
+        if loss.off_policy:
+            pipeline.append("rlzoo/losses/off_policy.py (policy_loss)")
+        modules: dict[str, list[str]] = {}
+        for part in loss.parts():
+            module = type(part).__module__
+            if module != self.build.__module__:
+                modules.setdefault(module, []).append(part.registered_name())
+        parts = [f"{module.replace('.', '/')}.py ({', '.join(names)})" for module, names in modules.items()]
+        return [*pipeline, *parts]
+
     def provenance(self) -> str:
         """One paragraph: the paper (arXiv id) and the reference implementations the preset matches."""
         arxiv = f", arXiv:{self.arxiv}" if self.arxiv else ""
@@ -78,6 +95,7 @@ class Preset:
             f"advantage: {self.advantage}" + (f" {dict(self.advantage_options)}" if self.advantage_options else ""),
             f"source:    {self.source}"
             + (f" (parts: {', '.join(cls.registered_name() for cls in self.parts)})" if self.parts else ""),
+            "read with: " + "\n           ".join(self.reading()),
             "",
             self.formula,
             "",
@@ -197,6 +215,8 @@ def algorithms_markdown() -> str:
             "",
             f"- Matches: {p.matches}.",
             f"- Defined in: `{p.source}`.",
+            "- Read with: " + ", ".join(f"`{path}`" if " " not in path else f"`{path.split(' ', 1)[0]}` "
+                                         f"{path.split(' ', 1)[1]}" for path in p.reading()) + ".",
             f"- Recommended advantage: `{p.advantage}`" + (f" {dict(p.advantage_options)}" if p.advantage_options else "") + ".",
             "- Needs: `logprobs`, `advantages`, `completion_mask`"
             + "".join(f", `{f}`" for f in sorted(loss.required_fields())) + ".",

@@ -9,6 +9,7 @@ declared ``on_policy`` (:class:`rlzoo.losses.OnPolicy`), never from a list of cl
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,14 @@ def test_preset_card(name):
     for line in rlzoo.get_loss(name).describe().splitlines():
         assert line in card
     assert p.advantage in rlzoo.list_advantages()  # the trainer builds it by name
+    # the files to read with the preset's own exist, and name every active part defined elsewhere
+    root = Path(rlzoo.__file__).resolve().parents[1]
+    reading = p.reading()
+    assert all((root / line.split(" ", 1)[0]).is_file() for line in [p.source, *reading])
+    for part in rlzoo.get_loss(name).parts():
+        if type(part).__module__ != p.build.__module__:
+            assert any(f"{type(part).__module__.replace('.', '/')}.py (" in line and part.registered_name() in line
+                       for line in reading), (name, part)
 
 
 @pytest.mark.parametrize("name", PRESETS)
