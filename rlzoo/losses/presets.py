@@ -63,22 +63,21 @@ class Preset:
         module = self.build.__module__
         return module.replace(".", "/") + ".py" if module.startswith("rlzoo.") else module
 
-    def reading(self) -> list[str]:
-        """The files a reader opens besides :attr:`source` to understand the preset, in pipeline order: the pipeline
-        that calls the parts (:meth:`PolicyLoss.__call__`; the off-policy path too when the loss takes it) and the
-        module of each active part defined outside the preset's own file, with the part's name
-        (``rlzoo/losses/surrogate.py (ppo_clip)``)."""
+    def reading(self) -> list[tuple[str, str]]:
+        """The files a reader opens besides :attr:`source` to understand the preset, in pipeline order, each as
+        ``(path, what to read there)``: the pipeline that calls the parts (``PolicyLoss.__call__``; the off-policy
+        path too when the loss takes it) and the module of each active part defined outside the preset's own file,
+        with the parts' names (``("rlzoo/losses/surrogate.py", "ppo_clip")``)."""
         loss = self.build()
-        pipeline = ["rlzoo/losses/policy_loss.py (PolicyLoss.__call__)"]
+        files = [("rlzoo/losses/policy_loss.py", "PolicyLoss.__call__")]
         if loss.off_policy:
-            pipeline.append("rlzoo/losses/off_policy.py (policy_loss)")
+            files.append(("rlzoo/losses/off_policy.py", "policy_loss"))
         modules: dict[str, list[str]] = {}
         for part in loss.parts():
             module = type(part).__module__
             if module != self.build.__module__:
                 modules.setdefault(module, []).append(part.registered_name())
-        parts = [f"{module.replace('.', '/')}.py ({', '.join(names)})" for module, names in modules.items()]
-        return [*pipeline, *parts]
+        return files + [(module.replace(".", "/") + ".py", ", ".join(names)) for module, names in modules.items()]
 
     def provenance(self) -> str:
         """One paragraph: the paper (arXiv id) and the reference implementations the preset matches."""
@@ -95,7 +94,7 @@ class Preset:
             f"advantage: {self.advantage}" + (f" {dict(self.advantage_options)}" if self.advantage_options else ""),
             f"source:    {self.source}"
             + (f" (parts: {', '.join(cls.registered_name() for cls in self.parts)})" if self.parts else ""),
-            "read with: " + "\n           ".join(self.reading()),
+            "read with: " + "\n           ".join(f"{path} ({what})" for path, what in self.reading()),
             "",
             self.formula,
             "",
@@ -215,8 +214,7 @@ def algorithms_markdown() -> str:
             "",
             f"- Matches: {p.matches}.",
             f"- Defined in: `{p.source}`.",
-            "- Read with: " + ", ".join(f"`{path}`" if " " not in path else f"`{path.split(' ', 1)[0]}` "
-                                         f"{path.split(' ', 1)[1]}" for path in p.reading()) + ".",
+            "- Read with: " + ", ".join(f"`{path}` ({what})" for path, what in p.reading()) + ".",
             f"- Recommended advantage: `{p.advantage}`" + (f" {dict(p.advantage_options)}" if p.advantage_options else "") + ".",
             "- Needs: `logprobs`, `advantages`, `completion_mask`"
             + "".join(f", `{f}`" for f in sorted(loss.required_fields())) + ".",

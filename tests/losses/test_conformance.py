@@ -213,11 +213,11 @@ def test_preset_card(name):
     # the files to read with the preset's own exist, and name every active part defined elsewhere
     root = Path(rlzoo.__file__).resolve().parents[1]
     reading = p.reading()
-    assert all((root / line.split(" ", 1)[0]).is_file() for line in [p.source, *reading])
+    assert all((root / path).is_file() for path in [p.source, *(path for path, _ in reading)])
     for part in rlzoo.get_loss(name).parts():
         if type(part).__module__ != p.build.__module__:
-            assert any(f"{type(part).__module__.replace('.', '/')}.py (" in line and part.registered_name() in line
-                       for line in reading), (name, part)
+            assert any(path == type(part).__module__.replace(".", "/") + ".py" and part.registered_name() in what
+                       for path, what in reading), (name, part)
 
 
 @pytest.mark.parametrize("name", PRESETS)
