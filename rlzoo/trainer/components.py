@@ -130,8 +130,9 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
     if config.gradient_checkpointing:
         enable_activation_checkpointing(policy_model)
     if dist.enabled and loss_fn.batch_coupled and dist.is_main:
-        log.warning("loss %s selects tokens from statistics of the batch it is given (clip_cov / kl_cov / "
-                    "top_entropy_quantile): under torchrun each rank computes them on its own share",
+        log.warning("loss %s uses statistics of the batch it is given (clip_cov / kl_cov / top_entropy_quantile / "
+                    "M2PO's mask / rollout_is_batch_normalize): under torchrun each rank computes them on its own "
+                    "share",
                     loss_fn.name or "custom")
     policy = ParallelModel(policy_model, dist=dist, config=parallel, precision=precision)
     if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
