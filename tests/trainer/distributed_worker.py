@@ -87,7 +87,9 @@ def loss_sums(rank: int, world: int) -> dict:
 
     import rlzoo
     from rlzoo.losses import aggregations
+    from rlzoo.trainer.distributed import Distributed
 
+    group = Distributed(rank=rank, world_size=world, initialized=True)
     worst: dict = {"value": 0.0, "grad": 0.0, "cases": 0}
     for preset in rlzoo.list_losses():
         for aggregation in aggregations.names():
@@ -127,16 +129,7 @@ def loss_sums(rank: int, world: int) -> dict:
                 mine_fields["completion_mask"], group_index=None if groups is None else [groups],
                 num_groups=None if groups is None else int(fields["group_index"].max()) + 1,
                 rewards=None if rewards is None else [rewards])
-            counts = torch.stack([torch.as_tensor(local.num_tokens, dtype=torch.float64),
-                                  torch.as_tensor(local.num_sequences, dtype=torch.float64),
-                                  torch.as_tensor(local.num_positive_tokens or 0, dtype=torch.float64)])
-            dist.all_reduce(counts)
-            group_counts = None
-            if local.group_num_tokens is not None:  # every count is a sum over sequences: all-reduce it
-                group_counts = local.group_num_tokens.clone()
-                dist.all_reduce(group_counts)
-            normalizer = rlzoo.Normalizer(num_tokens=counts[0], num_sequences=counts[1], group_num_tokens=group_counts,
-                                          num_positive_tokens=None if rewards is None else counts[2])
+            normalizer = group.normalizer(local)  # the trainer's one all-reduce of the counts
             out = loss_fn(rlzoo.PolicyBatch(logprobs=mine_lp[rows], **mine_fields), normalizer=normalizer)
             (out.loss * world).backward()  # what DDP's averaging is compensated with
             value = out.loss.detach().clone()
