@@ -66,7 +66,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     a progress bar over the problems, for long evaluations).
 
     Under torchrun each rank decodes its strided share of the problems and the scores are summed over the
-    ranks (every rank returns the same accuracy; the samples are rank 0's).
+    ranks (every rank returns the same accuracy; the samples are rank 0's). Every rank calls ``generate`` equally
+    often: a rank whose share ran out decodes one problem it does not score, since under FSDP2 Hugging Face's
+    ``generate`` synchronises the ranks at every decoding step (``synced_gpus``: one all-reduce per token), so
+    an uneven number of calls (e.g. 5 problems, 2 ranks, batches of 2) crashed gloo or would hang NCCL.
 
     Raises:
         EvaluationAbandoned: ``should_stop()`` (asked before every batch, agreed over the ranks) said so, e.g. a
@@ -84,7 +87,8 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
                 bar.close()
             raise EvaluationAbandoned
         chunk = items[start:start + batch_size]
-        if not chunk:
+        if not chunk:  # a shorter share: still generate (on a problem left unscored), as often as the others do
+            gen = generator.generate(model, [task.prompt(tokenizer, everything[0])], 1, greedy=True)
             continue
         if bar is not None:
             bar.update(len(chunk))

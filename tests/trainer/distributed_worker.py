@@ -64,6 +64,22 @@ def run_case(out: Path, name: str, parallelism: str, per_device: int, **extra) -
             "gradient_all_reduces": reductions and reductions[0]}
 
 
+EVAL = {"algorithm": "dapo", "eval_size": 5, "eval_batch_size": 2, "max_steps": 1}
+"""The held-out evaluation case: 5 problems, an uneven split over 2 ranks (3 and 2), batches of 2."""
+
+
+def eval_rows(out: Path, parallelism: str, per_device: int) -> list[dict]:
+    """The evaluation rows (step 0 and the last step) of a 1-step run with :data:`EVAL`: accuracy and its Wilson
+    interval, which depends on the number of problems scored (a rank's share alone would widen it)."""
+    from rlzoo.trainer import TrainConfig, Trainer
+
+    config = TrainConfig(**{**TINY, **EVAL, "per_device_train_batch_size": per_device, "parallelism": parallelism,
+                            "output_dir": str(out / f"eval-{parallelism}")})
+    history = Trainer(config, reward_funcs=[digit_fraction]).train()
+    return [{k: row[k] for k in ("step", "eval/accuracy", "eval/ci_low", "eval/ci_high")}
+            for row in history if row.get("eval/accuracy") is not None]
+
+
 def count_gradient_all_reduces(trainer) -> list[int]:
     """A DDP communication hook that all-reduces as DDP does and counts the backward passes that reduced (its
     first bucket's reductions): one per optimizer step under ``no_sync`` accumulation."""
@@ -203,6 +219,7 @@ def main() -> None:
     results["resume"] = {"full": full, "resumed": resumed, "checkpoint": str(checkpoint)}
     results["older_checkpoint"] = older_checkpoint(out, rank)
     results["loss_sums"] = loss_sums(rank, world)
+    results["eval"] = {parallelism: eval_rows(out, parallelism, per_device=4) for parallelism in ("ddp", "fsdp")}
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))
 

@@ -111,6 +111,19 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
         _assert_same_run(two_ranks["dapo-fsdp-checkpointing"], history, trainer)
 
 
+def test_held_out_evaluation_is_sharded_over_ranks_and_reduced(two_ranks, tmp_path):
+    """5 held-out problems split 3 / 2 over the ranks (greedy, batches of 2; under FSDP2 from the gathered model):
+    the step-0 and final accuracies and their Wilson intervals (which depend on the number of problems scored, so
+    a rank's share alone would show) are one process's."""
+    from distributed_worker import EVAL, eval_rows
+
+    assert EVAL["eval_size"] % 2 == 1  # an uneven split
+    one = eval_rows(tmp_path, "ddp", per_device=8)
+    assert [row["step"] for row in one] == [0, 1]
+    for parallelism in ("ddp", "fsdp"):
+        assert two_ranks["eval"][parallelism] == one, parallelism  # sums of 0 / 1 scores and counts: exact
+
+
 def test_every_preset_and_aggregation_sums_over_ranks(two_ranks):
     """Each rank's loss on its half with the all-reduced Normalizer, times 2 and averaged as DDP does, sums to
     the one-process loss and gradient (float64), prompt-mean (groups cut by the rank split, group counts
