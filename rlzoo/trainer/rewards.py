@@ -28,6 +28,7 @@ Notation: ``N`` completions, ``K`` reward functions.
 import asyncio
 import collections
 import dataclasses
+import functools
 import inspect
 import math
 import numbers
@@ -36,6 +37,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -90,6 +92,10 @@ class RewardOutput:
 
 
 def _function_name(fn: Any) -> str:
+    """The name a reward's metrics go under: a ``functools.partial`` by the function it wraps (as TRL 1.16's
+    ``get_callable_name``), else ``__name__`` or the class name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
@@ -361,7 +367,7 @@ def build_rewards(config: RewardConfig, extra: Sequence[RewardFunction], *, task
 def _check_values(values: Any, n: int, name: str) -> list[float]:
     """Validate one function's output; None -> NaN."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        if isinstance(values, Tensor) and values.ndim == 1:
+        if isinstance(values, Tensor | np.ndarray) and values.ndim == 1:  # TRL iterates whatever is returned
             values = values.tolist()
         else:
             raise RewardFunctionError(

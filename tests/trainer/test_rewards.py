@@ -255,3 +255,22 @@ def test_duplicate_names_are_made_unique():
     assert rs.names == ("const_1", "const_1_2", "const_1_3")
     with pytest.raises(ValueError, match="distinct"):
         RewardSet((constant(1), constant(2)), names=("a", "a"))
+
+
+def test_numpy_arrays_are_rewards_and_partials_are_named_by_their_function():
+    """TRL iterates whatever a reward function returns (a 1-D numpy array works there) and names a
+    ``functools.partial`` by the function it wraps (``get_callable_name``): the metrics go under that name."""
+    import functools
+
+    import numpy as np
+    from trl.trainer.utils import get_callable_name
+
+    def scaled(prompts, completions, scale=1.0, **kwargs):
+        return np.array([scale * len(c) for c in completions])
+
+    partial = functools.partial(functools.partial(scaled, scale=0.5))
+    rs = RewardSet((partial,))
+    assert rs.names == (get_callable_name(partial),) == ("scaled",)
+    out = rs(["p", "p"], ["ab", "abcd"])
+    assert out.per_function[:, 0].tolist() == [1.0, 2.0]
+    assert "rewards/scaled/mean" in out.metrics
