@@ -278,3 +278,17 @@ def test_the_plot_has_its_panels_title_and_integer_steps(tmp_path):
     assert [t for t in top.get_xticks() if 0 <= t <= 3] == [0, 1, 2, 3]  # one tick per step, integers
     accuracy_axis = next(ax for ax in fig.axes if ax.get_ylabel() == "held-out accuracy")
     assert accuracy_axis.collections  # the 95 % band
+
+
+def test_report_to_takes_trls_list_form_in_config_files_and_refuses_none_with_others(tmp_path):
+    """TRL's configs write ``report_to: [tensorboard, trackio]``; rlzoo's flag is the comma form. ``none`` (or
+    ``all``) next to a tracker contradicts itself: refused, naming the field."""
+    from rlzoo.cli import parse_train_args
+
+    path = tmp_path / "run.yaml"
+    path.write_text("report_to: [tensorboard, trackio]\nmodel: tiny-random\n")
+    assert parse_train_args(["--config", str(path)]).trackers == ("tensorboard", "trackio")
+    for mixed in ("tensorboard,none", "all,trackio"):
+        with pytest.raises(ValueError, match="report_to"):
+            TrackingConfig(report_to=mixed)
+    assert TrackingConfig(report_to="none").trackers == ()
