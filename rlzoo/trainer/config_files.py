@@ -154,7 +154,7 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
         if name == "report_to" and isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return ",".join(value)  # TRL's list form (report_to: [tensorboard, trackio])
+            return ",".join(value) or "none"  # TRL's list form (report_to: [tensorboard, trackio]; [] = none)
         hint_text = {"advantage": " (estimator options go in advantage_options / --advantage.NAME)",
                      "task": " (data set options go in task_kwargs / --task.NAME)"}.get(name, "")
         raise ValueError(f"{name} must be a string, got {value!r}{hint_text}")

@@ -88,7 +88,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             raise EvaluationAbandoned
         chunk = items[start:start + batch_size]
         if not chunk:  # a shorter share: still generate (on a problem left unscored), as often as the others do
-            gen = generator.generate(model, [task.prompt(tokenizer, everything[0])], 1, greedy=True)
+            generator.generate(model, [task.prompt(tokenizer, everything[0])], 1, greedy=True)
             continue
         if bar is not None:
             bar.update(len(chunk))
