@@ -145,7 +145,8 @@ class RewardConfig(Section):
     """Reward functions: 'accuracy', 'format', TRL's names (think_format_reward, ...), 'pkg.module.function',
     'module:function', 'file.py:function' with TRL's signature, or a reward model (hub id or directory)."""
     reward_weights: tuple[float, ...] | None = None
-    """One weight per reward function (default: all 1)."""
+    """One weight per reward function (default: all 1): those of reward_funcs, then those of the Python callables
+    given as ``Trainer(config, reward_funcs=[...])``."""
     multi_reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """How several rewards combine before the advantage (TRL's multi_objective_aggregation)."""
     overlong_buffer: int = 0
@@ -154,11 +155,14 @@ class RewardConfig(Section):
     """Penalty at max_completion_length for the soft overlong punishment."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
-        weights_ok = self.reward_weights is None or len(self.reward_weights) == len(self.reward_funcs)
+        # more weights than names: the rest weigh the Python callables of Trainer(reward_funcs=...), which the
+        # config does not hold; build_rewards checks the total
+        weights_ok = self.reward_weights is None or len(self.reward_weights) >= len(self.reward_funcs)
         return [
             ("overlong_buffer", self.overlong_buffer >= 0, ">= 0"),
             ("reward_weights", weights_ok,
-             f"one weight per reward function ({len(self.reward_funcs)}: {list(self.reward_funcs)})"),
+             (f"one weight per reward function ({len(self.reward_funcs)}: {list(self.reward_funcs)}, then one per "
+              "Python callable given to Trainer(reward_funcs=...))")),
             *super().checks(),
         ]
 

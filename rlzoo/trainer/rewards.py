@@ -358,10 +358,15 @@ def build_rewards(config: RewardConfig, extra: Sequence[RewardFunction], *, task
     ``config.reward_weights``.
 
     Raises:
+        ValueError: ``config.reward_weights`` does not hold one weight per function (names, then ``extra``).
         the errors of :class:`RewardSet`.
     """
-    return RewardSet(list(config.reward_funcs) + list(extra), weights=config.reward_weights, task=task,
-                     max_steps=max_steps, device=device)
+    functions = list(config.reward_funcs) + list(extra)
+    if config.reward_weights is not None and len(config.reward_weights) != len(functions):
+        raise ValueError(f"reward_weights has {len(config.reward_weights)} entries but there are {len(functions)} "
+                         f"reward functions: {list(config.reward_funcs)} (reward_funcs) and "
+                         f"{[_function_name(fn) for fn in extra]} (Python callables)")
+    return RewardSet(functions, weights=config.reward_weights, task=task, max_steps=max_steps, device=device)
 
 
 def _check_values(values: Any, n: int, name: str) -> list[float]:

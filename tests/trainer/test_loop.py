@@ -255,7 +255,7 @@ def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="divisible by num_generations"):
         TrainConfig(per_device_train_batch_size=10, num_generations=8)
     with pytest.raises(ValueError, match="reward_weights"):
-        TrainConfig(reward_funcs=("accuracy",), reward_weights=(1.0, 2.0))
+        TrainConfig(reward_funcs=("accuracy", "format"), reward_weights=(1.0,))
     with pytest.raises(ValueError, match="unknown config keys"):
         TrainConfig.from_dict({"max_step": 3})
 

@@ -274,3 +274,19 @@ def test_numpy_arrays_are_rewards_and_partials_are_named_by_their_function():
     out = rs(["p", "p"], ["ab", "abcd"])
     assert out.per_function[:, 0].tolist() == [1.0, 2.0]
     assert "rewards/scaled/mean" in out.metrics
+
+
+def test_reward_weights_cover_the_python_callables_after_the_named_functions():
+    """TRL's reward_weights weigh every reward function; in rlzoo the names of reward_funcs come first, then the
+    Python callables of ``Trainer(config, reward_funcs=[...])``. A count that fits neither names both lists."""
+    from rlzoo.trainer.config import RewardConfig
+    from rlzoo.trainer.rewards import build_rewards
+
+    task = make_task("chain_sum", ONE_DIGIT, eval_size=3, answer_extraction="last_number")
+    config = RewardConfig(reward_funcs=("format",), reward_weights=(1.0, 0.5))
+    rs = build_rewards(config, [constant(2)], task=task, max_steps=1, device="cpu")
+    assert rs.names == ("format", "const_2") and rs.weights == (1.0, 0.5)
+    with pytest.raises(ValueError, match=r"3 entries but there are 2 reward functions: \['format'\] \(reward_funcs\) "
+                                         r"and \['const_2'\]"):
+        build_rewards(RewardConfig(reward_funcs=("format",), reward_weights=(1.0, 0.5, 2.0)), [constant(2)],
+                      task=task, max_steps=1, device="cpu")
