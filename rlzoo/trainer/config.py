@@ -146,7 +146,7 @@ class RewardConfig(Section):
     'module:function', 'file.py:function' with TRL's signature, or a reward model (hub id or directory)."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function (default: all 1): those of reward_funcs, then those of the Python callables
-    given as ``Trainer(config, reward_funcs=[...])``."""
+    given as Trainer(config, reward_funcs=[...])."""
     multi_reward_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     """How several rewards combine before the advantage (TRL's multi_objective_aggregation)."""
     overlong_buffer: int = 0
