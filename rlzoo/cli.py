@@ -70,8 +70,9 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     Raises:
         SystemExit: on ``--help`` (tyro's help).
         CommandLineError: a flag tyro rejects (unknown, a bad value, out of range): one line naming the flag.
-        ValueError: invalid values (from :class:`TrainConfig` validation), or a resume of a run whose reward
-            functions were Python callables without ``--reward-funcs``.
+        ValueError: invalid values (from :class:`TrainConfig` validation), ``--reward-weights`` not one per
+            ``--reward-funcs`` name, or a resume of a run whose reward functions were Python callables without
+            ``--reward-funcs``.
     """
     import dataclasses
 
@@ -94,8 +95,13 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     parsed = tyro_cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP,
                       dotted=list(_DOTTED_FIELD))
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
-    return dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
-                               task_kwargs=default.task_kwargs, peft=default.peft)
+    config = dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
+                                 task_kwargs=default.task_kwargs, peft=default.peft)
+    weights, funcs = config.reward_weights, config.reward_funcs
+    if weights is not None and len(weights) != len(funcs):  # no Python callables here: exactly one per name, now
+        raise ValueError(f"reward_weights has {len(weights)} entries but reward_funcs names {len(funcs)}: "
+                         f"{list(funcs)}; give one weight per reward function")
+    return config
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:

@@ -394,3 +394,12 @@ def test_rlzoo_train_leaves_the_process_group_when_every_rank_stops_together(sto
         with pytest.raises(type(errors[stop])):
             main(argv)
     assert left == ([] if stop == "other" else [1])
+
+
+def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse_time():
+    """Python callables (which may take the weights after the names) exist only in the Python API: on the command
+    line a wrong count is refused before any model loads."""
+    with pytest.raises(ValueError, match=r"reward_weights has 2 entries but reward_funcs names 1: \['accuracy'\]"):
+        parse_train_args(["--model", "tiny-random", "--reward-weights", "1", "2"])
+    assert parse_train_args(["--reward-funcs", "accuracy", "format", "--reward-weights", "1", "0.5"]).reward_weights \
+        == (1.0, 0.5)

@@ -363,9 +363,9 @@ def build_rewards(config: RewardConfig, extra: Sequence[RewardFunction], *, task
     """
     functions = list(config.reward_funcs) + list(extra)
     if config.reward_weights is not None and len(config.reward_weights) != len(functions):
+        callables = f" and {[_function_name(fn) for fn in extra]} (Python callables)" if extra else ""
         raise ValueError(f"reward_weights has {len(config.reward_weights)} entries but there are {len(functions)} "
-                         f"reward functions: {list(config.reward_funcs)} (reward_funcs) and "
-                         f"{[_function_name(fn) for fn in extra]} (Python callables)")
+                         f"reward functions: {list(config.reward_funcs)} (reward_funcs){callables}")
     return RewardSet(functions, weights=config.reward_weights, task=task, max_steps=max_steps, device=device)
 
 
