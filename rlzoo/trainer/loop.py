@@ -66,8 +66,9 @@ class Trainer:
     Args:
         config: the run's :class:`~rlzoo.trainer.TrainConfig`.
         loss: a loss composed in Python; default ``rlzoo.get_loss(config.algorithm, **config.loss)``.
-        reward_funcs: extra reward callables with TRL's signature ``fn(prompts, completions, **columns)``,
-            added after ``config.reward_funcs``.
+        reward_funcs: extra reward functions, one or a list, added after ``config.reward_funcs``: callables with
+            TRL's signature ``fn(prompts, completions, **columns)``, sequence-classification models
+            (``PreTrainedModel``) or :class:`~rlzoo.trainer.rewards.RewardModel` s, as TRL's ``reward_funcs``.
         model, tokenizer: a model object (a ``PreTrainedModel`` or ``PeftModel``) and its tokenizer, instead of
             loading ``config.model``.
         peft_config: a ``peft.LoraConfig`` (or another PEFT config) to train an adapter (instead of ``--peft``).
@@ -94,13 +95,15 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, loss: PolicyLoss | None = None,
-                 reward_funcs: Sequence[Callable[..., list[float | None]]] = (), model: Any = None,
+                 reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] = (), model: Any = None,
                  tokenizer: Any = None, peft_config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None) -> None:
         import datasets
         from transformers.utils import logging as hf_logging
 
         self.config = config = TrainConfig.from_dict(absolute_paths(config.to_dict()))  # config.json works anywhere
+        if callable(reward_funcs) or isinstance(reward_funcs, str):  # one function, as TRL's reward_funcs takes it
+            reward_funcs = [reward_funcs]
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
@@ -321,7 +324,9 @@ class Trainer:
                 that cannot be honoured (names it; see :mod:`rlzoo.trainer.resume`), or ``max_steps`` the
                 checkpoint has reached (:func:`~rlzoo.trainer.resume.check_run_length`; allowed when the
                 checkpoint's step has no metrics row: the run then writes it). A reward function the run
-                had as a Python callable and this resume lacks is a change applied with a warning naming it.
+                had as a Python callable and this resume lacks is a change applied with a warning naming it
+                (unless ``reward_weights`` weighed it: the weights then no longer match the functions and
+                the Trainer refused to build, naming both lists).
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing

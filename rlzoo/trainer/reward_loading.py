@@ -2,8 +2,9 @@
 
 :func:`load_reward_function` resolves, in this order:
 
-- TRL's registered names (``think_format_reward``, ``accuracy_reward``, ``reasoning_accuracy_reward``): the
-  functions of ``trl.rewards`` (needs ``trl``);
+- TRL's registered names (``think_format_reward``, ``accuracy_reward``, ``reasoning_accuracy_reward``,
+  ``get_soft_overlong_punishment``): the functions of ``trl.rewards`` (needs ``trl``), the last one built with
+  the values TRL's script uses (``max_completion_len=1280``, ``soft_punish_cache=256``);
 - ``module:function`` and ``path/to/file.py:function``;
 - an existing directory: a reward model (``AutoModelForSequenceClassification``, :class:`RewardModel`);
 - a dotted import path ``pkg.module.function`` (TRL's spelling, e.g. ``trl.rewards.think_format_reward``);
@@ -26,8 +27,11 @@ from rlzoo.trainer.reward_functions import RewardFunctionError
 
 __all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function"]
 
-TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
 """Names TRL's ``grpo`` script resolves to functions of ``trl.rewards`` without a module path."""
+
+_TRL_FACTORY_ARGUMENTS = {"get_soft_overlong_punishment": {"max_completion_len": 1280, "soft_punish_cache": 256}}
+"""TRL registry names that are factories, with the arguments TRL's script (trl/scripts/grpo.py) calls them with."""
 
 
 def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> Any:
@@ -47,7 +51,8 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
         OSError: a reward model that cannot be loaded (offline and not cached, not a checkpoint).
     """
     if spec in TRL_REWARD_NAMES:
-        return _attribute(spec, "trl.rewards", spec)
+        fn = _attribute(spec, "trl.rewards", spec)
+        return fn(**_TRL_FACTORY_ARGUMENTS[spec]) if spec in _TRL_FACTORY_ARGUMENTS else fn
     module_name, sep, attr = spec.rpartition(":")
     if sep:
         if not module_name or not attr.isidentifier():
@@ -106,35 +111,51 @@ class RewardModel:
     special tokens, and the reward is the first logit (``logits[:, 0]``).
 
     Args:
-        name_or_path: a directory or a hub id (loaded with ``num_labels=1``).
-        device: where it runs.
+        model: a directory or a hub id (loaded with ``num_labels=1``), or a loaded sequence-classification model
+            (a ``PreTrainedModel``, as TRL's ``reward_funcs`` takes one).
+        tokenizer: the model's tokenizer (TRL's ``reward_processing_classes`` entry); None = loaded from the
+            directory / hub id (for a model object, from its ``config._name_or_path``, as TRL does).
+        device: where it runs (a model object is moved there).
 
     Attributes:
         model, tokenizer: the classifier (eval mode, no gradients) and its tokenizer (pad = EOS when unset).
-        __name__: the model's name (the last path component), as TRL names reward models.
+        __name__: the model's name (the last component of its path or ``config._name_or_path``), as TRL names
+            reward models.
 
     Raises:
-        OSError: the model cannot be loaded (names it; offline without a cached copy says so).
+        OSError: the model or its tokenizer cannot be loaded (names it; offline without a cached copy says so).
+        TypeError: a model object that is not a ``PreTrainedModel``.
 
     Source: ``GRPOTrainer._calculate_rewards`` (the ``nn.Module`` branch) and ``GRPOTrainer.__init__``.
     """
 
-    def __init__(self, name_or_path: str, *, device: str | torch.device = "cpu") -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    def __init__(self, model: Any, *, tokenizer: Any = None, device: str | torch.device = "cpu") -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+        if isinstance(model, str):
+            name = model
+        elif isinstance(model, PreTrainedModel):
+            name = str(model.config._name_or_path)
+        else:
+            raise TypeError(f"a reward model must be a directory, a hub id or a PreTrainedModel, got "
+                            f"{type(model).__name__}")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            self.model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1)
+            self.tokenizer = AutoTokenizer.from_pretrained(name) if tokenizer is None else tokenizer
+            if isinstance(model, str):
+                model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)
         except (OSError, ValueError) as err:
             import huggingface_hub.constants
 
+            what = "reward model" if isinstance(model, str) else "the tokenizer of reward model"
             offline = " (HF_HUB_OFFLINE is set and it is not cached)" if huggingface_hub.constants.HF_HUB_OFFLINE else ""
-            raise OSError(f"cannot load reward model {name_or_path!r}{offline}: {str(err).splitlines()[0]}") from err
+            hint = "" if isinstance(model, str) else " (pass its tokenizer as well)"
+            raise OSError(f"cannot load {what} {name!r}{offline}: {str(err).splitlines()[0]}{hint}") from err
+        self.model = model
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.to(device).eval().requires_grad_(False)
-        self.__name__ = name_or_path.rstrip("/").split("/")[-1]
+        self.__name__ = name.rstrip("/").split("/")[-1]
 
     def texts(self, prompts: list[Any], completions: list[Any]) -> list[str]:
         """The classifier's input text of each (prompt, completion)."""

@@ -56,13 +56,14 @@ from rlzoo.trainer.reward_functions import (
     nanstd,
     reward_error,
 )
-from rlzoo.trainer.reward_loading import load_reward_function
+from rlzoo.trainer.reward_loading import RewardModel, load_reward_function
 from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, Task, TaskItem, TaskStream, is_conversational
 
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardFunction",
     "RewardFunctionError",
+    "RewardModel",
     "RewardOutput",
     "RewardSet",
     "accuracy_reward",
@@ -104,9 +105,11 @@ class RewardSet:
     """Several reward functions with weights, evaluated together on a batch (TRL's ``reward_funcs``).
 
     Args:
-        functions: reward functions (TRL signature, sync or ``async``) or names: ``"accuracy"``
-            (:func:`accuracy_reward` of ``task``), ``"format"`` (:func:`format_reward`, style ``tag`` when the
-            extraction is ``tag``, else ``number``), or any spelling :func:`load_reward_function` resolves
+        functions: one or several reward functions (TRL signature, sync or ``async``), sequence-classification models
+            (``PreTrainedModel``: a :class:`~rlzoo.trainer.reward_loading.RewardModel` with the tokenizer of its
+            ``config._name_or_path``, as TRL; build the ``RewardModel`` yourself to give another tokenizer) or names:
+            ``"accuracy"`` (:func:`accuracy_reward` of ``task``), ``"format"`` (:func:`format_reward`, style ``tag``
+            when the extraction is ``tag``, else ``number``), or any spelling :func:`load_reward_function` resolves
             (``module:function``, ``pkg.module.function``, TRL's names, reward models).
         weights: one finite weight per function (TRL ``reward_weights``); None = all 1.
         names: one distinct name per function for metrics and errors; None = the built-in name or the
@@ -130,13 +133,14 @@ class RewardSet:
         ValueError: no functions, a weight count that does not match, non-finite weights, repeated names,
             ``"accuracy"`` without a task (or a task without answers).
         UnknownNameError: a name that is neither built-in nor a loadable spelling (lists the built-ins).
-        TypeError: an entry that is neither a string nor callable.
+        TypeError: an entry that is neither a string nor callable, or a ``torch.nn.Module`` that is not a
+            ``PreTrainedModel``.
         and the errors of :func:`load_reward_function`.
     """
 
     def __init__(
         self,
-        functions: Sequence[str | RewardFunction],
+        functions: str | RewardFunction | Sequence[str | RewardFunction],
         *,
         weights: Sequence[float | int] | None = None,
         names: Sequence[str] | None = None,
@@ -147,6 +151,8 @@ class RewardSet:
     ) -> None:
         from transformers import TrainerState
 
+        if isinstance(functions, str) or callable(functions):  # one function, as TRL's reward_funcs takes it
+            functions = [functions]
         if not functions:
             raise ValueError("RewardSet needs at least one reward function")
         if extraction is None:
@@ -169,6 +175,8 @@ class RewardSet:
                             raise
                         raise UnknownNameError(f"unknown reward function {spec!r}; built-in: "
                                                f"{', '.join(BUILTIN_REWARDS)}; or {err}") from None
+            elif isinstance(spec, torch.nn.Module):  # TRL's reward model object; a module is callable, but not so
+                fn = RewardModel(spec, device=device)
             elif callable(spec):
                 fn = spec
             else:

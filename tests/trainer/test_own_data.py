@@ -15,7 +15,7 @@ from trl.data_utils import maybe_apply_chat_template
 from rlzoo.cli import main, parse_train_args
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.models import build_tiny_random
-from rlzoo.trainer.rewards import RewardSet
+from rlzoo.trainer.rewards import RewardModel, RewardSet
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.tasks import DatasetTask, TaskStream, dataset_task_name, load_task, render_prompt
 
@@ -36,11 +36,13 @@ def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
     """The issue's first check: a parquet file in TRL's conversational format with a `solution` column, rewarded by
     trl.rewards.think_format_reward (TRL's dotted spelling), 2 steps; functions get TRL's arguments."""
     path = tmp_path / "math.parquet"
-    rows = _conversational_rows(40)
+    rows = [{**row, "completion": "<think>", "completion_ids": [7, 7, 7]} for row in _conversational_rows(40)]
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     calls = []
 
     def spy(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, solution, level, **kw):
+        assert "completion" not in kw and [7, 7, 7] not in completion_ids  # TRL drops both columns of the data
+        assert len(completion_ids) == len(completions) and all(len(ids) <= 5 for ids in completion_ids)
         calls.append((prompts, completions, solution, trainer_state.global_step))
         log_metric("spy/len", sum(len(c[0]["content"]) for c in completions) / len(completions))
         log_extra("solution_seen", list(solution))
@@ -198,6 +200,15 @@ def test_a_reward_model_scores_prompt_and_completion(tmp_path):
         expected = model.eval()(**ids).logits[:, 0]
     torch.testing.assert_close(out.per_function[:, 0], expected)
     assert rewards.names == ("rm",)
+    # a loaded model object, as TRL's reward_funcs takes it (its tokenizer from config._name_or_path), and with the
+    # tokenizer given; a module that is not a PreTrainedModel is refused rather than called with the prompts
+    loaded = LlamaForSequenceClassification.from_pretrained(tmp_path / "rm")
+    for spec in (loaded, RewardModel(loaded, tokenizer=tok)):
+        by_object = RewardSet(spec)  # one function, not a list, as TRL takes it
+        torch.testing.assert_close(by_object(["1 + 1 =", "1 + 1 ="], [" 2", " 3"]).per_function[:, 0], expected)
+        assert by_object.names == ("rm",)
+    with pytest.raises(TypeError, match=r"^a reward model must be a directory, a hub id or a PreTrainedModel, got Linear"):
+        RewardSet([torch.nn.Linear(2, 1)])
     messages = [[{"role": "user", "content": "hi"}]]
     assert rewards.functions[0].texts(messages, [[{"role": "assistant", "content": "yo"}]]) == [
         tok.apply_chat_template([*messages[0], {"role": "assistant", "content": "yo"}], tokenize=False)]
@@ -381,3 +392,13 @@ def test_a_missing_column_mentions_task_answer_column_only_where_it_applies():
 
     with pytest.raises(ValueError, match=r"task 'leg_counting' has none \(choose other --reward-funcs\)$"):
         RewardSet(["accuracy"], task=Unanswered(name="leg_counting", eval_size=0))
+
+
+def test_one_reward_function_is_taken_as_trls_reward_funcs_takes_it(tmp_path):
+    """Trainer(config, reward_funcs=fn) without a list, as TRL's GRPOTrainer accepts it (a raw TypeError before)."""
+
+    def length(prompts, completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    trainer = Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "run")), reward_funcs=length)
+    assert trainer.rollouts.rewards.names == ("accuracy", "length")

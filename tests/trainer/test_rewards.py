@@ -290,3 +290,18 @@ def test_reward_weights_cover_the_python_callables_after_the_named_functions():
                                          r"and \['const_2'\]"):
         build_rewards(RewardConfig(reward_funcs=("format",), reward_weights=(1.0, 0.5, 2.0)), [constant(2)],
                       task=task, max_steps=1, device="cpu")
+
+
+def test_trls_soft_overlong_punishment_name_is_built_as_trls_script_builds_it():
+    """`--reward-funcs get_soft_overlong_punishment` is TRL's registry entry: the DAPO length penalty with
+    max_completion_len 1280 and soft_punish_cache 256 (trl/scripts/grpo.py), not the factory."""
+    from trl.rewards import get_soft_overlong_punishment
+
+    fn = load_reward_function("get_soft_overlong_punishment")
+    ids = [[1] * n for n in (10, 1024, 1100, 1280, 1300)]
+    assert fn(completion_ids=ids) == get_soft_overlong_punishment(1280, 256)(completion_ids=ids)
+    assert fn(completion_ids=ids) == [0.0, 0.0, -0.296875, -1.0, -1.0]
+    rewards = RewardSet(["get_soft_overlong_punishment"])
+    out = rewards(["p", "p"], ["a", "b"], completion_ids=[[1] * 1100, [1] * 5])
+    assert rewards.names == ("soft_overlong_punishment_reward",)  # TRL's metric name
+    assert out.per_function[:, 0].tolist() == [-0.296875, 0.0]

@@ -31,9 +31,9 @@ class TaskItem:
     Attributes:
         question: the user message (reasoning-gym ``question``, JSONL ``prompt``).
         answer: the reference answer string.
-        columns: the row handed to reward functions as TRL's ``**columns`` (every column but ``prompt``):
-            reasoning-gym: ``question``, ``answer``, ``metadata``; JSONL: ``answer`` and the file's other
-            columns.
+        columns: the row handed to reward functions as TRL's ``**columns`` (every column but the prompt's and, as
+            TRL, ``completion`` and ``completion_ids`` unless one is the answer column): reasoning-gym:
+            ``question``, ``answer``, ``metadata``; data sets: the answer column and the other columns.
         index: position in its stream (training: the raw stream position, ``Task.train_items(start=index+1)``
             resumes after it; eval: 0..eval_size-1).
         prompt: the data set's own prompt, in TRL's standard (a string, used as it is) or conversational (a list

@@ -289,7 +289,8 @@ class DatasetTask(Task):
         else:
             raise ValueError(f"task {self.name!r} row {index}: column {self.prompt_column!r} must be a string or a "
                              f"list of {{'role', 'content'}} messages, got {prompt!r:.100}")
-        columns = {k: v for k, v in row.items() if k != self.prompt_column}
+        columns = {k: v for k, v in row.items()  # TRL 1.16 hands reward functions neither completion column
+                   if k != self.prompt_column and (k not in ("completion", "completion_ids") or k == self.answer_column)}
         if self.answer_column is not None and row[self.answer_column] is None:
             raise ValueError(f"task {self.name!r} row {index}: the answer column {self.answer_column!r} is empty")
         answer = "" if self.answer_column is None else str(row[self.answer_column])
