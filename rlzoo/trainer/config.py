@@ -97,7 +97,8 @@ class ParallelConfig(Section):
     fsdp_cpu_offload: bool = False
     """fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2 CPUOffloadPolicy)."""
     distributed_timeout: int = 600
-    """Seconds a collective may wait for the other ranks before the job fails (a dead or stuck rank)."""
+    """Seconds a collective may wait for the other ranks before the job fails (a dead or stuck rank); one process
+    without torchrun has no collectives (a warning says so when it is set)."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
         return [("distributed_timeout", self.distributed_timeout >= 1, ">= 1"), *super().checks()]

@@ -30,6 +30,9 @@ __all__ = ["ParallelModel", "check_parallelism", "decoder_layers"]
 log = logging.getLogger("rlzoo.train")
 
 
+_DEFAULT_TIMEOUT = ParallelConfig().distributed_timeout
+
+
 def check_parallelism(config: ParallelConfig, *, dist: Distributed, device: torch.device, backend: str) -> None:
     """Refuse, before the model loads, a parallelism the run cannot honour; warn when it has no effect.
 
@@ -49,6 +52,8 @@ def check_parallelism(config: ParallelConfig, *, dist: Distributed, device: torc
     if not dist.initialized and (sharded or config.fsdp_cpu_offload):
         log.warning("--parallelism fsdp / --fsdp-cpu-offload have no effect without torchrun (the model is whole): "
                     "launch with torchrun --nproc_per_node N -m rlzoo train ... (N = 1 too) to shard it")
+    if not dist.initialized and config.distributed_timeout != _DEFAULT_TIMEOUT:
+        log.warning("--distributed-timeout has no effect without torchrun (one process waits for no other rank)")
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

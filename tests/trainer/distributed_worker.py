@@ -4,7 +4,8 @@ as JSON into OUT_DIR, which the test compares with one-process runs.
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/trainer/distributed_worker.py OUT_DIR MODE
 
 MODE ``train``: the trainer cases of :data:`CASES` under ddp and fsdp (per-step losses, final weights), a
-DCP checkpoint resumed at 2 ranks, and, for every preset and aggregation, each rank's loss with the all-reduced
+DCP checkpoint resumed at 2 ranks, a one-process checkpoint (``OUT_DIR/one/dapo``, written by the test before the
+launch) resumed at 2 ranks, and, for every preset and aggregation, each rank's loss with the all-reduced
 Normalizer summed over the ranks against the one-process loss. MODE ``kill``: rank 1 dies (SIGKILL) in step 2.
 """
 
@@ -217,6 +218,9 @@ def main() -> None:
     checkpoint = out / "resume" / "dapo-fsdp" / "checkpoints" / "step-000002"
     resumed = run_case(out / "resumed", "dapo", "fsdp", per_device=4, resume=str(checkpoint))
     results["resume"] = {"full": full, "resumed": resumed, "checkpoint": str(checkpoint)}
+    # a one-process checkpoint (the test wrote it before the launch, 8 completions per device) resumed on 2 ranks
+    one_process = out / "one" / "dapo" / "checkpoints" / "step-000002"
+    results["grown"] = run_case(out / "grown", "dapo", "fsdp", per_device=4, resume=str(one_process))
     results["older_checkpoint"] = older_checkpoint(out, rank)
     results["loss_sums"] = loss_sums(rank, world)
     results["eval"] = {parallelism: eval_rows(out, parallelism, per_device=4) for parallelism in ("ddp", "fsdp")}

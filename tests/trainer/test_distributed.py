@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rlzoo.trainer import TrainConfig, Trainer
 
@@ -33,10 +34,12 @@ def _launch(out: Path, mode: str, timeout: int = 600, ranks: int = 2) -> subproc
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
+    """The 2-rank worker's results; first, the one-process run whose checkpoint the worker resumes on 2 ranks."""
     out = tmp_path_factory.mktemp("two-ranks")
+    one_process = _one_process(out / "one", "dapo", save_steps=1, save_total_limit=5)
     proc = _launch(out, "train")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return {**json.loads((out / "results.json").read_text()), "out": out}
+    return {**json.loads((out / "results.json").read_text()), "out": out, "one_process": one_process}
 
 
 def _one_process(tmp_path, name: str, **extra) -> tuple[Trainer, list[dict]]:
@@ -151,8 +154,32 @@ def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_p
     assert history[-1]["num_tokens"] == resume["full"]["num_tokens"][-1]  # both ranks' tokens, counted once
     saved = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()
     assert set(saved) == set(resume["full"]["weights"])
-    for name, values in resume["full"]["weights"].items():  # the checkpoint holds step 2's weights, not step 3's
-        assert saved[name].numel() == len(values)
+    # the consolidated model is the sharded state's weights (step 2's, which resume bit for bit), value for value
+    dcp_to_torch_save(checkpoint / "dcp", tmp_path / "consolidated.pt")
+    sharded = {k.removeprefix("model."): v  # the policy module's names: the causal LM is its "model"
+               for k, v in torch.load(tmp_path / "consolidated.pt", weights_only=True)["model"].items()}
+    assert sharded.keys() == saved.keys()
+    for name, tensor in sharded.items():
+        assert torch.equal(saved[name], tensor), name
+    assert not torch.equal(saved["model.norm.weight"].flatten(),
+                           torch.tensor(resume["full"]["weights"]["model.norm.weight"]))  # not step 3's
+
+
+def test_a_one_process_checkpoint_resumes_on_two_ranks(two_ranks):
+    """1 -> 2 ranks: a checkpoint of one process (8 completions per device) resumed on 2 ranks (4 each, the same
+    global batch) continues the one-process run within the tolerance of the rank comparison."""
+    trainer, history = two_ranks["one_process"]
+    assert [row["step"] for row in history] == [1, 2, 3]
+    _assert_same_run(two_ranks["grown"], history, trainer)
+
+
+def test_a_checkpoint_in_the_middle_of_a_generation_cycle_resumes_only_on_its_world_size(two_ranks, tmp_path):
+    """Step 1 of a 2-rank run with num_iterations 2 holds each rank's share of an unfinished batch: resuming it on
+    one process is refused (naming the world size and what to do) before a step is taken."""
+    checkpoint = Path(two_ranks["resume"]["checkpoint"]).parent / "step-000001"
+    with pytest.raises(ValueError, match=r"written by 2 ranks in the middle of a generation cycle .* resumes only on 2 "
+                                         r"ranks\. Resume on other world sizes from a checkpoint at a generation boundary"):
+        _one_process(tmp_path, "dapo", resume=str(checkpoint))
 
 
 def test_older_checkpoints_resume_on_two_ranks_and_on_one(two_ranks, tmp_path):

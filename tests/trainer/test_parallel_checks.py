@@ -35,3 +35,10 @@ def test_fsdp_without_torchrun_is_said_to_have_no_effect(caplog):
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(), dist=Distributed(), device=CPU, backend="hf")
     assert not caplog.text
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        check_parallelism(ParallelConfig(distributed_timeout=60), dist=Distributed(), device=CPU, backend="hf")
+    assert "--distributed-timeout has no effect without torchrun" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        check_parallelism(ParallelConfig(distributed_timeout=60), dist=TWO, device=CPU, backend="hf")
+    assert not caplog.text
