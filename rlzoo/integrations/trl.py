@@ -65,7 +65,7 @@ except ImportError as err:  # pragma: no cover - TRL is a test dependency
 
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss, batch_from_trl_inputs, loss_from_grpo_config
-from rlzoo.losses import Correction, PolicyLoss, Rejection, get_loss
+from rlzoo.losses import PolicyLoss, get_loss
 
 __all__ = ["GRPOTrainer", "resolve_loss"]
 
@@ -80,6 +80,14 @@ _FORWARD_KEYS = (
 # GRPOConfig loss fields the trainer, not the loss, honours: the MoE auxiliary loss (added as TRL adds it) and
 # the deprecated IS cap (GRPOConfig.__post_init__ already copied it to vllm_importance_sampling_clip_max).
 _TRAINER_FIELDS = ("router_aux_loss_coef", "vllm_importance_sampling_cap")
+# GRPOConfig loss fields that still matter with an explicit loss (what TRL computes, the loss's length); the
+# other loss fields are TRL's loss's own, unused then (resolve_loss warns when one is not at its default).
+_STILL_READ = frozenset({*_TRAINER_FIELDS, "beta", "use_vllm", "vllm_importance_sampling_correction",
+                         "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+                         "vllm_importance_sampling_clip_min", "max_completion_length"})
+# TRL loss types normalised by the generation batch's token count (rescaled to one accumulation window), whose
+# logged policy_loss is a micro-batch's share of the step's loss (the others log a micro-batch's own loss).
+_GENERATION_NORMALISED = ("dapo", "cispo", "vespo")
 # Metrics TRL already logs once per generation batch (rlzoo would log them again per micro-batch).
 _GENERATION_METRICS = "sampling/"
 # How a metric is reduced over processes (row of _log_loss_metrics' reductions); others: token-weighted mean,
@@ -111,9 +119,11 @@ def resolve_loss(
         The loss.
 
     Warns:
-        UserWarning: an explicit loss without a KL penalty while ``GRPOConfig.beta != 0`` (TRL computes reference
-            log-probs for nothing); an explicit loss without a sampler correction while ``use_vllm`` and
-            ``vllm_importance_sampling_correction`` (TRL's default) ask for one (none is applied).
+        UserWarning: an explicit loss while ``GRPOConfig`` loss fields it replaces (``loss_type``, ``epsilon``,
+            ``importance_sampling_level``, ``entropy_coef``, ``top_entropy_quantile``, ...) are not at TRL's defaults
+            (names them: they are not used); an explicit loss without a KL penalty while ``GRPOConfig.beta != 0``
+            (TRL computes reference log-probs for nothing); an explicit loss without a sampler correction while
+            ``use_vllm`` and ``vllm_importance_sampling_correction`` (TRL's default) ask for one (none is applied).
 
     Raises:
         TypeError: ``loss`` is of another type.
@@ -146,6 +156,17 @@ def resolve_loss(
     policy = resolved.loss if isinstance(resolved, TRLGRPOLoss) else resolved
     name = policy.name or "the loss"
     needed = resolved.required_fields()
+    ignored = {field: getattr(args, field) for field, default in GRPO_LOSS_DEFAULTS.items()
+               if field not in _STILL_READ and getattr(args, field) != default}
+    if loss is not None and ignored:
+        warnings.warn(
+            f"GRPOTrainer(loss={name!r}) replaces TRL's loss, so these GRPOConfig loss settings are not used: "
+            + ", ".join(f"{field}={value!r}" for field, value in ignored.items())
+            + f" (give them to the rlzoo loss, e.g. rlzoo.get_loss({name!r}, ...); `rlzoo explain {name}` lists "
+            "its options), or pass no loss to train TRL's own",
+            UserWarning,
+            stacklevel=3,
+        )
     if "ref_logprobs" in needed and args.beta == 0:
         beta = policy.options().get("beta")
         raise ValueError(
@@ -176,7 +197,7 @@ def resolve_loss(
             stacklevel=3,
         )
     if "rollout_logprobs" in needed and not (args.use_vllm or has_rollout_func):
-        uses = _needed_by(policy, "rollout_logprobs")
+        uses = policy.needed_by("rollout_logprobs")
         raise ValueError(
             f"loss {name!r} needs the sampler's log-probs for {', '.join(uses)}, which TRL has only from vLLM: set "
             "GRPOConfig(use_vllm=True) (or pass a rollout_func that returns logprobs), or use the loss without "
@@ -192,7 +213,7 @@ def resolve_loss(
             "> 1, or give the loss bypass_mode=True (rejection on the policy term only, verl's bypass mode)"
         )
     if "group_index" in needed and args.steps_per_generation % args.gradient_accumulation_steps != 0:
-        uses = _needed_by(policy, "group_index")
+        uses = policy.needed_by("group_index")
         raise ValueError(
             f"loss {name!r} needs each completion's prompt (group_index) for {', '.join(uses)}, known only within "
             f"one generation batch, but GRPOConfig.steps_per_generation="
@@ -207,7 +228,7 @@ def resolve_loss(
         )
     missing = sorted(needed - _PROVIDED_FIELDS)
     if missing:
-        uses = sorted({use for field in missing for use in _needed_by(policy, field)})
+        uses = sorted({use for field in missing for use in policy.needed_by(field)})
         raise ValueError(
             f"loss {name!r} needs PolicyBatch.{', PolicyBatch.'.join(missing)} (for {', '.join(uses)}), which TRL's "
             "GRPOTrainer does not provide; train it with rlzoo train, or use the loss without "
@@ -228,23 +249,6 @@ def _trl_computes_old_logprobs(args: Any) -> bool:
         args.gradient_accumulation_steps % generate_every != 0
         or (args.use_vllm and args.vllm_importance_sampling_correction)
     )
-
-
-def _needed_by(policy: PolicyLoss, field: str) -> list[str]:
-    """What in ``policy`` needs the :class:`~rlzoo.PolicyBatch` ``field``, for messages: its active parts, named
-    by kind (``"its sampler/trainer IS correction is(...)"``, ``"its rollout rejection m2po(...)"``), and its own
-    options (``bypass_mode``, ``prox_logp_method``); ``[field]`` when nothing is found."""
-    uses = []
-    for part in policy.parts():
-        if field in part.required_fields():
-            kind = ("its sampler/trainer IS correction " if isinstance(part, Correction)
-                    else "its rollout rejection " if isinstance(part, Rejection) else "")
-            uses.append(kind + part.describe())
-    if policy.bypass_mode and field == "rollout_logprobs":
-        uses.append("bypass_mode=True (the sampler's log-probs are the old policy)")
-    if policy.prox_logp_method != "recompute" and field in ("rollout_logprobs", "versions", "current_version"):
-        uses.append(f"prox_logp_method={policy.prox_logp_method!r}")
-    return uses or [field]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,6 +327,28 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._slice_totals: Tensor | None = None  # [steps_per_generation, 4 (+ prompt ids)], summed over processes
         self._slice_scalars: list[list[float]] = []  # their first 4 columns, on the host
         self._rewards_per_func: Tensor | None = None
+        policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        if policy.batch_coupled and self.accelerator.num_processes > 1:
+            warnings.warn(
+                f"loss {policy.name or 'the loss'!r} has batch-coupled parts ({', '.join(p.describe() for p in policy.parts() if p.couples_batch)}) "
+                f"whose statistics are taken over each process's micro-batch, not over the "
+                f"{self.accelerator.num_processes} processes' (TRL's top_entropy_quantile gathers the processes' "
+                "entropies): with one process it equals TRL; here the update differs from TRL's",
+                UserWarning,
+                stacklevel=2,
+            )
+        spans = self.args.steps_per_generation // self.args.gradient_accumulation_steps
+        if (isinstance(self.loss_fn, TRLGRPOLoss) and self.loss_fn.loss_type in _GENERATION_NORMALISED
+                and self.args.steps_per_generation % self.args.gradient_accumulation_steps == 0 and spans > 1):
+            warnings.warn(
+                f"GRPOConfig.steps_per_generation={self.args.steps_per_generation} spans {spans} optimizer steps: "
+                f"TRL's loss_type={self.loss_fn.loss_type!r} divides every step by the generation batch's average "
+                "step token count, the rlzoo default loss by the step's own count (exact for the step; "
+                "docs/integrations.md), so the updates differ from plain TRL's. Set steps_per_generation="
+                f"{self.args.gradient_accumulation_steps} (TRL's default) to train as TRL",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.args.steps_per_generation % self.args.gradient_accumulation_steps != 0:
             warnings.warn(
                 f"GRPOConfig.steps_per_generation={self.args.steps_per_generation} is not a multiple of "
@@ -520,6 +546,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync)."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
+        # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
+        # generation batch, else the micro-batch's own loss (the share times the accumulation steps)
+        generation_normalised = (isinstance(self.loss_fn, TRLGRPOLoss)
+                                 and self.loss_fn.loss_type in _GENERATION_NORMALISED)
+        share = 1 if generation_normalised else accumulation
         with torch.no_grad():
             counted = mask.sum()
             # TRL logs the entropy of every counted token whatever the loss (its fused LM head returns it).
@@ -534,7 +565,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
                 values.amax(0),
                 values.amin(0),
-                values.sum(0) * accumulation,  # policy_loss: a micro-batch's share of the step's loss
+                values.sum(0) * share,  # policy_loss as TRL logs it for the loss type
                 values.mean(0),  # aux_loss, as TRL
             ]).tolist()  # the one device sync
         for i, name in enumerate(names):

@@ -58,9 +58,10 @@ _VERL_INSTEAD = {
     "kl_loss_type=low_var_kl (= k3); register the loss with beta=0",
     "entropies": "verl adds the entropy bonus itself (actor_rollout_ref.actor.entropy_coeff); an entropy mask "
     "(top_entropy_quantile) is not available in verl",
-    "rollout_logprobs": "verl computes the sampler/trainer correction itself and passes it as rollout_is_weights: "
-    "set algorithm.rollout_correction.rollout_is=token|sequence and rollout_is_threshold, and register the loss "
-    "without is_correction",
+    "rollout_logprobs": "verl applies the sampler/trainer correction itself (rollout_is_weights), its rejection "
+    "(a modified response mask) and its bypass mode: set algorithm.rollout_correction.rollout_is=token|sequence "
+    "(rollout_is_threshold), rollout_rs=... (rollout_rs_threshold) or bypass_mode=True, and register the loss "
+    "without them",
 }
 _AGG_COUNT = {"token-mean": "batch_num_tokens", "seq-mean-token-mean": "global_batch_size",
               "seq-mean-token-sum": "global_batch_size", "seq-mean-token-sum-norm": "global_batch_size"}
@@ -211,8 +212,8 @@ def register(
     missing = sorted(loss.required_fields())
     if missing:
         reason = _VERL_INSTEAD.get(missing[0], "verl passes only old_log_prob, log_prob, advantages, response_mask")
-        raise ValueError(f"loss {loss.name or ''!s} needs PolicyBatch.{missing[0]}, which verl does not pass to a "
-                         f"policy loss: {reason}")
+        raise ValueError(f"loss {loss.name or ''!s} needs PolicyBatch.{missing[0]} (for "
+                         f"{', '.join(loss.needed_by(missing[0]))}), which verl does not pass to a policy loss: {reason}")
     from verl.trainer.ppo import core_algos
 
     fn = VerlPolicyLoss(loss=loss, follow_loss_agg_mode=follow_loss_agg_mode)

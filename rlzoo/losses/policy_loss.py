@@ -237,6 +237,23 @@ class PolicyLoss:
         own = off_policy.required_fields(self) if self.off_policy else frozenset()
         return own.union(*(p.required_fields() for p in self.parts()))
 
+    def needed_by(self, field: str) -> list[str]:
+        """What needs the optional :class:`PolicyBatch` ``field``, for error messages of trainers that cannot fill
+        it: the active parts, named by kind (``"its sampler/trainer IS correction is(...)"``, ``"its rollout
+        rejection m2po(...)"``), and the loss's own options (``bypass_mode``, ``prox_logp_method``); ``[field]``
+        when nothing is found."""
+        uses = []
+        for part in self.parts():
+            if field in part.required_fields():
+                kind = ("its sampler/trainer IS correction " if isinstance(part, Correction)
+                        else "its rollout rejection " if isinstance(part, Rejection) else "")
+                uses.append(kind + part.describe())
+        if self.bypass_mode and field == "rollout_logprobs":
+            uses.append("bypass_mode=True (the sampler's log-probs are the old policy)")
+        if self.prox_logp_method != "recompute" and field in ("rollout_logprobs", "versions", "current_version"):
+            uses.append(f"prox_logp_method={self.prox_logp_method!r}")
+        return uses or [field]
+
     @property
     def batch_coupled(self) -> bool:
         """True when a part couples sequences (covariance top-k, entropy quantile, M2PO's mask, IS batch

@@ -269,6 +269,53 @@ def test_an_explicit_loss_without_the_vllm_correction_trl_would_apply_warns():
         resolve_loss("gmpo", types.SimpleNamespace(**{**vars(args), "vllm_importance_sampling_correction": False}))
 
 
+def test_an_explicit_loss_names_the_trl_loss_settings_it_replaces():
+    """GRPOConfig's loss fields are TRL's loss's: with loss=... they are not used, and a non-default one is named (an
+    entropy bonus or entropy mask was dropped without a word); the fields TRL still reads (beta, vLLM) are not."""
+    args = types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "steps_per_generation": 1, "gradient_accumulation_steps": 1,
+                                    "max_completion_length": 8, "entropy_coef": 0.1, "top_entropy_quantile": 0.2,
+                                    "importance_sampling_level": "sequence", "epsilon": 0.3})
+    with pytest.warns(UserWarning, match=r"loss='gmpo'\) replaces TRL's loss, so these GRPOConfig loss settings are "
+                                         r"not used: importance_sampling_level='sequence', epsilon=0.3, "
+                                         r"top_entropy_quantile=0.2, entropy_coef=0.1 \(give them to the rlzoo loss"):
+        resolve_loss("gmpo", args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_loss(None, args)  # TRL's own loss takes them
+        resolve_loss("gmpo", types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "steps_per_generation": 1,
+                                                      "gradient_accumulation_steps": 1, "max_completion_length": 64}))
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_policy_loss_is_logged_as_trl_logs_it(tiny, tmp_path, loss_type):
+    """With an entropy bonus TRL logs policy_loss: for dapo a micro-batch's share of the step's loss, for dr_grpo
+    (as grpo) the micro-batch's own loss (twice the share at 2 accumulation steps). The first step's value (before any update;
+    later steps differ where the entropy bonus does, docs/integrations.md) is TRL's."""
+    args = config(tmp_path, gradient_accumulation_steps=2, loss_type=loss_type, entropy_coef=0.01, max_steps=1)
+    want_logs, _, _ = train(trl.GRPOTrainer, tiny, args)
+    got_logs, _, _ = train(GRPOTrainer, tiny, args)
+    assert abs(want_logs[0]["policy_loss"]) > 1e-3
+    assert got_logs[0]["policy_loss"] == pytest.approx(want_logs[0]["policy_loss"], abs=REFERENCE_ATOL, rel=0)
+
+
+def test_where_the_default_loss_departs_from_trl_it_warns(tiny, tmp_path):
+    """dapo with a generation batch of 2 optimizer steps: TRL divides by the generation batch's average step, rlzoo
+    by each step's tokens (docs/integrations.md), said at construction; TRL's default steps_per_generation is
+    silent."""
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    args = config(tmp_path, gradient_accumulation_steps=1, steps_per_generation=2)
+    with pytest.warns(UserWarning, match=r"steps_per_generation=2 spans 2 optimizer steps: TRL's loss_type='dapo' "
+                                         r"divides .* Set steps_per_generation=1"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), train_dataset=dataset,
+                    processing_class=tokenizer)
+        GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, loss_type="grpo", steps_per_generation=4),
+                    train_dataset=dataset, processing_class=tokenizer)  # TRL's grpo is per micro-batch: the same
+
+
 def test_bad_loss_argument(tiny, tmp_path):
     path, tokenizer = tiny
     with pytest.raises(TypeError, match="PolicyLoss"):
@@ -542,3 +589,20 @@ def test_rejection_without_old_logprobs_is_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True"):
         GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer,
                     loss=REJECTING_LOSSES["rollout_rs"], rollout_func=sampler(tokenizer))
+
+
+def test_a_batch_coupled_loss_on_several_processes_warns(tiny, tmp_path, monkeypatch):
+    """top_entropy_quantile (TRL gathers the processes' entropies, rlzoo takes each process's micro-batch) is
+    exact with one process only: with several, construction says so; with one it is silent."""
+    import accelerate
+
+    path, tokenizer = tiny
+    dataset = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    args = config(tmp_path, top_entropy_quantile=0.5, per_device_train_batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
+    monkeypatch.setattr(accelerate.Accelerator, "num_processes", property(lambda self: 2))
+    with pytest.warns(UserWarning, match=r"loss 'dapo' has batch-coupled parts \(entropy_mask\(top_entropy_quantile=0.5\)\) whose statistics are taken "
+                                         r"over each process's micro-batch, not over the 2 processes'"):
+        GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)

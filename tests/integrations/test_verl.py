@@ -226,12 +226,17 @@ def test_verl_actor_loss_selects_the_registered_loss_by_loss_mode(verl):
 @pytest.mark.parametrize(("options", "verl_option"), [
     ({"beta": 0.04}, "use_kl_loss"),
     ({"entropy_coef": 0.01}, "entropy_coeff"),
-    ({"is_correction": "token_truncate", "is_max": 2.0}, "rollout_correction"),
+    ({"is_correction": "token_truncate", "is_max": 2.0}, r"for its sampler/trainer IS correction .*rollout_is="),
+    ({"rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25"}, r"for its rollout rejection .*rollout_rs="),
+    ({"bypass_mode": True}, r"for bypass_mode=True .*bypass_mode=True"),
 ])
 def test_a_loss_needing_what_verl_does_not_pass_names_verls_option(verl, options, verl_option):
+    """Each refusal names what in the loss needs the field and the verl option that does it instead."""
     with pytest.raises(ValueError, match=verl_option):
         register("rlzoo_refused", rlzoo.get_loss("dapo", **options))
     assert "rlzoo_refused" not in verl.POLICY_LOSS_REGISTRY
+    with pytest.raises(ValueError, match=r"for its rollout rejection m2po.*rollout_rs="):
+        register("rlzoo_refused", "m2po")
 
 
 def test_names_are_not_overwritten_silently(verl):
