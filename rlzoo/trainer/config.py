@@ -20,6 +20,7 @@ import dataclasses
 import math
 import typing
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 from rlzoo.trainer.config_files import coerce
@@ -251,6 +252,12 @@ class RolloutConfig(Section):
         return self.gradient_accumulation_steps % period != 0 or self.backend == "vllm"
 
 
+VERL_KL_PENALTIES: Mapping[str, str] = MappingProxyType({
+    "kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "low_var_kl", "k3": "low_var_kl"})
+"""verl 0.9.1's ``algorithm.kl_penalty`` names -> the rlzoo KL estimator with the same meaning (``kl_penalty_forward``:
+its "k3" is the clamped ``low_var_kl``)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SignalConfig(Section):
     """What is scored at generation time besides the policy: a teacher (on-policy distillation) and the KL in the
@@ -270,15 +277,15 @@ class SignalConfig(Section):
     kl_horizon: int = 10000
     """The adaptive controller's horizon in completions (verl's kl_ctrl.horizon)."""
     kl_penalty: str = "k1"
-    """The KL-in-reward estimator: k1, k2, k3, abs, low_var_kl (verl's kl_penalty 'kl' is k1, 'mse' k2)."""
+    """The KL-in-reward estimator, verl's algorithm.kl_penalty with its meanings: kl or k1, abs, mse or k2,
+    low_var_kl or k3 (both clamped to [-10, 10] as in verl; the loss's kl_estimator k3 is TRL's, unclamped)."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
         return [
             ("kl_coef", math.isfinite(self.kl_coef) and self.kl_coef >= 0, "finite and >= 0"),
             ("target_kl", math.isfinite(self.target_kl) and self.target_kl > 0, "finite and > 0"),
             ("kl_horizon", self.kl_horizon > 0, "> 0"),
-            ("kl_penalty", self.kl_penalty in ("k1", "k2", "k3", "abs", "low_var_kl"),
-             "one of 'abs', 'k1', 'k2', 'k3', 'low_var_kl'"),
+            ("kl_penalty", self.kl_penalty in VERL_KL_PENALTIES, "one of " + ", ".join(map(repr, VERL_KL_PENALTIES))),
             *super().checks(),
         ]
 

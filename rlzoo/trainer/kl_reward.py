@@ -14,7 +14,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
-from rlzoo.trainer.config import SignalConfig
+from rlzoo.trainer.config import VERL_KL_PENALTIES, SignalConfig
 
 __all__ = ["KLRewardShaping"]
 
@@ -23,14 +23,15 @@ class KLRewardShaping:
     """The KL-in-reward penalty and its controller, over a whole (global) generation batch.
 
     Args:
-        config: the signal section (``kl_ctrl``, ``kl_coef``, ``target_kl``, ``kl_horizon``, ``kl_penalty``).
+        config: the signal section (``kl_ctrl``, ``kl_coef``, ``target_kl``, ``kl_horizon``, ``kl_penalty``: verl's
+            names and meanings, :data:`~rlzoo.trainer.config.VERL_KL_PENALTIES`).
 
     Raises:
         ValueError: an option out of range (names it).
     """
 
     def __init__(self, config: SignalConfig) -> None:
-        self.kl_penalty = config.kl_penalty
+        self.kl_penalty = VERL_KL_PENALTIES[config.kl_penalty]  # verl's meaning of the name ("k3" clamps)
         self.controller: KLController = get_kl_controller(config.kl_ctrl, kl_coef=config.kl_coef,
                                                           target_kl=config.target_kl, horizon=config.kl_horizon)
 

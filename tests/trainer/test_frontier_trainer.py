@@ -182,3 +182,21 @@ def test_optimal_token_baseline_gets_the_fused_kernels_sum_pi_squared(tmp_path):
     trainer.rollouts.generate = generate
     history = trainer.train()
     assert len(calls) == 2 and all(math.isfinite(r["loss"]) for r in history)
+
+
+def test_kl_penalty_takes_verls_names_with_verls_meanings():
+    """--kl-penalty is verl's algorithm.kl_penalty: 'kl' and 'mse' are its names for k1 and k2, and its 'k3' is the
+    clamped low_var_kl (rlzoo's loss estimator 'k3' is TRL's unclamped one: -1799.5 here instead of verl's -10)."""
+    from rlzoo.advantages import kl_in_reward
+    from rlzoo.trainer.config import SignalConfig
+    from rlzoo.trainer.kl_reward import KLRewardShaping
+
+    old, ref = torch.tensor([[-8.0, -1.0]], dtype=torch.float64), torch.tensor([[-0.5, -1.2]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    for verl_name, estimator in (("kl", "k1"), ("mse", "k2"), ("k3", "low_var_kl"), ("low_var_kl", "low_var_kl")):
+        shaping = KLRewardShaping(SignalConfig(kl_penalty=verl_name, kl_coef=1.0))
+        _, token_rewards, _ = shaping.apply(torch.zeros(1, dtype=torch.float64), old, ref, mask, token_level=True)
+        torch.testing.assert_close(token_rewards, kl_in_reward(old, ref, mask, kl_coef=1.0, kl_penalty=estimator)[0])
+    assert token_rewards[0, 0].item() == -10.0  # verl's clamp
+    with pytest.raises(ValueError, match=r"kl_penalty.*one of 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'"):
+        SignalConfig(kl_penalty="full")
