@@ -444,6 +444,11 @@ USER_ERRORS = (ValueError, KeyError, ImportError, OSError, FloatingPointError)
 Anything else (``RuntimeError`` from torch internals, ...) is a bug and keeps its traceback."""
 
 
+_TRAIN_EXTRA = frozenset({"transformers", "accelerate", "gguf", "safetensors", "reasoning_gym", "tqdm", "yaml", "tyro",
+                          "datasets", "peft"})
+"""Modules of the ``train`` extra (a core install has the zoo, ``list``, ``explain`` and, with matplotlib, ``plot``)."""
+
+
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
     instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
@@ -484,6 +489,8 @@ def _report(err: BaseException) -> int:
     if os.environ.get("RLZOO_DEBUG"):
         raise err
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    if isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] in _TRAIN_EXTRA:
+        message = f"{err}: this command needs the train extra, pip install 'rlzoo[train]'"
     debug = "" if isinstance(err, CommandLineError) else " (RLZOO_DEBUG=1 shows the traceback)"
     print(f"rlzoo: error: {message}{debug}", file=sys.stderr)
     return 2

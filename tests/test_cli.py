@@ -403,3 +403,32 @@ def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse
         parse_train_args(["--model", "tiny-random", "--reward-weights", "1", "2"])
     assert parse_train_args(["--reward-funcs", "accuracy", "format", "--reward-weights", "1", "0.5"]).reward_weights \
         == (1.0, 0.5)
+
+
+_WITHOUT_TRAIN_EXTRA = """
+import sys
+for module in ("transformers", "yaml", "tyro", "datasets", "peft", "reasoning_gym", "accelerate", "safetensors",
+               "tqdm", "gguf"):
+    sys.modules[module] = None  # as on `pip install rlzoo` without the train extra
+from rlzoo.cli import console_main
+sys.argv = ["rlzoo", *sys.argv[1:]]
+sys.exit(console_main())
+"""
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (["explain", "dapo"], 0, "dapo: Decoupled Clip"),
+    (["list"], 0, "loss presets"),
+    (["train", "--max-steps", "1"], 2, "this command needs the train extra, pip install 'rlzoo[train]'"),
+])
+def test_the_zoo_commands_work_without_the_train_extra(argv, code, says):
+    """A core install (torch, numpy, einops, jaxtyping) has the zoo: `rlzoo list` and `explain` ran into the trainer's
+    imports (yaml, tyro, transformers) and failed with a traceback; the trainer's commands name the extra."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TRAIN_EXTRA, *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert says in (proc.stdout if code == 0 else proc.stderr)
+    assert "Traceback" not in proc.stderr

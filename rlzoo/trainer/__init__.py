@@ -12,9 +12,24 @@ Components, each built from its own config section (:mod:`rlzoo.trainer.config`)
   :class:`~rlzoo.trainer.loop.Trainer` runs the loop over them.
 """
 
-from rlzoo.trainer.config import TrainConfig
-from rlzoo.trainer.evaluation import EvalResult
-from rlzoo.trainer.interrupts import RunInterrupted
-from rlzoo.trainer.loop import Trainer, train
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlzoo.trainer.config import TrainConfig
+    from rlzoo.trainer.evaluation import EvalResult
+    from rlzoo.trainer.interrupts import RunInterrupted
+    from rlzoo.trainer.loop import Trainer, train
 
 __all__ = ["EvalResult", "RunInterrupted", "TrainConfig", "Trainer", "train"]
+
+_HOMES = {"TrainConfig": "config", "EvalResult": "evaluation", "RunInterrupted": "interrupts", "Trainer": "loop",
+          "train": "loop"}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported on first use (PEP 562): ``rlzoo list``, ``explain`` and ``plot`` import the CLI,
+    which imports ``rlzoo.trainer.flags``, on an install without the ``train`` extra (transformers, yaml, tyro)."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"rlzoo.trainer.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'rlzoo.trainer' has no attribute {name!r}")
