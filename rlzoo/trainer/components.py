@@ -129,11 +129,12 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         tokenizer=tokenizer, peft_config=peft_config)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(policy_model)
-    if dist.enabled and loss_fn.batch_coupled and dist.is_main:
-        log.warning("loss %s uses statistics of the batch it is given (clip_cov / kl_cov / top_entropy_quantile / "
-                    "M2PO's mask / rollout_is_batch_normalize): under torchrun each rank computes them on its own "
-                    "share",
-                    loss_fn.name or "custom")
+    if loss_fn.batch_coupled and dist.is_main and (dist.enabled or config.gradient_accumulation_steps > 1):
+        log.warning("loss %s uses statistics of the batch it is given (%s): each micro-batch of "
+                    "per_device_train_batch_size completions%s computes them on its own (as TRL's top_entropy_quantile "
+                    "in one process; verl's rollout_is_batch_normalize normalises over the whole batch)",
+                    loss_fn.name or "custom", ", ".join(p.describe() for p in loss_fn.parts() if p.couples_batch),
+                    ", on each rank," if dist.enabled else "")
     policy = ParallelModel(policy_model, dist=dist, config=parallel, precision=precision)
     if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
         reference = AdapterDisabled(policy_model, module=policy.module)

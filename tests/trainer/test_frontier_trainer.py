@@ -200,3 +200,19 @@ def test_kl_penalty_takes_verls_names_with_verls_meanings():
     assert token_rewards[0, 0].item() == -10.0  # verl's clamp
     with pytest.raises(ValueError, match=r"kl_penalty.*one of 'kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3'"):
         SignalConfig(kl_penalty="full")
+
+
+def test_a_batch_coupled_loss_under_gradient_accumulation_says_its_statistics_are_per_micro_batch(tmp_path, caplog):
+    """One process with 2 micro-batches per step: the entropy quantile is taken per micro-batch (as TRL's), which the
+    run says once at start-up (before, only under torchrun); without accumulation the micro-batch is the step's."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        _trainer(tmp_path / "a", algorithm="dapo", loss={"top_entropy_quantile": 0.5}, gradient_accumulation_steps=2,
+                 per_device_train_batch_size=4)
+    assert ("loss dapo uses statistics of the batch it is given (entropy_mask(top_entropy_quantile=0.5)): each "
+            "micro-batch of per_device_train_batch_size completions computes them on its own") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        _trainer(tmp_path / "b", algorithm="dapo", loss={"top_entropy_quantile": 0.5})
+    assert "uses statistics of the batch" not in caplog.text
