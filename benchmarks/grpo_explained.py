@@ -285,7 +285,25 @@ def cmd_figures(args: argparse.Namespace) -> int:
                 title="their share of the gradient (w.r.t. log-probs)")
     _save(fig, axes, "unclipped_negative.png")
 
-    # 4. the generation cycle: when generation, old and reference log-probs happen
+    # 4. exp(logp - logp.detach()): the trainer's gradient against REINFORCE's, per pass over a batch
+    fig, ax = plt.subplots(figsize=(10, 3.4), constrained_layout=True)
+    for k, n in enumerate(runs):
+        mbs = _watch(n)["micro_batches"]
+        x = [mb["optimizer_step"] + (k - (len(runs) - 1) / 2) * 0.12 for mb in mbs]
+        ax.plot(x, [mb["max_abs_policy_grad_minus_reinforce"] for mb in mbs], "o", color=colors.get(n), ms=6,
+                label=f"max |grad - REINFORCE grad|, ni = {n}")
+        ax.plot(x, [mb["max_abs_grad"] for mb in mbs], "_", color=colors.get(n), ms=14, mew=2,
+                label=f"max |grad| (scale), ni = {n}")
+    ax.set(xlabel="optimizer step", ylabel="d loss / d logp (per token)",
+           title="first pass (r = 1): the gradient is REINFORCE's exactly (0); later passes: clipped tokens differ")
+    ax.title.set_fontsize(9)
+    ax.set_ylim(bottom=-0.0005)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(FIGURES / "detached_ratio_gradient.png", dpi=80)
+    plt.close(fig)
+
+    # 5. the generation cycle: when generation, old and reference log-probs happen
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.6 * len(runs)), layout="constrained")
     marks = {"generate": ("v", "#444444", "generate (sample + rewards + advantages)"),
              "old_logprobs": ("o", "#d62728", "old log-probs (policy, no grad)"),
