@@ -118,9 +118,12 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
     pic = objective_curves(loss, **options)
     style = {"font.size": 9.5, "axes.spines.top": False, "axes.spines.right": False, "axes.titlesize": 10,
              "axes.titleweight": "bold"}
+    rows = max(len(curve.flags) for curve in pic.curves)  # 0/1 metric rows: the bottom panels grow past two
+    extra = 0.45 * max(0, rows - 2)
     with plt.rc_context(style):
-        fig, axes = plt.subplots(3, 2, figsize=(10.5, 7.4), sharex="col",
-                                 gridspec_kw={"height_ratios": [1, 1, 0.36], "hspace": 0.32, "wspace": 0.16})
+        fig, axes = plt.subplots(3, 2, figsize=(10.5, 7.4 + extra), sharex="col",
+                                 gridspec_kw={"height_ratios": [1, 1, 0.36 + 0.2 * max(0, rows - 2)], "hspace": 0.32,
+                                              "wspace": 0.16})
         legend: dict[str, Any] = {
             "the loss's curves (A > 0, A < 0)": (Line2D([], [], color=_POS, lw=2.2), Line2D([], [], color=_NEG, lw=2.2)),
             "unclipped IS: J(1) + A (r - 1), gradient r A": Line2D([], [], color=_REF, ls="--", lw=1.1),
@@ -166,8 +169,10 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
                 for x0, x1 in spans:
                     low.plot([x0, x1], [-k, -k], color=c, lw=6, solid_capstyle="butt", zorder=3)
                 x0, x1 = max(spans, key=lambda s: s[1] - s[0])
-                low.annotate(name, (0.5 * (x0 + x1), -k), xytext=(0, 4.5), textcoords="offset points", ha="center",
-                             va="bottom", fontsize=8, color=c, zorder=4)
+                # from the bar's end toward the middle of the axis, so that a long name stays inside the panel
+                inward_left = x0 - r[0] <= r[-1] - x1
+                low.annotate(name, (x0 if inward_left else x1, -k), xytext=(0, 4.5), textcoords="offset points",
+                             ha="left" if inward_left else "right", va="bottom", fontsize=8, color=c, zorder=4)
             low.set_yticks([])
             low.set_ylim(-max(1, len(flags)) + 0.45, 0.75)
             low.spines["left"].set_visible(False)
@@ -179,7 +184,8 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
                                                                                           ls=":", lw=1)
         fig.legend(list(legend.values()), list(legend), loc="lower center", ncols=2, frameon=False, fontsize=8.5,
                    handler_map={tuple: HandlerTuple(ndivide=None)})
-        fig.suptitle(f"{pic.label}: {pic.title}", fontsize=12.5, fontweight="bold", y=0.99)
+        title = f"{pic.label}: {pic.title}"
+        fig.suptitle(title, fontsize=min(12.5, 12.5 * 88 / len(title)), fontweight="bold", y=0.99)  # fits the width
         conventions = [f"one token (T = 1), |A| = {abs(pic.curves[0].advantage):g}, p_old = {pic.old_prob:.3g}",
                        *pic.notes]
         fig.text(0.5, 0.948, "computed by calling the loss with autograd on one-token batches; " + "; ".join(conventions),
