@@ -199,6 +199,8 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
         current = fields[slot.field]
         others = [c for c, (s, _) in new_parts.items() if s is slot and c is not cls]
         configured = current is not None and type(current) is not cls and (current.active or current != type(current)())
+        if configured and not current.active and set(current.option_names()) & set(overrides):
+            configured = False  # switched off in this very call (is_correction=None): the new part takes the slot
         if others or configured:
             rival = others[0].registered_name() if others else current.describe()
             raise ValueError(
