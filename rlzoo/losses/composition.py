@@ -207,6 +207,8 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
                 f"PolicyLoss.{slot.field} holds one part: {', '.join(sorted(kwargs))} ({cls.registered_name()}) and "
                 f"{rival} configure the same slot; use the options of one (TRL's is_correction / is_min / is_max "
                 "or verl's rollout_is / rollout_is_threshold / rollout_is_batch_normalize)"
+                + ("" if others else f"; to replace {current.describe()}, switch it off in the same call "
+                   f"({next(iter(current.option_names()))}=None)")
             )
         fields[slot.field] = part
     return type(loss)(**fields)
