@@ -65,11 +65,13 @@ class Preset:
 
     def reading(self) -> list[tuple[str, str]]:
         """The files a reader opens besides :attr:`source` to understand the preset, in pipeline order, each as
-        ``(path, what to read there)``: the pipeline that calls the parts (``PolicyLoss.__call__``; the off-policy
-        path too when the loss takes it) and the module of each active part defined outside the preset's own file,
-        with the parts' names (``("rlzoo/losses/surrogate.py", "ppo_clip")``)."""
+        ``(path, what to read there)``: the pipeline that calls the parts (``PolicyLoss.__call__``, and
+        ``LossInputs``, what every part reads; the off-policy path too when the loss takes it), the module of each
+        active part defined outside the preset's own file, with the parts' names
+        (``("rlzoo/losses/surrogate.py", "ppo_clip")``), and for a part defined in the preset's file the module of
+        its slot's base (``"the Surrogate base"``)."""
         loss = self.build()
-        files = [("rlzoo/losses/policy_loss.py", "PolicyLoss.__call__")]
+        files = [("rlzoo/losses/policy_loss.py", "PolicyLoss.__call__"), ("rlzoo/losses/base.py", "LossInputs")]
         if loss.off_policy:
             files.append(("rlzoo/losses/off_policy.py", "policy_loss"))
         modules: dict[str, list[str]] = {}
@@ -77,6 +79,10 @@ class Preset:
             module = type(part).__module__
             if module != self.build.__module__:
                 modules.setdefault(module, []).append(part.registered_name())
+            else:  # the preset's own part: its slot's base (what it implements) lives with the slot's shared parts
+                slot = next(c for c in type(part).__mro__[1:] if "registry" in vars(c))
+                if slot.__module__ != module:
+                    modules.setdefault(slot.__module__, []).append(f"the {slot.__name__} base")
         return files + [(module.replace(".", "/") + ".py", ", ".join(names)) for module, names in modules.items()]
 
     def provenance(self) -> str:
