@@ -140,10 +140,12 @@ def _config_and_dotted(argv: Sequence[str],
             if i + 1 >= len(argv):
                 raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
             base = load_config_file(argv[i + 1])
+            _check_python_parts(argv[i + 1], argv)
             del argv[i:i + 2]
             break
         if arg.startswith("--config="):
             base = load_config_file(arg.split("=", 1)[1])
+            _check_python_parts(arg.split("=", 1)[1], argv)
             del argv[i]
             break
     base = lay_over(under or {}, base)
@@ -164,6 +166,37 @@ def _config_and_dotted(argv: Sequence[str],
             rest.append(argv[i])
         i += 1
     return lay_over(base, dotted), rest
+
+
+def _check_python_parts(path: str, argv: Sequence[str]) -> None:
+    """Refuse ``--config RUN/config.json`` of a run whose loss or reward functions were given from Python (a config
+    file cannot hold them: the settings alone would train another loss or without those rewards) unless the flags
+    that replace them (``--algorithm``, ``--reward-funcs``) are given."""
+    import json
+
+    from rlzoo.trainer.resume import loss_summary
+
+    if not path.endswith(".json"):
+        return
+    try:
+        run = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return  # load_config_file has said what is wrong
+    if not isinstance(run, dict) or "segments" not in run:
+        return
+    given = {flag_name(a) for a in argv}
+    loss = run.get("resolved_loss") if run.get("resolved_python_loss") else None
+    if loss is not None and "--algorithm" not in given:
+        raise ValueError(f"{path}: that run's loss was given from Python ({loss_summary(loss)}), which a config file "
+                         f"cannot hold (its algorithm {run.get('algorithm')!r} would train another loss): pass "
+                         "--algorithm NAME (and --loss.* options) to train a preset with its settings, or train it "
+                         "from Python with Trainer(config, loss=...)")
+    rewards = list(run.get("resolved_python_reward_funcs") or [])
+    if rewards and "--reward-funcs" not in given:
+        raise ValueError(f"{path}: that run also had the reward function(s) {', '.join(rewards)} given as Python "
+                         "callables, which a config file cannot hold: give all its rewards with --reward-funcs "
+                         f"{' '.join([*(run.get('reward_funcs') or []), 'module:function'])} (or train from Python "
+                         "with Trainer(config, reward_funcs=[...]))")
 
 
 def lay_over(below: Mapping[str, Any], above: Mapping[str, Any]) -> dict[str, Any]:

@@ -44,10 +44,12 @@ from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import (
     OPTIMIZER_SETTINGS,
+    PYTHON_LOSS,
     PYTHON_REWARDS,
     check_run_length,
     compare_settings,
     find_checkpoint,
+    loss_summary,
 )
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
@@ -109,6 +111,7 @@ class Trainer:
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
                                             shard=config.parallelism == "fsdp")
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
+        self._python_loss = loss is not None  # checkpoints record it: `algorithm` alone would rebuild another
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
@@ -285,6 +288,7 @@ class Trainer:
     def _resolved(self) -> dict[str, Any]:
         precision = self.precision
         return {"resolved_loss": self.loss_fn.to_config(), "resolved_advantage": self.advantage_name,
+                "resolved_python_loss": self._python_loss, "resolved_python_reward_funcs": self._python_rewards,
                 "resolved_task_kwargs": self.config.resolved_task_kwargs,
                 "resolved_steps_per_generation": self.config.effective_steps_per_generation,
                 "resolved_device": str(precision.device),
@@ -306,7 +310,8 @@ class Trainer:
         """
         path = self.checkpointer.save(
             self.step, policy=self.policy, optimizer=self.optimizer.optimizer, tokenizer=self.tokenizer,
-            settings={**self.config.to_dict(), PYTHON_REWARDS: self._python_rewards},
+            settings={**self.config.to_dict(), PYTHON_REWARDS: self._python_rewards,
+                      PYTHON_LOSS: self.loss_fn.to_config() if self._python_loss else None},
             shared={"scheduler": self.optimizer.scheduler_state()},
             per_rank={"rollouts": self.rollouts.state_dict(), "rng": rng_state()}, dist=self.dist, row=row)
         self._saved_step = self.step
@@ -330,6 +335,11 @@ class Trainer:
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
+        if saved.get(PYTHON_LOSS) is not None and not self._python_loss:
+            raise ValueError(
+                f"checkpoint {path} was trained with a loss given from Python ({loss_summary(saved[PYTHON_LOSS])}), "
+                f"which algorithm {saved.get('algorithm')!r} does not rebuild: pass it again, "
+                "Trainer(resume_config(RUN), loss=...)")
         dropped = [name for name in saved.get(PYTHON_REWARDS) or [] if name not in self._reward_names]
         if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied, logged
             log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "

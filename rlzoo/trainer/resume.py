@@ -64,6 +64,11 @@ PYTHON_REWARDS = "python_reward_funcs"
 (``Trainer(config, reward_funcs=[fn])``): a checkpoint cannot hold a function, so a command-line resume of such a
 run must give them again (:func:`checkpoint_settings`)."""
 
+PYTHON_LOSS = "python_loss"
+"""The key under which a checkpoint's settings hold the loss given from Python (``Trainer(config, loss=...)``), as
+its ``to_config()`` (None: the loss of ``algorithm``): ``algorithm`` alone would rebuild another loss, so a resume
+without that loss is refused (:func:`checkpoint_settings`)."""
+
 _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # how this segment starts
 # ``world_size`` (the number of ranks, not a flag) is compared too: a change is applied (DCP reshards the model
 # and optimizer) as long as the global batch stays.
@@ -140,7 +145,7 @@ def find_checkpoint(checkpointer: Checkpointer, resume: str | None) -> Path | No
 
 
 def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str | None, *,
-                        rewards_given: bool = True) -> dict[str, Any] | None:
+                        rewards_given: bool = True, loss_given: bool = False) -> dict[str, Any] | None:
     """The settings of the checkpoint ``resume`` names (``latest`` / ``auto``: the newest under
     ``OUTPUT_DIR/checkpoints``; or a checkpoint path), as :meth:`TrainConfig.from_dict` takes them: what the
     command line lays the flags given on resume over.
@@ -154,11 +159,13 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
         rewards_given: the reward functions are given again (``--reward-funcs`` or a config file's
             ``reward_funcs``; the Python API's ``Trainer(reward_funcs=...)``); if not, a checkpoint of a run
             that had Python-callable rewards is refused.
+        loss_given: the loss is given again (the Python API's ``Trainer(loss=...)``); if not, a checkpoint of a run
+            whose loss was given from Python (:data:`PYTHON_LOSS`) is refused.
 
     Raises:
         ValueError: ``latest`` or ``auto`` without ``output_dir`` (names --output-dir); the checkpoint's run had
             reward functions given as Python callables and ``rewards_given`` is False (names them and
-            ``--reward-funcs module:function``).
+            ``--reward-funcs module:function``); its loss was given from Python and ``loss_given`` is False.
         FileNotFoundError: a path that is not a checkpoint.
     """
     if resume is None:
@@ -177,6 +184,12 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in Checkpointer.settings(path).items() if k != "world_size" and k not in _NOT_SETTINGS}
     callables = list(saved.pop(PYTHON_REWARDS, None) or [])
+    python_loss = saved.pop(PYTHON_LOSS, None)
+    if python_loss is not None and not loss_given:
+        raise ValueError(
+            f"checkpoint {path} was trained with a loss given from Python (Trainer(..., loss=...): "
+            f"{loss_summary(python_loss)}), which its settings (algorithm {saved.get('algorithm')!r}) do not "
+            "rebuild: resume from Python with Trainer(resume_config(RUN), loss=...) and the same loss")
     if callables and not rewards_given:
         spec = " ".join([*(saved.get("reward_funcs") or []), "module:function"])  # the flag lists all of them
         raise ValueError(
@@ -188,6 +201,14 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
         log.warning("resume: checkpoint %s has settings this version of rlzoo does not know, ignored: %s", path,
                     ", ".join(unknown))
     return {k: v for k, v in saved.items() if k in fields}
+
+
+def loss_summary(config: Mapping[str, Any]) -> str:
+    """A loss's ``to_config()`` in a few words for messages: its name, or its surrogate and aggregation."""
+    if config.get("name"):
+        return f"{config['name']!r}"
+    parts = [f"{slot} {(config.get(slot) or {}).get('name')!r}" for slot in ("surrogate", "aggregation")]
+    return "a composed loss: " + ", ".join(parts)
 
 
 def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **overrides: Any) -> TrainConfig:
@@ -202,7 +223,7 @@ def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **
             path that is not a checkpoint.
         ValueError: unknown field names or invalid values (:meth:`TrainConfig.from_dict`).
     """
-    saved = checkpoint_settings(output_dir, resume)
+    saved = checkpoint_settings(output_dir, resume, loss_given=True)  # the Trainer checks the loss it is given
     if saved is None and resume != "auto":
         raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from; "
                                 "resume='auto' resumes if there is one and else starts fresh")

@@ -161,6 +161,37 @@ def test_a_resume_without_a_python_callable_reward_of_the_run_says_so(tmp_path, 
     assert "rewards/other/mean" in _rows(run / "metrics.jsonl")[-1]
 
 
+def test_a_run_with_a_loss_given_from_python_is_not_continued_with_its_algorithm(tmp_path, monkeypatch, capsys):
+    """Trainer(config, loss=...) records algorithm 'grpo' (the default) next to the loss it trained: a resume or
+    --config RUN/config.json used to train grpo's loss instead, silently. Refused now unless the loss is given again
+    (Python) or --algorithm says what to train (config file); likewise a Python-callable reward under --config."""
+    import rlzoo
+
+    run = tmp_path / "run"
+    loss = rlzoo.get_loss("dapo", epsilon_high=0.3)
+    Trainer(_config(run, max_steps=1, eval_size=0), loss=loss, reward_funcs=[digit_fraction]).train()
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                     "--reward-funcs", "test_run_safety:digit_fraction")
+    assert code == 2 and "was trained with a loss given from Python (Trainer(..., loss=...): 'dapo')" in _error_line(err), err
+    with pytest.raises(ValueError, match=r"trained with a loss given from Python \('dapo'\), which algorithm 'grpo' "
+                                         r"does not rebuild: pass it again"):
+        Trainer(resume_config(run, max_steps=2), reward_funcs=[digit_fraction]).train()
+    history = Trainer(resume_config(run, max_steps=2), loss=loss, reward_funcs=[digit_fraction]).train()
+    assert [r["step"] for r in history] == [1, 2]
+
+    config = run / "config.json"
+    code, err = _cli(monkeypatch, capsys, "train", "--config", config, "--output-dir", tmp_path / "copy",
+                     "--reward-funcs", "test_run_safety:digit_fraction")
+    assert code == 2 and "that run's loss was given from Python ('dapo')" in _error_line(err), err
+    code, err = _cli(monkeypatch, capsys, "train", "--config", config, "--output-dir", tmp_path / "copy",
+                     "--algorithm", "dapo")
+    assert code == 2 and "reward function(s) digit_fraction given as Python callables" in _error_line(err), err
+    code, err = _cli(monkeypatch, capsys, "train", "--config", config, "--output-dir", tmp_path / "copy",
+                     "--algorithm", "dapo", "--loss.epsilon_high", "0.3", "--reward-funcs",
+                     "test_run_safety:digit_fraction", "--max-steps", "1")
+    assert code == 0, err
+
+
 def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monkeypatch, capsys):
     code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", tmp_path / "empty", "--resume",
                      "latest")
