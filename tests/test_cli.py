@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import rlzoo
 from rlzoo.cli import CommandLineError, console_main, lay_over, main, parse_train_args
@@ -432,3 +433,24 @@ def test_the_zoo_commands_work_without_the_train_extra(argv, code, says):
     assert proc.returncode == code, proc.stderr[-2000:]
     assert says in (proc.stdout if code == 0 else proc.stderr)
     assert "Traceback" not in proc.stderr
+
+
+def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_directory(tmp_path):
+    """--model RUN (train, export) used to be read as a model (AttributeError: module 'torch' has no attribute
+    'auto', from rlzoo's own config.json); --model RUN/checkpoints/step-N said "not a loadable checkpoint". A
+    checkpoint now stands for its model/, and a run directory names its newest checkpoint's model."""
+    from rlzoo.trainer.models import build_tiny_random, load_model
+
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step-000002"
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained(checkpoint / "model")
+    tokenizer.save_pretrained(checkpoint / "model")
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "dtype": "auto", "segments": []}))
+    loaded, _ = load_model(str(checkpoint))
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True))
+    with pytest.raises(ValueError, match=f"^model '{run}' is an rlzoo run directory, not a model \\(its newest "
+                                         f"checkpoint's model is {checkpoint / 'model'}; pass that"):
+        main(["export", str(run), str(tmp_path / "out")])
+    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0

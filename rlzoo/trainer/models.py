@@ -120,7 +120,8 @@ def load_model(
 
     Args:
         name_or_path: a built-in name (``smollm2-135m``, ``tiny-random``), a ``.gguf`` file, a checkpoint or
-            adapter directory, or a hub id (see the module docstring).
+            adapter directory (a run's ``RUN/checkpoints/step-N``: its ``model/``), or a hub id (see the module
+            docstring).
         dtype: parameter dtype; None keeps the checkpoint's (float32 for the built-ins and GGUF files).
         device: where to put the model (``"cpu"``, ``"cuda"``, ``torch.device``...).
         trainable: an adapter directory's adapter is loaded trainable (to continue training it).
@@ -137,11 +138,13 @@ def load_model(
             cache, or not on the hub), or a directory that is not a loadable checkpoint.
         ImportError: ``smollm2-135m`` without its package; the message has the exact pip command.
         FileNotFoundError: a ``.gguf`` path that does not exist.
-        ValueError: a name :func:`recorded_model` gave a model object from Python (:func:`check_loadable_model`).
+        ValueError: a name :func:`recorded_model` gave a model object from Python (:func:`check_loadable_model`);
+            a run directory (names its newest checkpoint's model).
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model name_or_path must be a non-empty string, got {name_or_path!r}")
     check_loadable_model(name_or_path)
+    name_or_path = _model_of_run(name_or_path)
     if name_or_path in _BUILTINS:
         model, tokenizer = _BUILTINS[name_or_path](dtype)
     elif name_or_path.lower().endswith(".gguf"):
@@ -164,6 +167,24 @@ def load_model(
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def _model_of_run(name_or_path: str) -> str:
+    """A checkpoint directory of a run (``RUN/checkpoints/step-N``) stands for its consolidated model (``model/``);
+    a run directory is refused (its ``config.json`` is rlzoo's, not a model's), naming its newest checkpoint.
+
+    Raises:
+        ValueError: ``name_or_path`` is a run directory.
+    """
+    path = Path(name_or_path)
+    if (path / "trainer_state.json").is_file() and (path / "model").is_dir():
+        return str(path / "model")
+    if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+        steps = sorted(path.glob("checkpoints/step-*/model"), key=lambda p: int(p.parent.name.split("-")[-1]))
+        newest = f"its newest checkpoint's model is {steps[-1]}" if steps else "it has no checkpoint"
+        raise ValueError(f"model {name_or_path!r} is an rlzoo run directory, not a model ({newest}; pass that, or "
+                         "RUN/checkpoints/step-N)")
+    return name_or_path
 
 
 def _load_local(
