@@ -454,3 +454,14 @@ def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_direc
                                          f"checkpoint's model is {checkpoint / 'model'}; pass that"):
         main(["export", str(run), str(tmp_path / "out")])
     assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+
+
+def test_eval_of_a_task_without_answers_is_refused_not_nan(tmp_path):
+    """A data set with --task.answer_column null has no reference answers: rlzoo eval used to print "accuracy nan%
+    (n=0)" and write NaN into its JSON (not valid JSON)."""
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i} + {i} ="}) + "\n" for i in range(8)))
+    with pytest.raises(ValueError, match=r"has no reference answers to evaluate against .*--task.answer_column"):
+        main(["eval", "--model", "tiny-random", "--task", str(path), "--task.answer_column", "null",
+              "--output", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()

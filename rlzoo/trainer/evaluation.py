@@ -180,18 +180,22 @@ def evaluate(config: TrainConfig) -> EvalResult:
     """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints).
 
     Raises:
-        ValueError: ``eval_size`` < 1; and the errors of model and task loading.
+        ValueError: ``eval_size`` < 1; a task without reference answers (names ``--task.answer_column``), checked
+            before the model loads; and the errors of model and task loading.
     """
     from rlzoo.trainer.models import load_model
 
     if config.eval_size < 1:
         raise ValueError(f"eval_size must be >= 1 to evaluate, got {config.eval_size}")
+    task = build_task(config.section(TaskConfig))
+    if not task.task.has_answers:  # accuracy needs them: NaN over 0 problems is not a result (nor valid JSON)
+        raise ValueError(f"task {config.task!r} has no reference answers to evaluate against (its answer column is "
+                         "unset): pass --task.answer_column COLUMN")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     precision = Precision.resolve(config.section(ModelConfig))
     model, tokenizer = load_model(config.model, dtype=precision.inference_dtype, device=precision.device)
     model.eval()
-    task = build_task(config.section(TaskConfig))
     rollout = config.section(RolloutConfig)
     generator = HFGenerator(tokenizer, max_completion_length=rollout.max_completion_length,
                             max_prompt_length=rollout.max_prompt_length, share_prefix=False)
