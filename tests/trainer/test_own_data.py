@@ -83,7 +83,7 @@ def test_prompts_render_as_trl_renders_them(system_prompt):
         render_prompt(tok, "The sky is", "Be brief.")
 
 
-def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path):
+def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path, caplog):
     """A directory laid out as a hub data set repository (data/SPLIT-*.parquet), with its test split as the held-out
     set, trains 2 steps; a save_to_disk directory and a CSV file load the same rows."""
     hub = tmp_path / "org-math"
@@ -104,6 +104,18 @@ def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path):
         assert sorted(task.dataset["question"]) == sorted(r["question"] for r in rows)
     with pytest.raises(ValueError, match="has no split 'validation'; its splits: train"):
         load_task(str(tmp_path / "disk"), kwargs={"prompt_column": "question", "split": "validation"})
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        load_task(str(tmp_path / "disk"), kwargs={"prompt_column": "question", "eval_split": "train"})
+    assert "--task.eval_split train is the training split: the held-out accuracy is measured on training" in caplog.text
+    # one saved Dataset (no DatasetDict) has no named splits: a split asked of it was ignored, silently
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    assert len(load_task(str(tmp_path / "one"), kwargs={"prompt_column": "question"}, eval_size=0).dataset) == 30
+    for option in ({"split": "nope"}, {"eval_split": "test"}):
+        with pytest.raises(ValueError, match=rf"is one saved Dataset \(save_to_disk\), without named splits: drop "
+                                             rf"--task.{next(iter(option))} "):
+            load_task(str(tmp_path / "one"), kwargs={"prompt_column": "question", **option})
 
 
 def test_an_uncached_hub_data_set_offline_is_a_clear_error():

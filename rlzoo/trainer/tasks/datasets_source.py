@@ -68,7 +68,8 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
 
     Raises:
         FileNotFoundError: a data file path that does not exist.
-        ValueError: an unknown split (names the available ones), or a data set that cannot be loaded (names it; a
+        ValueError: an unknown split (names the available ones; a split other than "train" of a saved Dataset,
+            which has none), or a data set that cannot be loaded (names it; a
             hub id offline or not found says so; an empty file says so; a file that is not valid names the file
             and, for JSON lines, the first bad line).
     """
@@ -101,8 +102,17 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
         if path.is_file():
             raise _file_error(path, err) from err
         raise ValueError(_load_error(spec, err)) from err
-    if not isinstance(loaded, Mapping):  # a save_to_disk Dataset: one split
+    if not isinstance(loaded, Mapping):  # a save_to_disk Dataset: one split, which has no name
+        asked = {option: value for option, value in (("split", split), ("eval_split", eval_split))
+                 if value is not None and value != "train"}
+        if asked:
+            raise ValueError(f"data set {spec!r} is one saved Dataset (save_to_disk), without named splits: drop "
+                             + ", ".join(f"--task.{option} {value}" for option, value in asked.items())
+                             + " (the held-out set is then a seeded split of it)")
         return loaded, None
+    if eval_split is not None and eval_split == split:
+        log.warning("data set %r: --task.eval_split %s is the training split: the held-out accuracy is measured on "
+                    "training problems", spec, split)
     return _split(loaded, split, spec), (_split(loaded, eval_split, spec) if eval_split else None)
 
 
