@@ -54,7 +54,7 @@ from rlzoo.trainer.resume import (
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.step_batch import OptimizerStepBatch
-from rlzoo.trainer.tasks import recorded_task
+from rlzoo.trainer.tasks import check_python_dataset, recorded_task
 from rlzoo.trainer.trackers import Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
@@ -106,6 +106,8 @@ class Trainer:
         self.config = config = TrainConfig.from_dict(absolute_paths(config.to_dict()))  # config.json works anywhere
         if callable(reward_funcs) or isinstance(reward_funcs, str):  # one function, as TRL's reward_funcs takes it
             reward_funcs = [reward_funcs]
+        check_python_dataset("train_dataset", train_dataset)  # before anything loads
+        check_python_dataset("eval_dataset", eval_dataset)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,

@@ -414,3 +414,21 @@ def test_one_reward_function_is_taken_as_trls_reward_funcs_takes_it(tmp_path):
 
     trainer = Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "run")), reward_funcs=length)
     assert trainer.rollouts.rewards.names == ("accuracy", "length")
+
+
+def test_python_data_that_is_not_a_dataset_says_how_to_make_one(tmp_path):
+    """A DatasetDict passed as train_dataset said "has no column 'prompt'; its columns: 'train'; choose one with
+    --task.prompt_column" (the wrong fix); a list of rows raised AttributeError 'column_names'."""
+    from rlzoo.trainer.config import TaskConfig
+    from rlzoo.trainer.tasks import build_task
+
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)]
+    with pytest.raises(TypeError, match=r"^train_dataset is a DatasetDict with the splits 'train', 'test': pass one "
+                                        r"split, e.g. train_dataset=data\['train'\]"):
+        build_task(TaskConfig(), train_dataset=datasets.DatasetDict(
+            {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows)}))
+    with pytest.raises(TypeError, match=r"^train_dataset must be a datasets.Dataset or IterableDataset, got list: "
+                                        r"pass datasets.Dataset.from_list\(rows\)"):
+        build_task(TaskConfig(), train_dataset=rows)
+    with pytest.raises(TypeError, match=r"^eval_dataset must be .* got dict: pass datasets.Dataset.from_dict"):
+        build_task(TaskConfig(), train_dataset=datasets.Dataset.from_list(rows), eval_dataset={"prompt": ["1 + 1 ="]})

@@ -21,8 +21,8 @@ from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extr
 from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
 from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
 
-__all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "dataset_task_name", "load_task",
-           "make_task", "recorded_task"]
+__all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
+           "dataset_task_name", "load_task", "make_task", "recorded_task"]
 
 PYTHON_DATASET = "train_dataset:"
 """How a data set given from Python (``Trainer(config, train_dataset=...)``) is named: ``train_dataset:`` and its
@@ -237,11 +237,31 @@ def make_task(
     return TaskStream(task, answer_extraction=answer_extraction)
 
 
+def check_python_dataset(name: str, data: Any) -> None:
+    """Refuse what ``Trainer(train_dataset=...)`` cannot take, saying how to make a ``datasets.Dataset`` of it.
+
+    Raises:
+        TypeError: a ``DatasetDict`` (names its splits), a list, a pandas DataFrame or another type.
+    """
+    import datasets
+
+    if data is None or isinstance(data, (datasets.Dataset, datasets.IterableDataset)):
+        return
+    if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        raise TypeError(f"{name} is a {type(data).__name__} with the splits {', '.join(map(repr, data))}: pass one "
+                        f"split, e.g. {name}=data[{next(iter(data), 'train')!r}]")
+    how = {"list": "datasets.Dataset.from_list(rows)", "dict": "datasets.Dataset.from_dict(columns)",
+           "DataFrame": "datasets.Dataset.from_pandas(frame)"}.get(type(data).__name__, "a datasets.Dataset")
+    raise TypeError(f"{name} must be a datasets.Dataset or IterableDataset, got {type(data).__name__}: pass {how}")
+
+
 def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
     """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
     ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``).
 
     Raises:
+        TypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
+            names its splits; a list or DataFrame, the conversion).
         ValueError: ``system_prompt`` with standard-format (string) prompts; a ``config.task`` that names a data set
             given from Python, without ``train_dataset`` (:func:`check_loadable_task`); and the errors of
             :func:`load_task`,
@@ -249,6 +269,8 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     """
     common = {"train_seed": config.train_seed, "eval_seed": config.eval_seed, "eval_size": config.eval_size,
               "exclude_eval_questions": config.exclude_eval_questions}
+    for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        check_python_dataset(name, data)
     if train_dataset is not None:
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
