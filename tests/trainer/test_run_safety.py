@@ -131,6 +131,20 @@ def test_a_fresh_run_refuses_a_directory_holding_a_run_and_overwrite_starts_clea
     assert len(json.loads((run / "config.json").read_text())["segments"]) == 1
 
 
+def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
+    """A start that failed before its first checkpoint (a broken reward) left config.json and an empty
+    metrics.jsonl; the next fresh start was told to "continue it with --resume latest", which has nothing to
+    continue. It is told to use --resume auto or --overwrite, and --resume auto starts fresh."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match=r"holds a start that wrote no checkpoint .* --resume auto .* --overwrite"):
+        Trainer(_config(run, max_steps=1))
+    _train(run, max_steps=1, eval_size=0, resume="auto")
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]
+
+
 # ------------------------------------------------------------------------------------------- 3. timelines
 def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     run = tmp_path / "run"
