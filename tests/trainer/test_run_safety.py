@@ -131,6 +131,21 @@ def test_a_fresh_run_refuses_a_directory_holding_a_run_and_overwrite_starts_clea
     assert len(json.loads((run / "config.json").read_text())["segments"]) == 1
 
 
+def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
+    """A path that does not exist (a checkpoint pruned by save_total_limit) was "not an rlzoo checkpoint (no
+    trainer_state.json)"; it names the checkpoints there are."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (2, 3):
+        (checkpoints / f"step-00000{step}").mkdir(parents=True)
+        (checkpoints / f"step-00000{step}" / "trainer_state.json").write_text("{}")
+    finder = Checkpointer(CheckpointConfig(), checkpoints)
+    with pytest.raises(FileNotFoundError, match=r"step-000001: no such checkpoint; .* holds step-000002, step-000003 "
+                                                r"\(older checkpoints are pruned by --save-total-limit\)"):
+        finder.find(str(checkpoints / "step-000001"))
+    with pytest.raises(FileNotFoundError, match=r"^--resume /nonexistent/step-1: no such checkpoint$"):
+        finder.find("/nonexistent/step-1")
+
+
 def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
     """A start that failed before its first checkpoint (a broken reward) left config.json and an empty
     metrics.jsonl; the next fresh start was told to "continue it with --resume latest", which has nothing to
