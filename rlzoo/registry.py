@@ -105,6 +105,14 @@ class Registry(Generic[T]):
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid names: {', '.join(self.names())}")
 
+    def canonical(self, name: str) -> str:
+        """The registered spelling of ``name`` as :meth:`get` resolves it (``DAPO`` -> ``dapo``, ``dr-grpo`` ->
+        ``dr_grpo``); ``name`` itself when it matches none (:meth:`get` then raises with its did-you-mean)."""
+        if name in self._items or not isinstance(name, str):
+            return name
+        folded = {n.casefold().replace("-", "_"): n for n in self._items}
+        return folded.get(name.casefold().replace("-", "_"), name)
+
     def names(self) -> list[str]:
         """Sorted registered names."""
         return sorted(self._items)

@@ -67,6 +67,16 @@ class AlgorithmConfig(Section):
     advantage_options: DottedOptions = dataclasses.field(default_factory=dict)
     """Advantage estimator options, e.g. --advantage.scale none."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from rlzoo.advantages import advantage_estimators
+        from rlzoo.losses import presets
+
+        # the registered spelling (--algorithm DAPO trains dapo): recorded and compared on resume as such
+        object.__setattr__(self, "algorithm", presets.canonical(self.algorithm))
+        if self.advantage is not None:
+            object.__setattr__(self, "advantage", advantage_estimators.canonical(self.advantage))
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig(Section):

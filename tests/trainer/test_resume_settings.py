@@ -308,3 +308,14 @@ def test_rlzoo_tasks_shows_the_default_tasks_effective_defaults(monkeypatch, cap
     out = capsys.readouterr().out
     for name, value in DEFAULT_TASK_KWARGS.items():
         assert f"--task.{name} {value!r}" in out, out
+
+
+def test_preset_and_estimator_names_are_recorded_as_registered():
+    """--algorithm DAPO trains dapo and is recorded so: a resume with --algorithm dapo logged "algorithm changed
+    'DAPO' -> 'dapo'" (likewise --advantage RLOO); an unknown name is left for the did-you-mean of the build."""
+    config = TrainConfig(**TINY, algorithm="DAPO", advantage="RLOO")
+    assert (config.algorithm, config.advantage) == ("dapo", "rloo")
+    assert TrainConfig(**TINY, algorithm="dr-grpo").algorithm == "dr_grpo"
+    saved = {**config.to_dict(), "world_size": 1}
+    assert compare_settings(saved, TrainConfig(**TINY, algorithm="dapo", advantage="rloo")) == {}
+    assert TrainConfig(**TINY, algorithm="dapoo").algorithm == "dapoo"
