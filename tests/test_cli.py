@@ -465,3 +465,16 @@ def test_eval_of_a_task_without_answers_is_refused_not_nan(tmp_path):
         main(["eval", "--model", "tiny-random", "--task", str(path), "--task.answer_column", "null",
               "--output", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_misspelt_config_key_or_task_gets_a_did_you_mean():
+    """A config file's `learning-rate` or `max_step`, and `--task chain_sun` / `Chain_Sum`, got only the list of
+    every valid name (70 keys, 100 tasks)."""
+    from rlzoo.trainer.tasks import load_task
+
+    for key, meant in (("learning-rate", "learning_rate"), ("max_step", "max_steps")):
+        with pytest.raises(ValueError, match=rf"\({key!r}: did you mean {meant!r}\?\); valid keys: "):
+            TrainConfig.from_dict({key: 1})
+    for name in ("chain_sun", "Chain_Sum"):
+        with pytest.raises(UnknownNameError, match=rf"unknown task {name!r}: .* did you mean 'chain_sum'\?; available"):
+            load_task(name)

@@ -58,9 +58,14 @@ class ReasoningGymTask(Task):
         from reasoning_gym.factory import DATASETS
 
         if self.name not in DATASETS:
+            import difflib
+
+            tasks = {name.casefold(): name for name in list_reasoning_gym_tasks()}
+            close = [tasks[n] for n in difflib.get_close_matches(self.name.casefold(), list(tasks), n=2, cutoff=0.8)]
+            meant = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise UnknownNameError(
                 f"unknown task {self.name!r}: not a data file, a data set directory or a hub id (org/name), nor a "
-                "reasoning-gym task; "
+                f"reasoning-gym task{meant}; "
                 f"available: {', '.join(list_reasoning_gym_tasks())}"
             )
         if self.eval_size < 0:
