@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.losses import PolicyLoss, Rejection
-from rlzoo.trainer.adapters import AdapterDisabled
+from rlzoo.trainer.adapters import AdapterDisabled, is_peft_model
 from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import (
     AdapterConfig,
@@ -212,17 +212,19 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
                           progress=config.progress and dist.is_main)
     optimizer = OptimizerStep(config.section(OptimizerConfig), models.policy.module, max_steps=config.max_steps)
     logger = MetricsLogger(run_dir, max_steps=config.max_steps, progress=config.progress, writes=dist.is_main,
-                           trackers=trackers, title=plot_title(config, loss_fn, task.task.name))
+                           trackers=trackers, title=plot_title(config, loss_fn, task.task.name,
+                                                               adapter=is_peft_model(models.model)))
     return Components(scorer=scorer, rollouts=rollouts, evaluator=evaluator, optimizer=optimizer,
                       checkpointer=Checkpointer(config.section(CheckpointConfig), checkpoints), logger=logger,
                       python_rewards=list(rewards.names[len(config.reward_funcs):]),
                       reward_names=list(rewards.names))
 
 
-def plot_title(config: TrainConfig, loss_fn: PolicyLoss, task: str) -> str:
-    """The plot's title: loss, task and model; a local file or directory by its name, not its whole path."""
+def plot_title(config: TrainConfig, loss_fn: PolicyLoss, task: str, *, adapter: bool = False) -> str:
+    """The plot's title: loss, task and model (`` + LoRA`` when ``adapter``: an adapter trains, from --peft or a
+    ``peft_config``); a local file or directory by its name, not its whole path."""
     def short(name: str) -> str:
         return Path(name).name if ("/" in name or "\\" in name) and Path(name).exists() else name
 
-    adapter = " + LoRA" if config.peft is not None else ""
-    return f"{loss_fn.name or 'custom loss'} on {short(task)} - {short(config.model)}{adapter}"
+    suffix = " + LoRA" if adapter or config.peft is not None else ""
+    return f"{loss_fn.name or 'custom loss'} on {short(task)} - {short(config.model)}{suffix}"

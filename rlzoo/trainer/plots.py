@@ -56,7 +56,7 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig = plt.figure(figsize=(12, 7.2), dpi=110)
-    grid = fig.add_gridspec(2, len(PANELS), height_ratios=(1.5, 1), hspace=0.42, wspace=0.5, top=0.9)
+    grid = fig.add_gridspec(2, len(PANELS), height_ratios=(1.5, 1), hspace=0.42, wspace=0.75, top=0.9)
     top = fig.add_subplot(grid[0, :])
     steps, rewards = _series(history, "reward")
     top.plot(steps, rewards, color=_REWARD, marker="o", markersize=3, linewidth=1.6,

@@ -228,3 +228,10 @@ def test_lora_checkpoints_save_without_looking_the_base_up(tmp_path, monkeypatch
     assert (tmp_path / "run" / "checkpoints" / "step-000002" / "model" / "adapter_model.safetensors").is_file()
     assert not [w for w in caught if "config file" in str(w.message) or "embedding" in str(w.message)], \
         [str(w.message) for w in caught]
+
+
+def test_the_plot_title_names_an_adapter_given_as_peft_config(tmp_path):
+    """' + LoRA' was appended for --peft only, not for Trainer(peft_config=...)."""
+    config = TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run"))
+    trainer = Trainer(config, peft_config=LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear"))
+    assert trainer.logger.title.endswith(" - tiny-random + LoRA")
