@@ -233,5 +233,6 @@ def test_lora_checkpoints_save_without_looking_the_base_up(tmp_path, monkeypatch
 def test_the_plot_title_names_an_adapter_given_as_peft_config(tmp_path):
     """' + LoRA' was appended for --peft only, not for Trainer(peft_config=...)."""
     config = TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run"))
-    trainer = Trainer(config, peft_config=LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear"))
+    trainer = Trainer(config, peft_config=LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear"),
+                      reward_funcs=[digit_fraction])
     assert trainer.logger.title.endswith(" - tiny-random + LoRA")
