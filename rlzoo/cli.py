@@ -88,7 +88,8 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     overwrite = base.get("overwrite") or "--overwrite" in given
     if overwrite and RunDirectory(output_dir or ".", resume=resume).resumes_own_run:
         rewards_given = True  # a contradiction the trainer refuses first (--overwrite would delete what resumes)
-    saved = checkpoint_settings(output_dir, resume, rewards_given=rewards_given)
+    saved = checkpoint_settings(output_dir, resume, rewards_given=rewards_given,
+                                loss_given="algorithm" in base or "--algorithm" in given)  # a preset chosen anew
     if saved is not None:  # resuming: what is not given again is the checkpoint's, so only what is given can change
         base, _ = _config_and_dotted(argv, under=saved)
     default = TrainConfig.from_dict(base)

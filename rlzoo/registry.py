@@ -27,9 +27,15 @@ if sys.version_info >= (3, 12):  # pragma: no cover - depends on the interpreter
 else:  # pragma: no cover
     from typing_extensions import dataclass_transform
 
-__all__ = ["Component", "Registry", "UnknownNameError", "check_choice", "check_number", "choice"]
+__all__ = ["Component", "Registry", "UnknownNameError", "WrongTypeError", "check_choice", "check_number", "choice"]
 
 T = TypeVar("T")
+
+
+class WrongTypeError(TypeError, ValueError):
+    """An input of the wrong type (a ``DatasetDict`` for a ``Dataset``, a module that is not a model); names the
+    type expected and how to get one. Subclasses ``ValueError`` too, so that one ``except ValueError`` catches every
+    input error (and the ``rlzoo`` command reports it in one line)."""
 
 
 class UnknownNameError(KeyError, ValueError):

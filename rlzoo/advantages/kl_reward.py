@@ -135,8 +135,10 @@ def kl_in_reward(
         ref_logprobs: ``Float[N, T]`` the reference's log-probs of the same tokens.
         completion_mask: ``Bool[N, T]``; values at masked positions are ignored (NaN included).
         kl_coef: ``beta``, finite, >= 0 (a controller's ``value``).
-        kl_penalty: the estimator, one of ``rlzoo.losses.kl_estimators`` (default "k1"; verl ``kl_penalty``:
-            verl's "kl" is "k1", "mse" is "k2", "low_var_kl" is "low_var_kl").
+        kl_penalty: the estimator, one of ``rlzoo.losses.kl_estimators`` by rlzoo's names (default "k1"; verl's
+            ``kl_penalty`` names differ: its "kl" is "k1", "mse" is "k2", and its "k3" is the clamped "low_var_kl",
+            rlzoo's "k3" the unclamped one; ``rlzoo train --kl-penalty`` takes verl's names,
+            ``rlzoo.trainer.config.VERL_KL_PENALTIES``).
 
     Returns:
         ``(token_rewards, current_kl)``: ``Float[N, T]`` equal to ``-kl_coef * kl`` (0 at masked positions), and the

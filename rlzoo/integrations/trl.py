@@ -42,11 +42,13 @@ batches and the counts are estimated as TRL does (the generation batch's count t
 prompts, is refused there).
 
 With the default loss (:func:`rlzoo.compat.trl.loss_from_grpo_config` of ``args``) training matches TRL 1.16
-``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for every ``loss_type`` except two cases where
-TRL's loss is not the optimizer step's and this one is: ``bnpo`` (TRL divides each micro-batch by its own token
-count, then by the accumulation steps) and the entropy bonus (``entropy_coef``: TRL takes a token mean per
-micro-batch), which differ when the micro-batches of a step have different token counts. docs/integrations.md
-has the table.
+``GRPOTrainer._compute_loss`` (``trl/trainer/grpo_trainer.py``) for every ``loss_type`` except where TRL's loss is
+not the optimizer step's and this one is: ``bnpo`` (TRL divides each micro-batch by its own token count, then by the
+accumulation steps) and the entropy bonus (``entropy_coef``: TRL takes a token mean per micro-batch), which differ
+when the micro-batches of a step have different token counts, and dapo / cispo / vespo with ``steps_per_generation``
+a multiple > 1 of the accumulation steps (TRL divides by the generation batch's average step; warned); and, on
+several processes, a batch-coupled part (``top_entropy_quantile``: TRL gathers the processes' entropies; warned).
+docs/integrations.md has the table.
 """
 
 import dataclasses
@@ -158,7 +160,7 @@ def resolve_loss(
     needed = resolved.required_fields()
     ignored = {field: getattr(args, field) for field, default in GRPO_LOSS_DEFAULTS.items()
                if field not in _STILL_READ and getattr(args, field) != default}
-    if loss is not None and ignored:
+    if loss is not None and ignored and isinstance(resolved, PolicyLoss):  # a TRLGRPOLoss is built from them
         warnings.warn(
             f"GRPOTrainer(loss={name!r}) replaces TRL's loss, so these GRPOConfig loss settings are not used: "
             + ", ".join(f"{field}={value!r}" for field, value in ignored.items())

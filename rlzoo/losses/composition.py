@@ -199,7 +199,9 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
         current = fields[slot.field]
         others = [c for c, (s, _) in new_parts.items() if s is slot and c is not cls]
         configured = current is not None and type(current) is not cls and (current.active or current != type(current)())
-        if configured and not current.active and set(current.option_names()) & set(overrides):
+        switch, *settings = current.option_names() if current is not None else ("",)
+        if configured and not current.active and overrides.get(switch, "") is None and not any(
+                overrides.get(k) is not None for k in settings):
             configured = False  # switched off in this very call (is_correction=None): the new part takes the slot
         if others or configured:
             rival = others[0].registered_name() if others else current.describe()
@@ -207,8 +209,8 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
                 f"PolicyLoss.{slot.field} holds one part: {', '.join(sorted(kwargs))} ({cls.registered_name()}) and "
                 f"{rival} configure the same slot; use the options of one (TRL's is_correction / is_min / is_max "
                 "or verl's rollout_is / rollout_is_threshold / rollout_is_batch_normalize)"
-                + ("" if others else f"; to replace {current.describe()}, switch it off in the same call "
-                   f"({next(iter(current.option_names()))}=None)")
+                + ("" if others else f"; to replace {current.describe()}, pass {switch}=None in the same call "
+                   "(and none of its other options)")
             )
         fields[slot.field] = part
     return type(loss)(**fields)

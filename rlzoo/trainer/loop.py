@@ -337,7 +337,8 @@ class Trainer:
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
-        if saved.get(PYTHON_LOSS) is not None and not self._python_loss:
+        if saved.get(PYTHON_LOSS) is not None and not self._python_loss and \
+                self.loss_fn.to_config() != saved[PYTHON_LOSS]:  # the algorithm's own loss is that loss: honoured
             raise ValueError(
                 f"checkpoint {path} was trained with a loss given from Python ({loss_summary(saved[PYTHON_LOSS])}), "
                 f"which algorithm {saved.get('algorithm')!r} does not rebuild: pass it again, "

@@ -31,8 +31,8 @@ from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.run_dir import RunDirectory
 
-__all__ = ["OPTIMIZER_SETTINGS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_run_length", "checkpoint_settings",
-           "compare_settings", "find_checkpoint", "resume_config"]
+__all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_run_length",
+           "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -107,6 +107,11 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         if name in _NOT_SETTINGS or name not in saved:
             continue
         old = saved[name]
+        if name in ("algorithm", "advantage") and isinstance(old, str):  # recorded as typed by older versions
+            from rlzoo.advantages import advantage_estimators
+            from rlzoo.losses import presets
+
+            old = (presets if name == "algorithm" else advantage_estimators).canonical(old)
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs
@@ -159,8 +164,9 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
         rewards_given: the reward functions are given again (``--reward-funcs`` or a config file's
             ``reward_funcs``; the Python API's ``Trainer(reward_funcs=...)``); if not, a checkpoint of a run
             that had Python-callable rewards is refused.
-        loss_given: the loss is given again (the Python API's ``Trainer(loss=...)``); if not, a checkpoint of a run
-            whose loss was given from Python (:data:`PYTHON_LOSS`) is refused.
+        loss_given: the loss is given again (the Python API's ``Trainer(loss=...)``, or ``--algorithm``: a choice of
+            preset); if not, a checkpoint of a run whose loss was given from Python (:data:`PYTHON_LOSS`) is refused,
+            unless that loss is the one its ``algorithm`` and ``loss`` options build.
 
     Raises:
         ValueError: ``latest`` or ``auto`` without ``output_dir`` (names --output-dir); the checkpoint's run had
@@ -185,7 +191,7 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
     saved = {k: v for k, v in Checkpointer.settings(path).items() if k != "world_size" and k not in _NOT_SETTINGS}
     callables = list(saved.pop(PYTHON_REWARDS, None) or [])
     python_loss = saved.pop(PYTHON_LOSS, None)
-    if python_loss is not None and not loss_given:
+    if python_loss is not None and not loss_given and not _is_algorithms_loss(python_loss, saved):
         raise ValueError(
             f"checkpoint {path} was trained with a loss given from Python (Trainer(..., loss=...): "
             f"{loss_summary(python_loss)}), which its settings (algorithm {saved.get('algorithm')!r}) do not "
@@ -201,6 +207,19 @@ def checkpoint_settings(output_dir: str | os.PathLike[str] | None, resume: str |
         log.warning("resume: checkpoint %s has settings this version of rlzoo does not know, ignored: %s", path,
                     ", ".join(unknown))
     return {k: v for k, v in saved.items() if k in fields}
+
+
+def _is_algorithms_loss(python_loss: Mapping[str, Any], saved: Mapping[str, Any]) -> bool:
+    """Whether the loss given from Python is the one the run's ``algorithm`` and ``loss`` options build (then
+    resuming by its settings trains the same loss)."""
+    from rlzoo.losses import get_loss
+
+    try:
+        built = get_loss(saved.get("algorithm", "grpo"), **dict(saved.get("loss") or {}))
+    except (KeyError, ValueError, TypeError):
+        return False
+    mine = dict(built.to_config(), max_completion_length=python_loss.get("max_completion_length"))
+    return mine == dict(python_loss)
 
 
 def loss_summary(config: Mapping[str, Any]) -> str:

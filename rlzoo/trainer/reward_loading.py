@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlzoo.registry import WrongTypeError
 from rlzoo.trainer.reward_functions import RewardFunctionError
 
 __all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function"]
@@ -124,7 +125,7 @@ class RewardModel:
 
     Raises:
         OSError: the model or its tokenizer cannot be loaded (names it; offline without a cached copy says so).
-        TypeError: a model object that is not a ``PreTrainedModel``.
+        WrongTypeError: (a ``TypeError`` and ``ValueError``) a model object that is not a ``PreTrainedModel``.
 
     Source: ``GRPOTrainer._calculate_rewards`` (the ``nn.Module`` branch) and ``GRPOTrainer.__init__``.
     """
@@ -137,7 +138,7 @@ class RewardModel:
         elif isinstance(model, PreTrainedModel):
             name = str(model.config._name_or_path)
         else:
-            raise TypeError(f"a reward model must be a directory, a hub id or a PreTrainedModel, got "
+            raise WrongTypeError(f"a reward model must be a directory, a hub id or a PreTrainedModel, got "
                             f"{type(model).__name__}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name) if tokenizer is None else tokenizer

@@ -133,8 +133,8 @@ class RewardSet:
         ValueError: no functions, a weight count that does not match, non-finite weights, repeated names,
             ``"accuracy"`` without a task (or a task without answers).
         UnknownNameError: a name that is neither built-in nor a loadable spelling (lists the built-ins).
-        TypeError: an entry that is neither a string nor callable, or a ``torch.nn.Module`` that is not a
-            ``PreTrainedModel``.
+        TypeError: an entry that is neither a string nor callable; :class:`~rlzoo.registry.WrongTypeError` (also a
+            ``ValueError``) a ``torch.nn.Module`` that is not a ``PreTrainedModel``.
         and the errors of :func:`load_reward_function`.
     """
 

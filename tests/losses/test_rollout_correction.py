@@ -248,9 +248,11 @@ def test_rollout_is_replaces_a_presets_is_correction_switched_off_in_the_same_ca
     """decoupled_ppo and m2po hold AReaL's behaviour weight in the IS slot: verl's rollout_is next to it is refused
     (one slot, two parts), but with is_correction=None in the same call it takes the slot (it was refused too:
     the switched-off part's is_max counted as configured); the loss then equals the preset's parts with that IS."""
-    with pytest.raises(ValueError, match=r"PolicyLoss.is_correction holds one part.*switch it off in the same call "
-                                         r"\(is_correction=None\)$"):
+    with pytest.raises(ValueError, match=r"PolicyLoss.is_correction holds one part.*pass is_correction=None in the "
+                                         r"same call \(and none of its other options\)$"):
         rlzoo.get_loss(preset, rollout_is="token", rollout_is_threshold=2.0)
+    with pytest.raises(ValueError, match=r"holds one part"):  # is_max=7 would be dropped without a word
+        rlzoo.get_loss(preset, is_correction=None, is_max=7.0, rollout_is="token")
     swapped = rlzoo.get_loss(preset, is_correction=None, rollout_is="token", rollout_is_threshold=2.0)
     assert swapped.is_correction == rlzoo.get_loss("ppo", rollout_is="token", rollout_is_threshold=2.0).is_correction
     assert swapped.surrogate == rlzoo.get_loss(preset).surrogate

@@ -191,7 +191,8 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
 
         patch.setattr("rlzoo.trainer.adapters.build_policy", no_model)
         with pytest.raises(ValueError, match=refusal):
-            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy")])
+            main(["train", "--config", str(run / "config.json"), "--output-dir", str(tmp_path / "copy"),
+                  "--reward-funcs", "accuracy"])  # its Python reward replaced (else that is refused first)
         with pytest.raises(ValueError, match=refusal):
             main(["train", "--output-dir", str(run), "--resume", "latest", "--max-steps", "2",
                   "--reward-funcs", "accuracy"])  # its Python reward replaced: the model is what is refused

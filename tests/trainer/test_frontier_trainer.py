@@ -144,7 +144,7 @@ def test_kl_in_reward_errors_name_the_option(tmp_path):
     with pytest.raises(ValueError, match="kl_horizon"):
         TrainConfig(**TINY, kl_horizon=0)
     with pytest.raises(ValueError, match="kl_penalty"):
-        TrainConfig(**TINY, kl_penalty="mse")
+        TrainConfig(**TINY, kl_penalty="full")  # verl's "full" needs whole distributions (verl raises too)
 
 
 # ------------------------------------------------------------------------------------- optimal token baseline

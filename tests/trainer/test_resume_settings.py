@@ -190,6 +190,12 @@ def test_a_run_with_a_loss_given_from_python_is_not_continued_with_its_algorithm
                      "--algorithm", "dapo", "--loss.epsilon_high", "0.3", "--reward-funcs",
                      "test_run_safety:digit_fraction", "--max-steps", "1")
     assert code == 0, err
+    # a loss from Python that is the algorithm's own (grpo, the default) resumes by the settings: nothing refused
+    same = tmp_path / "same"
+    Trainer(_config(same, max_steps=1, eval_size=0), loss=rlzoo.get_loss("grpo"), reward_funcs=[digit_fraction]).train()
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", same, "--resume", "latest", "--max-steps", "2",
+                     "--reward-funcs", "test_run_safety:digit_fraction", "--no-progress")
+    assert code == 0, err
 
 
 def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monkeypatch, capsys):
@@ -319,3 +325,5 @@ def test_preset_and_estimator_names_are_recorded_as_registered():
     saved = {**config.to_dict(), "world_size": 1}
     assert compare_settings(saved, TrainConfig(**TINY, algorithm="dapo", advantage="rloo")) == {}
     assert TrainConfig(**TINY, algorithm="dapoo").algorithm == "dapoo"
+    older = {**saved, "algorithm": "DAPO", "advantage": "RLOO"}  # a checkpoint of a version that kept the spelling
+    assert compare_settings(older, TrainConfig(**TINY, algorithm="dapo", advantage="rloo")) == {}

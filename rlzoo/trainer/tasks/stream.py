@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlzoo.registry import UnknownNameError
+from rlzoo.registry import UnknownNameError, WrongTypeError
 from rlzoo.trainer.config import TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
 from rlzoo.trainer.tasks.datasets_source import (
@@ -241,18 +241,19 @@ def check_python_dataset(name: str, data: Any) -> None:
     """Refuse what ``Trainer(train_dataset=...)`` cannot take, saying how to make a ``datasets.Dataset`` of it.
 
     Raises:
-        TypeError: a ``DatasetDict`` (names its splits), a list, a pandas DataFrame or another type.
+        WrongTypeError: (a ``TypeError`` and ``ValueError``) a ``DatasetDict`` (names its splits), a list, a pandas
+            DataFrame or another type.
     """
     import datasets
 
     if data is None or isinstance(data, (datasets.Dataset, datasets.IterableDataset)):
         return
     if isinstance(data, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        raise TypeError(f"{name} is a {type(data).__name__} with the splits {', '.join(map(repr, data))}: pass one "
+        raise WrongTypeError(f"{name} is a {type(data).__name__} with the splits {', '.join(map(repr, data))}: pass one "
                         f"split, e.g. {name}=data[{next(iter(data), 'train')!r}]")
     how = {"list": "datasets.Dataset.from_list(rows)", "dict": "datasets.Dataset.from_dict(columns)",
            "DataFrame": "datasets.Dataset.from_pandas(frame)"}.get(type(data).__name__, "a datasets.Dataset")
-    raise TypeError(f"{name} must be a datasets.Dataset or IterableDataset, got {type(data).__name__}: pass {how}")
+    raise WrongTypeError(f"{name} must be a datasets.Dataset or IterableDataset, got {type(data).__name__}: pass {how}")
 
 
 def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
@@ -260,7 +261,7 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``).
 
     Raises:
-        TypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
+        WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
             names its splits; a list or DataFrame, the conversion).
         ValueError: ``system_prompt`` with standard-format (string) prompts; a ``config.task`` that names a data set
             given from Python, without ``train_dataset`` (:func:`check_loadable_task`); and the errors of
