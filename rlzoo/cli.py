@@ -129,9 +129,10 @@ def _refuse_trl_spellings(argv: Sequence[str]) -> None:
         raise CommandLineError(f"unknown option: {hint}")
 
 
-def _config_and_dotted(argv: Sequence[str],
-                       under: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
-    """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments."""
+def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None, *,
+                       train: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments;
+    for ``train`` a run's config.json whose loss or rewards were Python objects is checked (:func:`_check_python_parts`)."""
     from rlzoo.trainer.config_files import load_config_file
 
     argv = list(argv)
@@ -141,12 +142,14 @@ def _config_and_dotted(argv: Sequence[str],
             if i + 1 >= len(argv):
                 raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
             base = load_config_file(argv[i + 1])
-            _check_python_parts(argv[i + 1], argv)
+            if train:
+                _check_python_parts(argv[i + 1], argv)
             del argv[i:i + 2]
             break
         if arg.startswith("--config="):
             base = load_config_file(arg.split("=", 1)[1])
-            _check_python_parts(arg.split("=", 1)[1], argv)
+            if train:
+                _check_python_parts(arg.split("=", 1)[1], argv)
             del argv[i]
             break
     base = lay_over(under or {}, base)
@@ -352,7 +355,7 @@ def _cmd_eval(argv: Sequence[str]) -> int:
 
     from rlzoo.trainer.eval_run import EvalArgs, eval_result
 
-    settings, rest = _config_and_dotted(argv)
+    settings, rest = _config_and_dotted(argv, train=False)
     unknown = sorted(set(settings) - {"task_kwargs"})
     if unknown:
         raise ValueError(f"rlzoo eval takes only evaluation options; {unknown} are rlzoo train's")
