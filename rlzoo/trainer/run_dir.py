@@ -116,10 +116,10 @@ class RunDirectory:
             raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
         if self.starts_fresh and not self.overwrite and self.resume != "auto" and self.holds_run():
             if not any(self.checkpoints.glob("step-*")):  # nothing to continue: --resume latest would fail
-                raise FileExistsError(
+                auto = "" if self.resume is not None else "--resume auto (keeps its files under abandoned/) or "
+                raise FileExistsError(  # (a fork from another run's checkpoint keeps its --resume: no auto there)
                     f"output directory {self.path} holds a start that wrote no checkpoint (it stopped before its "
-                    "first); start over with --resume auto (keeps its files under abandoned/) or --overwrite "
-                    "(deletes them), or choose another --output-dir")
+                    f"first); start over with {auto}--overwrite (deletes them), or choose another --output-dir")
             raise FileExistsError(
                 f"output directory {self.path} already holds a run; continue it with --resume latest, or start "
                 "over with --overwrite (deletes that run's files: checkpoints, metrics, plots, completions, ...; not "

@@ -156,6 +156,10 @@ def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
     (run / "metrics.jsonl").write_text("")
     with pytest.raises(FileExistsError, match=r"holds a start that wrote no checkpoint .* --resume auto .* --overwrite"):
         Trainer(_config(run, max_steps=1))
+    fork = RunDirectory(run, resume=str(tmp_path / "other" / "checkpoints" / "step-000001"))
+    with pytest.raises(FileExistsError, match=r"start over with --overwrite") as refused:
+        fork.check()  # a fork from another run's checkpoint: --resume auto would drop that checkpoint
+    assert "--resume auto" not in str(refused.value)
     _train(run, max_steps=1, eval_size=0, resume="auto")
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]
 
