@@ -19,7 +19,7 @@ import dataclasses
 import difflib
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 if sys.version_info >= (3, 12):  # pragma: no cover - depends on the interpreter
@@ -27,9 +27,18 @@ if sys.version_info >= (3, 12):  # pragma: no cover - depends on the interpreter
 else:  # pragma: no cover
     from typing_extensions import dataclass_transform
 
-__all__ = ["Component", "Registry", "UnknownNameError", "WrongTypeError", "check_choice", "check_number", "choice"]
+__all__ = ["Component", "Registry", "UnknownNameError", "WrongTypeError", "check_choice", "check_number", "choice",
+           "close_names"]
 
 T = TypeVar("T")
+
+
+def close_names(name: str, names: Iterable[str], *, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The spellings in ``names`` closest to ``name`` (``difflib`` ratio >= ``cutoff``, at most ``n``), compared with
+    case and ``-`` / ``_`` folded: the "did you mean" of an unknown name."""
+    folded = {key.casefold().replace("-", "_"): key for key in names}
+    return [folded[k] for k in difflib.get_close_matches(name.casefold().replace("-", "_"), list(folded), n=n,
+                                                         cutoff=cutoff)]
 
 
 class WrongTypeError(TypeError, ValueError):
@@ -103,11 +112,9 @@ class Registry(Generic[T]):
             pass
         close: list[str] = []
         if isinstance(name, str):
-            folded = {n.casefold().replace("-", "_"): n for n in self._items}
-            key = name.casefold().replace("-", "_")
-            if key in folded:
-                return self._items[folded[key]]
-            close = [folded[n] for n in difflib.get_close_matches(key, list(folded), n=3, cutoff=0.6)]
+            if (found := self.canonical(name)) in self._items:
+                return self._items[found]
+            close = close_names(name, self._items, n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise UnknownNameError(f"unknown {self.kind} {name!r}{hint}; valid names: {', '.join(self.names())}")
 

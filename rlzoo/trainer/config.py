@@ -382,11 +382,10 @@ class TrainConfig(TrackingConfig, RunConfig, CheckpointConfig, EvalConfig, Optim
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            import difflib
+            from rlzoo.registry import close_names
 
             hint = spelling_hint(unknown, flags=False)
-            close = {key: difflib.get_close_matches(str(key).replace("-", "_"), names, n=1, cutoff=0.75)
-                     for key in unknown}
+            close = {key: close_names(str(key), names, n=1, cutoff=0.75) for key in unknown}
             meant = "; ".join(f"{key!r}: did you mean {match[0]!r}?" for key, match in close.items() if match)
             raise ValueError(f"unknown config keys {unknown}" + (f" ({hint})" if hint else "")
                              + (f" ({meant})" if meant else "") + f"; valid keys: {', '.join(sorted(names))}")

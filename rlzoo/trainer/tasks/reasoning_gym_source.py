@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from rlzoo.registry import UnknownNameError
+from rlzoo.registry import UnknownNameError, close_names
 from rlzoo.trainer.tasks.base import TRAIN_CHUNK, Task, TaskItem, derive_seed
 
 __all__ = ["ReasoningGymTask", "list_reasoning_gym_tasks"]
@@ -58,10 +58,7 @@ class ReasoningGymTask(Task):
         from reasoning_gym.factory import DATASETS
 
         if self.name not in DATASETS:
-            import difflib
-
-            tasks = {name.casefold(): name for name in list_reasoning_gym_tasks()}
-            close = [tasks[n] for n in difflib.get_close_matches(self.name.casefold(), list(tasks), n=2, cutoff=0.8)]
+            close = close_names(self.name, list_reasoning_gym_tasks(), n=2, cutoff=0.8)
             meant = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise UnknownNameError(
                 f"unknown task {self.name!r}: not a data file, a data set directory or a hub id (org/name), nor a "
