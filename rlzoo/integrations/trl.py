@@ -93,7 +93,7 @@ _GENERATION_NORMALISED = ("dapo", "cispo", "vespo")
 # Metrics TRL already logs once per generation batch (rlzoo would log them again per micro-batch).
 _GENERATION_METRICS = "sampling/"
 # How a metric is reduced over processes (row of _log_loss_metrics' reductions); others: token-weighted mean,
-# or max / min for names ending in /max, /min.
+# or max / min for names ending in /max or _max, /min or _min (TRL's clip_ratio/high_max, clip_ratio/low_min).
 _METRIC_REDUCTION = {"policy_loss": 3, "aux_loss": 4}
 # Keys this trainer adds to TRL's generation batch (rlzoo-prefixed: TRL's own keys stay untouched).
 _GROUP_INDEX_KEY = "rlzoo_group_index"
@@ -286,9 +286,10 @@ class GRPOTrainer(trl.GRPOTrainer):
     the loss needs them, each completion's prompt id (``group_index``) and combined reward (``rewards``) are added
     to TRL's generation batch (keys ``rlzoo_group_index``, ``rlzoo_rewards``; the rewards are read from TRL's
     ``_calculate_rewards``). Metrics go to TRL's logger under the
-    loss's names (TRL's: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``kl``,
-    ``entropy``, ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``policy_loss``; plus rlzoo's ``ratio/*`` and the
-    parts' own): a token-weighted mean over processes (``*/max``: the max, ``*/min``: the min);
+    loss's names (TRL's: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``,
+    ``clip_ratio/low_min``, ``clip_ratio/high_max``, ``kl``, ``entropy``, ``cispo_clip_ratio``,
+    ``vespo/phi_seq_mean``, ``policy_loss``; plus rlzoo's ``ratio/*`` and the parts' own): a token-weighted mean
+    over processes (``*/max`` and ``*_max``: the max, ``*/min`` and ``*_min``: the min);
     ``sampling/*`` is left to TRL, which logs it per generation batch.
 
     Raises:
@@ -571,7 +572,8 @@ class GRPOTrainer(trl.GRPOTrainer):
                 values.mean(0),  # aux_loss, as TRL
             ]).tolist()  # the one device sync
         for i, name in enumerate(names):
-            kind = _METRIC_REDUCTION.get(name) or (1 if name.endswith("/max") else 2 if name.endswith("/min") else 0)
+            kind = _METRIC_REDUCTION.get(name) or (1 if name.endswith(("/max", "_max")) else
+                                                   2 if name.endswith(("/min", "_min")) else 0)
             self._metrics[mode][name].append(reductions[kind][i])
         if (
             isinstance(self.loss_fn, TRLGRPOLoss)

@@ -20,6 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.losses.base import LossInputs, Metrics, Part, PartOutput
+from rlzoo.losses.functional import masked_max, masked_min
 from rlzoo.registry import Registry, check_number
 
 __all__ = ["OnPolicy", "PPOClip", "Surrogate", "clip_metrics", "surrogates"]
@@ -77,14 +78,20 @@ def clip_metrics(x: LossInputs, w: Float[Tensor, "B T"], low: float, high: float
     """TRL's clip metrics: the fractions (:meth:`LossInputs.fraction`: per sequence for a sequence-level ratio
     with per-sequence advantages, as TRL, else per counted token) of ``clip_ratio/low_mean`` =
     ``(w < low) & (A < 0)``, ``clip_ratio/high_mean`` = ``(w > high) & (A > 0)``, ``clip_ratio/region_mean`` =
-    either. Matches TRL 1.16 ``GRPOTrainer._compute_loss``'s logged metrics (one process, no fully masked row)."""
+    either; and ``clip_ratio/low_min`` / ``clip_ratio/high_max``, the least / greatest per-sequence fraction of
+    low- / high-clipped tokens over the sequences with a counted token (0 when there is none), all in [0, 1].
+    Matches TRL 1.16 ``GRPOTrainer._compute_loss``'s logged metrics (one process, no fully masked row; over
+    processes TRL takes the min / max of every process's sequences, as a min / max merge of these does)."""
     w = w.detach()
     is_low = (w < low) & (x.advantages < 0)
     is_high = (w > high) & (x.advantages > 0)
+    rows = (x.lengths > 0).unsqueeze(-1)
     return {
         "clip_ratio/low_mean": x.fraction(is_low),
         "clip_ratio/high_mean": x.fraction(is_high),
         "clip_ratio/region_mean": x.fraction(is_low | is_high),
+        "clip_ratio/low_min": masked_min(x.seq_mean(is_low.to(w.dtype)), rows),
+        "clip_ratio/high_max": masked_max(x.seq_mean(is_high.to(w.dtype)), rows),
     }
 
 

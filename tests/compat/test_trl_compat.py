@@ -724,7 +724,7 @@ def trl_metrics(cfg: dict[str, Any], case: Case) -> dict[str, float]:
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), loss_type=st.sampled_from(["grpo", "bnpo", "dapo", "luspo", "cispo"]))
 def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss_type: str) -> None:
-    """clip_ratio/{low,high,region}_mean (and cispo_clip_ratio) equal TRL's logged values, for both
+    """clip_ratio/{low,high,region}_mean, low_min, high_max (and cispo_clip_ratio) equal TRL's logged values, for both
     importance-sampling levels: with the sequence level and per-sequence advantages TRL counts each sequence
     once (its indicator is [B, 1]), otherwise each token. (No fully masked row: TRL counts those in the
     denominator of its per-sequence mean, rlzoo does not.)"""
@@ -735,7 +735,8 @@ def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss
     ref = trl_metrics(cfg, case)
     got = build(cfg)(batch_from_trl_inputs(case.inputs, case.logps, case.entropies)).metrics
     keys = ["cispo_clip_ratio"] if loss_type == "cispo" else [
-        "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
+        "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+        "clip_ratio/high_max"]
     for key in keys:
         assert got[key].item() == pytest.approx(ref[key], abs=REFERENCE_ATOL), key
 

@@ -104,7 +104,8 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
         assert got["loss"] == pytest.approx(want["loss"], abs=REFERENCE_ATOL, rel=0)
         assert got["entropy"] == pytest.approx(want["entropy"], abs=REFERENCE_ATOL, rel=0)
         # TRL's names and reductions: token-weighted, and per sequence at importance_sampling_level="sequence"
-        names = ["kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio"]
+        names = ["kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+                 "clip_ratio/high_max", "cispo_clip_ratio"]
         for name in names:
             if name in want:
                 assert got[name] == pytest.approx(want[name], abs=REFERENCE_ATOL, rel=0), name
