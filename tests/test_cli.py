@@ -83,8 +83,15 @@ def test_train_and_eval_end_to_end(tmp_path, capsys):
     checkpoint = out_dir / "checkpoints" / "step-000001" / "model"
     assert main(["eval", "--model", str(checkpoint), "--eval-size", "4", "--max-completion-length", "4"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["n"] == 4
+    result = json.loads(captured.out)
+    assert result["n"] == 4
     assert "greedy accuracy" in captured.err and "95% CI" in captured.err and "n=4" in captured.err
+    # the checkpoint directory stands for its model/, as for `rlzoo train --model` and `rlzoo export`
+    assert main(["eval", "--model", str(checkpoint.parent), "--eval-size", "4", "--max-completion-length", "4"]) == 0
+    from_checkpoint = json.loads(capsys.readouterr().out)
+    assert from_checkpoint["checkpoint"] == str(checkpoint.parent)
+    assert {k: v for k, v in from_checkpoint.items() if k not in ("model", "checkpoint")} == {
+        k: v for k, v in result.items() if k not in ("model", "checkpoint")}
 
 
 def test_exponent_numbers_are_numbers_in_flags_and_yaml(tmp_path):
@@ -355,7 +362,7 @@ def test_mappings_lay_over_option_by_option():
     assert below["loss"] == {"epsilon_high": 0.28, "beta": 0.0}  # not modified
 
 
-def test_eval_model_of_a_run_or_checkpoint_directory_points_to_run(tmp_path):
+def test_eval_model_of_a_run_directory_points_to_run(tmp_path):
     """A run directory given as --model used to be read as a model ("module 'torch' has no attribute 'auto'")."""
     run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "step-000001"
@@ -365,8 +372,6 @@ def test_eval_model_of_a_run_or_checkpoint_directory_points_to_run(tmp_path):
     with pytest.raises(ValueError, match=f"^--model {run} is an rlzoo run directory, not a model: evaluate its newest "
                                          f"checkpoint with --run {run}"):
         main(["eval", "--model", str(run)])
-    with pytest.raises(ValueError, match=f"is a checkpoint of a run, not a model: pass --model {checkpoint / 'model'}"):
-        main(["eval", "--model", str(checkpoint)])
 
 
 @pytest.mark.parametrize("stop", ["finished", "signal", "non-finite", "other"])

@@ -71,10 +71,12 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         raise ValueError("rlzoo eval needs --run RUN (a training run) or --model MODEL")
     if args.checkpoint is not None and args.run is None and args.model is None:
         raise ValueError("--checkpoint evaluates a checkpoint of --run RUN")
-    if args.model is not None:
-        _check_is_model(Path(args.model))
     settings: dict[str, Any] = {}
     checkpoint: str | None = None
+    if args.model is not None:
+        _check_is_model(Path(args.model))
+        if _is_checkpoint(Path(args.model)):  # its model/ is evaluated (as train and export read it)
+            checkpoint = args.model
     if args.run is not None:
         from rlzoo.trainer.checkpoint import Checkpointer
         from rlzoo.trainer.config import CheckpointConfig
@@ -99,17 +101,19 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
 
 
 def _check_is_model(path: Path) -> None:
-    """Refuse a run directory or a checkpoint given as ``--model`` (their ``config.json`` / layout is not a model's).
+    """Refuse a run directory given as ``--model`` (its ``config.json`` is rlzoo's, not a model's); a checkpoint
+    (``RUN/checkpoints/step-N``) stands for its ``model/``, as for ``rlzoo train --model``.
 
     Raises:
-        ValueError: names ``--run`` (a run) or the checkpoint's ``model/`` directory.
+        ValueError: names ``--run`` to evaluate the run's newest checkpoint with the run's task.
     """
     if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
         raise ValueError(f"--model {path} is an rlzoo run directory, not a model: evaluate its newest checkpoint with "
                          f"--run {path} (or one checkpoint with --run {path} --checkpoint CHECKPOINT)")
-    if (path / "trainer_state.json").is_file() and (path / "model").is_dir():
-        raise ValueError(f"--model {path} is a checkpoint of a run, not a model: pass --model {path / 'model'} "
-                         f"(or --run RUN --checkpoint {path})")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "trainer_state.json").is_file() and (path / "model").is_dir()
 
 
 def eval_result(args: EvalArgs) -> dict[str, Any]:
