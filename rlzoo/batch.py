@@ -286,7 +286,8 @@ def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
 
 @runtime_checkable
 class LossMasker(Protocol):
-    """What :meth:`Normalizer.from_batch` asks of a loss: the tokens it counts (:meth:`rlzoo.losses.PolicyLoss.loss_mask`)."""
+    """What :meth:`Normalizer.from_batch` asks of a loss: the tokens it counts (:meth:`rlzoo.losses.PolicyLoss.loss_mask`)
+    and the sums of its batch-normalised IS weights (:meth:`rlzoo.losses.PolicyLoss.is_weight_sums`)."""
 
     def loss_mask(
         self,
@@ -298,6 +299,14 @@ class LossMasker(Protocol):
         versions: Int[Tensor, " B"] | Int[Tensor, "B T"] | None = None,
         current_version: int | None = None,
     ) -> Bool[Tensor, "B T"]: ...
+
+    def is_weight_sums(
+        self,
+        completion_mask: Bool[Tensor, "B T"],
+        *,
+        old_logprobs: Float[Tensor, "B T"] | None = None,
+        rollout_logprobs: Float[Tensor, "B T"] | None = None,
+    ) -> Float[Tensor, "2"] | None: ...
 
 
 def _check_group_counts(value: object) -> Tensor | None:
@@ -342,6 +351,13 @@ class Normalizer:
             tokens are inert (see :attr:`num_groups`).
         num_positive_tokens: counted tokens of the sequences with reward > 0 (:attr:`PolicyBatch.rewards`) in
             the optimizer-step batch, or None. VAPO's positive-example NLL term divides by it.
+        is_weight_sum, num_is_weights: the sum of the rollout IS weights of the optimizer-step batch (before
+            normalisation, >= 0) and their number (tokens of the completion masks, or sequences with a counted
+            token for sequence-level weights), or both None. verl's ``rollout_is_batch_normalize`` divides the
+            weights by ``is_weight_sum / num_is_weights``, the batch's mean weight, so that it does not depend on
+            the micro-batch split; without them each call uses the mean of the batch it is given. Counted by
+            :meth:`from_batch` / :meth:`from_masks` (``is_weight_sums``) from
+            :meth:`rlzoo.losses.PolicyLoss.is_weight_sums`.
 
     A count is a Python number or a one-element tensor (kept as a 0-d tensor, on its device). The value of
     a tensor count is checked only when it is on the CPU (outside ``torch.compile`` tracing): checking a
@@ -357,13 +373,18 @@ class Normalizer:
     num_sequences: int | float | Tensor
     group_num_tokens: Int[Tensor, " G"] | Float[Tensor, " G"] | None = None
     num_positive_tokens: int | float | Tensor | None = None
+    is_weight_sum: int | float | Tensor | None = None
+    num_is_weights: int | float | Tensor | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_tokens", _as_count("num_tokens", self.num_tokens))
         object.__setattr__(self, "num_sequences", _as_count("num_sequences", self.num_sequences))
         object.__setattr__(self, "group_num_tokens", _check_group_counts(self.group_num_tokens))
-        if self.num_positive_tokens is not None:
-            object.__setattr__(self, "num_positive_tokens", _as_count("num_positive_tokens", self.num_positive_tokens))
+        for name in ("num_positive_tokens", "is_weight_sum", "num_is_weights"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _as_count(name, getattr(self, name)))
+        if (self.is_weight_sum is None) != (self.num_is_weights is None):
+            raise BatchError("Normalizer.is_weight_sum and Normalizer.num_is_weights go together: give both or neither")
 
     @property
     def num_groups(self) -> Int[Tensor, ""] | None:
@@ -383,6 +404,7 @@ class Normalizer:
         group_index: Sequence[Int[Tensor, " _"]] | None = None,
         num_groups: int | None = None,
         rewards: Sequence[Float[Tensor, " _"]] | None = None,
+        is_weight_sums: Sequence[Float[Tensor, "2"]] | None = None,
     ) -> "Normalizer":
         """Counts over one or more loss masks (e.g. all micro-batches of one optimizer step).
 
@@ -397,6 +419,9 @@ class Normalizer:
                 rank's vector has the same length for the all-reduce.
             rewards: one ``Float[B_k]`` per mask (:attr:`PolicyBatch.rewards`), to count
                 :attr:`num_positive_tokens` (tokens of rows with reward > 0); None: not counted.
+            is_weight_sums: one ``Float[2]`` per mask, ``(sum, number)`` of its rollout IS weights
+                (:meth:`rlzoo.losses.PolicyLoss.is_weight_sums`), summed into :attr:`is_weight_sum` and
+                :attr:`num_is_weights`; None: not counted.
 
         Returns:
             A :class:`Normalizer` holding 0-d tensors (and ``group_num_tokens``) on the masks' device.
@@ -404,8 +429,9 @@ class Normalizer:
         Raises:
             ValueError: if no mask is given.
             BatchError: naming the mask's position if one is not a tensor, not ``torch.bool``, not 2-D, or
-                on another device than the first; naming ``group_index`` / ``rewards`` when their number or
-                a shape does not match the masks, or an id of a counted row is negative or >= num_groups.
+                on another device than the first; naming ``group_index`` / ``rewards`` / ``is_weight_sums`` when
+                their number or a shape does not match the masks, or an id of a counted row is negative or >=
+                num_groups.
         """
         if not masks:
             raise ValueError("Normalizer.from_masks needs at least one completion mask")
@@ -447,8 +473,14 @@ class Normalizer:
         if rewards is not None:
             num_positive_tokens = sum((m & (r > 0).unsqueeze(-1).to(m.device)).sum()
                                       for m, r in zip(masks, rewards, strict=True))
+        is_weight_sum = num_is_weights = None
+        if is_weight_sums is not None:
+            if len(is_weight_sums) != len(masks) or any(tuple(w.shape) != (2,) for w in is_weight_sums):
+                raise BatchError(f"Normalizer.from_masks: is_weight_sums needs one (sum, number) tensor of shape "
+                                 f"(2,) per mask ({len(masks)})")
+            is_weight_sum, num_is_weights = sum(w.to(masks[0].device) for w in is_weight_sums).unbind()
         return cls(num_tokens=num_tokens, num_sequences=num_sequences, group_num_tokens=group_num_tokens,
-                   num_positive_tokens=num_positive_tokens)
+                   num_positive_tokens=num_positive_tokens, is_weight_sum=is_weight_sum, num_is_weights=num_is_weights)
 
     @classmethod
     def from_batch(cls, *batches: PolicyBatch, loss: LossMasker | None = None) -> "Normalizer":
@@ -457,8 +489,10 @@ class Normalizer:
         Args:
             *batches: one or more :class:`PolicyBatch` (e.g. every micro-batch of an optimizer step).
             loss: the loss the counts are for; its :meth:`~rlzoo.losses.PolicyLoss.loss_mask` removes the tokens
-                its rollout rejection drops (verl's modified response mask). None: the completion masks.
-                Pass it whenever the loss has a rejection part (``rollout_rs``, ``m2_threshold``).
+                its rollout rejection drops (verl's modified response mask), its
+                :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` give the IS weights' batch mean
+                (``rollout_is_batch_normalize``). None: the completion masks. Pass it whenever the loss has a
+                rejection part (``rollout_rs``, ``m2_threshold``) or normalises its IS weights over the batch.
 
         ``group_num_tokens`` is counted when every batch has ``group_index`` (one device sync for the number of
         group ids), ``num_positive_tokens`` when every batch has ``rewards``.
@@ -476,10 +510,13 @@ class Normalizer:
                                     current_version=b.current_version) for b in batches]
         groups = [b.group_index for b in batches]
         rewards = [b.rewards for b in batches]
+        sums = [] if loss is None else [loss.is_weight_sums(b.completion_mask, old_logprobs=b.old_logprobs,
+                                                            rollout_logprobs=b.rollout_logprobs) for b in batches]
         return cls.from_masks(
             *masks,
             group_index=groups if all(g is not None for g in groups) else None,
             rewards=rewards if all(r is not None for r in rewards) else None,
+            is_weight_sums=sums if sums and all(w is not None for w in sums) else None,
         )
 
 

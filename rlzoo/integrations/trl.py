@@ -331,9 +331,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._slice_scalars: list[list[float]] = []  # their first 4 columns, on the host
         self._rewards_per_func: Tensor | None = None
         policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
-        if policy.batch_coupled and self.accelerator.num_processes > 1:
+        coupled = policy.coupled_parts(is_weight_sums=False)  # the IS weights' batch mean too: not counted here
+        if coupled and self.accelerator.num_processes > 1:
             warnings.warn(
-                f"loss {policy.name or 'the loss'!r} has batch-coupled parts ({', '.join(p.describe() for p in policy.parts() if p.couples_batch)}) "
+                f"loss {policy.name or 'the loss'!r} has batch-coupled parts ({', '.join(p.describe() for p in coupled)}) "
                 f"whose statistics are taken over each process's micro-batch, not over the "
                 f"{self.accelerator.num_processes} processes' (TRL's top_entropy_quantile gathers the processes' "
                 "entropies): with one process it equals TRL; here the update differs from TRL's",

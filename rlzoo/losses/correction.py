@@ -63,6 +63,19 @@ class Correction(Part, abc.ABC):
         """How to configure this part for a token-level weight (ends the error of a surrogate that needs one)."""
         return "use a token-level correction"
 
+    @property
+    def normalizes_over_batch(self) -> bool:
+        """True when, with these options, the weights are divided by their mean over the optimizer-step batch
+        (verl's ``rollout_is_batch_normalize``), read from :attr:`Normalizer.is_weight_sum
+        <rlzoo.Normalizer.is_weight_sum>` / ``num_is_weights`` when the normalizer holds them."""
+        return False
+
+    def batch_sums(self, x: LossInputs) -> Float[Tensor, "2"] | None:
+        """``(sum, number)`` of the weights :attr:`normalizes_over_batch` averages, over ``x`` (the sum over the
+        micro-batches and ranks of a step is its :attr:`Normalizer.is_weight_sum <rlzoo.Normalizer.is_weight_sum>`
+        and ``num_is_weights``); None when this part does not normalise over the batch."""
+        return None
+
     @abc.abstractmethod
     def __call__(self, x: LossInputs) -> PartOutput:
         """``is_weight`` ``Float[B, T]`` (detached) and metrics."""

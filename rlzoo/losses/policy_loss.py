@@ -29,7 +29,7 @@ from rlzoo.losses.aggregation import Aggregation
 from rlzoo.losses.base import LossInputs, Metrics, Part
 from rlzoo.losses.composition import SLOTS  # re-exported: rlzoo.losses.policy_loss.SLOTS
 from rlzoo.losses.correction import Correction
-from rlzoo.losses.functional import masked_max, masked_mean, masked_min
+from rlzoo.losses.functional import masked_max, masked_mean, masked_min, require
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs
 from rlzoo.losses.penalty import Penalty
 from rlzoo.losses.ratio import RatioLevel
@@ -256,9 +256,56 @@ class PolicyLoss:
 
     @property
     def batch_coupled(self) -> bool:
-        """True when a part couples sequences (covariance top-k, entropy quantile, M2PO's mask, IS batch
-        normalisation): micro-batch splits change it."""
-        return any(p.couples_batch for p in self.parts())
+        """True when micro-batch splits change the loss even with the whole step's :class:`~rlzoo.Normalizer`
+        (:meth:`coupled_parts`)."""
+        return bool(self.coupled_parts())
+
+    def coupled_parts(self, *, is_weight_sums: bool = True) -> list[Part]:
+        """The active parts whose output at one token depends on other sequences of the batch the loss is called
+        with (covariance top-k, entropy quantile, M2PO's mask), with an IS correction normalised over the batch
+        (``rollout_is_batch_normalize``) when its mean is not the step's: in bypass mode (it needs the current
+        policy), or when the caller's normalizer does not count :meth:`is_weight_sums` (``is_weight_sums=False``)."""
+        return [p for p in self.parts() if p.couples_batch or (
+            isinstance(p, Correction) and p.normalizes_over_batch and (self.bypass_mode or not is_weight_sums))]
+
+    @property
+    def counts_is_weights(self) -> bool:
+        """True when :meth:`is_weight_sums` counts something: the IS weights are normalised over the batch
+        (``rollout_is_batch_normalize``) from the old and the sampler's log-probs (not in bypass mode)."""
+        return (not self.bypass_mode and self.is_correction is not None and self.is_correction.active
+                and self.is_correction.normalizes_over_batch)
+
+    def is_weight_sums(
+        self,
+        completion_mask: Bool[Tensor, "B T"],
+        *,
+        old_logprobs: Float[Tensor, "B T"] | None = None,
+        rollout_logprobs: Float[Tensor, "B T"] | None = None,
+    ) -> Float[Tensor, "2"] | None:
+        """``(sum, number)`` of this batch's IS weights before their batch normalisation, for
+        :attr:`Normalizer.is_weight_sum <rlzoo.Normalizer.is_weight_sum>` / ``num_is_weights`` (summed over the
+        step's micro-batches and ranks, as :meth:`Normalizer.from_batch <rlzoo.Normalizer.from_batch>` and the
+        trainer do), so that ``rollout_is_batch_normalize`` divides by the step's mean weight, as verl divides by its
+        training batch's. None unless :attr:`counts_is_weights`.
+
+        Args:
+            completion_mask: ``Bool[B, T]``, the tokens before any rejection (verl's IS weights read the response
+                mask before its rejection).
+            old_logprobs, rollout_logprobs: ``Float[B, T]``, as in :class:`PolicyBatch` (values at masked
+                positions are ignored).
+
+        Raises:
+            BatchError: ``old_logprobs`` or ``rollout_logprobs`` is None while the weights need them.
+        """
+        if not self.counts_is_weights:
+            return None
+        assert self.is_correction is not None  # counts_is_weights
+        old = require(old_logprobs, "old_logprobs", "rollout_is_batch_normalize (the batch's mean IS weight)")
+        rollout = require(rollout_logprobs, "rollout_logprobs", "rollout_is_batch_normalize")
+        batch = PolicyBatch(logprobs=old, old_logprobs=old, rollout_logprobs=rollout,
+                            advantages=torch.zeros(old.shape[0], dtype=old.dtype, device=old.device),
+                            completion_mask=completion_mask)
+        return self.is_correction.batch_sums(LossInputs.from_batch(batch))
 
     def loss_mask(
         self,

@@ -17,7 +17,8 @@ verl option (``algorithm.rollout_correction``)  rlzoo (``rlzoo.get_loss(name, **
                                              ``"lower_upper"``: IcePop, ``w = 0`` outside ``[lower, upper]``
                                              (the token still counts in the denominators)
 ``rollout_is_batch_normalize``: False        divide the weights by their mean over the batch's tokens
-                                             ("token") or sequences ("sequence"); couples the batch
+                                             ("token") or sequences ("sequence"): the optimizer step's
+                                             with the Normalizer's ``is_weight_sum``
 ``rollout_rs``: "token_k1,seq_mean_k3"       ``rollout_rs`` (:class:`RolloutRejection`): reject tokens or
                                              whole sequences; comma-combined criteria must all pass
 ``rollout_rs_threshold``: "0.5_2.0,0.01"     one threshold per criterion (or one for all): ``*_k1``
@@ -59,6 +60,7 @@ import math
 from types import MappingProxyType
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.losses.base import LossInputs, PartOutput
@@ -195,9 +197,11 @@ class RolloutCorrection(Correction, name="rollout_is"):
         rollout_is: None (off, default), "token" or "sequence".
         rollout_is_threshold: a number > 0 (truncation bound, default 2.0, verl's) or a string
             ``"lower_upper"`` with ``0 < lower <= upper`` (IcePop).
-        rollout_is_batch_normalize: a bool (default False). Batch-coupled when True: the mean is the batch's the
-            loss is called with (verl computes it over the whole training batch in the decoupled mode, over the
-            micro-batch in bypass mode).
+        rollout_is_batch_normalize: a bool (default False). The mean is the optimizer-step batch's when the
+            :class:`~rlzoo.Normalizer` holds ``is_weight_sum`` / ``num_is_weights`` (``Normalizer.from_batch(
+            *micro_batches, loss=loss_fn)`` and the trainer count them, over every rank: verl's whole training
+            batch, in the decoupled mode), else the batch's the loss is called with (bypass mode, where the
+            weights need the current policy: per micro-batch, as verl).
 
     Metrics (verl's names, prefixed ``rollout_corr/``): ``rollout_is_mean`` (before batch normalisation),
     ``rollout_is_max``, ``rollout_is_min`` (of the applied weights per token; for "sequence" of the raw
@@ -238,7 +242,7 @@ class RolloutCorrection(Correction, name="rollout_is"):
         return self.rollout_is == "sequence"
 
     @property
-    def couples_batch(self) -> bool:
+    def normalizes_over_batch(self) -> bool:
         return self.active and self.rollout_is_batch_normalize
 
     def token_level_hint(self) -> str:
@@ -247,11 +251,11 @@ class RolloutCorrection(Correction, name="rollout_is"):
     def required_fields(self) -> frozenset[str]:
         return frozenset({"rollout_logprobs"}) if self.active else frozenset()
 
-    def __call__(self, x: LossInputs) -> PartOutput:
+    def _weights(self, x: LossInputs) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"]]:
+        """``(raw, weight)``: the weights before and after the threshold, 0 at masked positions."""
         upper, lower = parse_is_threshold(self.rollout_is_threshold)
         log_ratio = x.sampler_log_ratio(f"rollout_is={self.rollout_is!r}")
         zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
-        rows = x.lengths > 0
         if self.rollout_is == "token":
             raw = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
         else:
@@ -259,9 +263,27 @@ class RolloutCorrection(Correction, name="rollout_is"):
             raw = torch.exp(torch.clamp(seq, -SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
         raw = torch.where(x.mask, raw, zero)
         if lower is None:
-            weight = torch.clamp(raw, max=upper)
-        else:
-            weight = torch.where((raw >= lower) & (raw <= upper), raw, zero)
+            return raw, torch.clamp(raw, max=upper)
+        return raw, torch.where((raw >= lower) & (raw <= upper), raw, zero)
+
+    def _sums(self, x: LossInputs, weight: Float[Tensor, "B T"]) -> tuple[Float[Tensor, ""], Float[Tensor, ""]]:
+        """``(sum, number)`` of the weights the batch normalisation averages: per counted token ("token"), per
+        sequence with a counted token ("sequence"); in float32 at least (a bf16 count is inexact above 256)."""
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        if self.rollout_is == "token":
+            return torch.where(x.mask, weight, 0.0).to(acc).sum(), x.mask.sum().to(acc)
+        rows = x.lengths > 0
+        return torch.where(rows, x.seq_mean(weight).squeeze(-1), 0.0).to(acc).sum(), rows.sum().to(acc)
+
+    def batch_sums(self, x: LossInputs) -> Float[Tensor, "2"] | None:
+        if not self.normalizes_over_batch:
+            return None
+        return torch.stack(self._sums(x, self._weights(x)[1]))
+
+    def __call__(self, x: LossInputs) -> PartOutput:
+        upper, lower = parse_is_threshold(self.rollout_is_threshold)
+        raw, weight = self._weights(x)
+        rows = x.lengths > 0
         low_bound = 1.0 / upper if lower is None else lower
         metrics = {"rollout_corr/rollout_is_mean": masked_mean(weight, x.mask)}
         if self.rollout_is == "token":
@@ -279,11 +301,12 @@ class RolloutCorrection(Correction, name="rollout_is"):
         metrics["rollout_corr/rollout_is_ratio_fraction_high"] = high
         metrics["rollout_corr/rollout_is_ratio_fraction_low"] = low
         if self.rollout_is_batch_normalize:
-            if self.rollout_is == "token":
-                mean = masked_mean(weight, x.mask)
-            else:
-                per_seq = x.seq_mean(weight).squeeze(-1)
-                mean = torch.where(rows, per_seq, zero).sum() / rows.sum().clamp(min=1)
+            n = x.normalizer
+            if n is not None and n.is_weight_sum is not None and n.num_is_weights is not None:  # the step's
+                total, number = (torch.as_tensor(v, device=weight.device) for v in (n.is_weight_sum, n.num_is_weights))
+            else:  # this batch's
+                total, number = self._sums(x, weight)
+            mean = (total / number.clamp(min=1)).to(weight.dtype)
             factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))
             weight = weight / factor
             metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor

@@ -58,8 +58,9 @@ def check_loss_inputs(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distrib
                       precision: Precision) -> tuple[bool, bool]:
     """Refuse, before the model loads, what the run cannot give the loss; returns ``(score_old, drops_tokens)``:
     whether the generation batch is scored for old log-probs (when the data can be stale, and for a rejection's
-    counts; never when the loss takes its old policy from the sampler: bypass mode, the log-linear proximal
-    policy), and whether the loss's rejection removes tokens from the counts (not in bypass mode).
+    counts or the IS weights' batch mean; never when the loss takes its old policy from the sampler: bypass mode,
+    the log-linear proximal policy), and whether the loss's rejection removes tokens from the counts (not in bypass
+    mode).
 
     Raises:
         ValueError: a field the trainer does not provide (names it and those it provides), a rollout rejection
@@ -88,7 +89,8 @@ def check_loss_inputs(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distrib
         raise ValueError(f"kl_horizon must be > {completions / 5:g} (a fifth of the {completions} completions of a "
                          f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
                          "horizon can drive beta to 0 or below")
-    score_old = (rollout_config.old_logprobs_needed or rejects) and not sampler_is_old
+    # a rejection's counts and the IS weights' batch mean are taken before the step's forward passes
+    score_old = (rollout_config.old_logprobs_needed or rejects or loss_fn.counts_is_weights) and not sampler_is_old
     return score_old, rejects and not loss_fn.bypass_mode
 
 
@@ -132,8 +134,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
     if loss_fn.batch_coupled and dist.is_main and (dist.enabled or config.gradient_accumulation_steps > 1):
         log.warning("loss %s uses statistics of the batch it is given (%s): each micro-batch of "
                     "per_device_train_batch_size completions%s computes them on its own (as TRL's top_entropy_quantile "
-                    "in one process; verl's rollout_is_batch_normalize normalises over the whole batch)",
-                    loss_fn.name or "custom", ", ".join(p.describe() for p in loss_fn.parts() if p.couples_batch),
+                    "in one process, and verl's rollout_is_batch_normalize in bypass mode)",
+                    loss_fn.name or "custom", ", ".join(p.describe() for p in loss_fn.coupled_parts()),
                     ", on each rank," if dist.enabled else "")
     policy = ParallelModel(policy_model, dist=dist, config=parallel, precision=precision)
     if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model

@@ -120,20 +120,20 @@ class Distributed:
 
     def normalizer(self, local: Normalizer) -> Normalizer:
         """The :class:`~rlzoo.Normalizer` of the global optimizer-step batch: this rank's counts (with the per-group
-        token counts and the positive-reward tokens when present) summed over the ranks, in one all-reduce on the
-        collective's device (no host round trip)."""
+        token counts, the positive-reward tokens and the IS weight sums when present) summed over the ranks, in one
+        all-reduce on the collective's device (no host round trip)."""
         if not self.enabled:
             return local
         device = self._device()
-        scalars = [local.num_tokens, local.num_sequences]
-        if local.num_positive_tokens is not None:
-            scalars.append(local.num_positive_tokens)
+        optional = ("num_positive_tokens", "is_weight_sum", "num_is_weights")
+        present = [name for name in optional if getattr(local, name) is not None]
+        scalars = [local.num_tokens, local.num_sequences, *(getattr(local, name) for name in present)]
         groups = [] if local.group_num_tokens is None else [local.group_num_tokens.to(device, torch.float64)]
         counts = torch.cat([torch.stack([torch.as_tensor(c, dtype=torch.float64).to(device) for c in scalars]),
                             *groups])
         total = self.all_reduce(counts)
-        return Normalizer(num_tokens=total[0], num_sequences=total[1],
-                          num_positive_tokens=total[2] if len(scalars) == 3 else None,
+        summed = dict(zip(present, total[2:len(scalars)], strict=True))
+        return Normalizer(num_tokens=total[0], num_sequences=total[1], **summed,
                           group_num_tokens=total[len(scalars):] if groups else None)
 
     def shard(self, items: Sequence[Any]) -> list[Any]:

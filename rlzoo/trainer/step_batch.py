@@ -82,14 +82,20 @@ class OptimizerStepBatch:
                 for mb, mask, f in zip(self.micro_batches, self.loss_masks, fields, strict=True)]
 
     def normalizer(self, fields: list[dict[str, Any]], masks: list[Bool[Tensor, "N C"]], *,
-                   world_size: int) -> Normalizer:
+                   world_size: int, loss: LossMasker | None = None) -> Normalizer:
         """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over ``masks``, the
         :meth:`counted_masks`, with the group and positive-reward counts when ``fields`` (:meth:`loss_fields`)
-        hold their inputs); sum them over the ranks (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
+        hold their inputs, and the sums of ``loss``'s batch-normalised IS weights over :attr:`loss_masks`, before
+        rejection, when it has them: :meth:`rlzoo.losses.PolicyLoss.is_weight_sums`); sum them over the ranks
+        (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
         groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
         rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
+        sums = [] if loss is None else [
+            loss.is_weight_sums(mask, old_logprobs=mb.old_logprobs, rollout_logprobs=mb.rollout_logprobs)
+            for mb, mask in zip(self.micro_batches, self.loss_masks, strict=True)]
         return Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
-                                     num_groups=self.num_groups * world_size if groups is not None else None)
+                                     num_groups=self.num_groups * world_size if groups is not None else None,
+                                     is_weight_sums=sums if sums and all(w is not None for w in sums) else None)
 
     @property
     def num_tokens(self) -> float:

@@ -182,6 +182,49 @@ def test_is_weights_and_rejection_mask_equal_verl_functions(helper, data, option
             want_metrics["rollout_rs_masked_fraction"], abs=REFERENCE_ATOL)
 
 
+@budget(1.0)
+@given(data=st.data(), agg=st.sampled_from(AGGREGATIONS), options=corrections(), pieces=st.integers(2, 4))
+def test_batch_normalized_weights_take_the_whole_batchs_mean_under_any_split(data, agg, options, pieces):
+    """With rollout_is_batch_normalize, verl divides the IS weights by their mean over the whole training batch:
+    split into micro-batches with Normalizer.from_batch(*micro_batches, loss=loss_fn) (which counts
+    PolicyLoss.is_weight_sums), the micro-batch losses and gradients sum to the whole batch's, which equal verl's
+    (test_decoupled_mode_equals_verl). Without the sums each micro-batch divides by its own mean."""
+    options = {**options, "rollout_is": options["rollout_is"] or "token", "rollout_is_batch_normalize": True}
+    batch = data.draw(policy_batches(old=True, rollout=True, min_counted=1, certain_tokens=False,
+                                     log_ratio_scale=0.3))
+    loss_fn = rlzoo.get_loss("ppo", epsilon_low=0.2, epsilon_high=0.28, dual_clip=CLIP_C, aggregation=agg,
+                             max_completion_length=batch.shape[1], **_rlzoo_options(options))
+    assert loss_fn.counts_is_weights and not loss_fn.batch_coupled
+    micro_batches = batch.split(min(pieces, batch.shape[0]))
+    normalizer = Normalizer.from_batch(*micro_batches, loss=loss_fn)
+    whole = Normalizer.from_batch(batch, loss=loss_fn)
+    torch.testing.assert_close(normalizer.is_weight_sum, whole.is_weight_sum, **ATOL)
+    assert float(normalizer.num_is_weights) == float(whole.num_is_weights) > 0
+    want, want_grad, _ = loss_and_grads(loss_fn, batch)
+    outs = [loss_and_grads(loss_fn, mb, normalizer) for mb in micro_batches]
+    torch.testing.assert_close(sum(o.loss.detach() for o, _, _ in outs), want.loss.detach(), **ATOL)
+    torch.testing.assert_close(torch.cat([g for _, g, _ in outs]), want_grad, **ATOL)
+
+
+def test_batch_normalization_in_bypass_mode_is_per_micro_batch_and_said_so():
+    """In bypass mode the weights compare the current policy with the sampler, unknown before the forward pass:
+    nothing is counted (each call takes its own batch's mean, as verl's bypass policy loss) and the loss says
+    it is batch-coupled; the decoupled loss counts the sums and is not."""
+    decoupled = rlzoo.get_loss("ppo", rollout_is="sequence", rollout_is_batch_normalize=True)
+    bypass = rlzoo.get_loss("ppo", rollout_is="sequence", rollout_is_batch_normalize=True, bypass_mode=True)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    lp = torch.full((2, 3), -0.5, dtype=torch.float64)
+    assert bypass.is_weight_sums(mask, rollout_logprobs=lp) is None and bypass.batch_coupled
+    assert [p.registered_name() for p in bypass.coupled_parts()] == ["rollout_is"]
+    assert decoupled.coupled_parts() == [] and len(decoupled.coupled_parts(is_weight_sums=False)) == 1
+    sums = decoupled.is_weight_sums(mask, old_logprobs=lp, rollout_logprobs=lp - 0.1)
+    torch.testing.assert_close(sums, torch.tensor([2 * torch.exp(torch.tensor(0.3)).item(), 2.0], dtype=torch.float64))
+    with pytest.raises(rlzoo.BatchError, match="old_logprobs"):
+        decoupled.is_weight_sums(mask, rollout_logprobs=lp)
+    with pytest.raises(rlzoo.BatchError, match="is_weight_sum and Normalizer.num_is_weights go together"):
+        Normalizer(num_tokens=6, num_sequences=2, is_weight_sum=2.0)
+
+
 # -------------------------------------------------------------------------------------------- bypass mode
 @budget(1.0)
 @given(data=st.data(), agg=st.sampled_from(AGGREGATIONS), options=corrections(),

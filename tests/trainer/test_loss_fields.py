@@ -2,6 +2,8 @@
 and ``rewards`` (VAPO's positive-example NLL term), and the step's Normalizer built from them. Tiny random model,
 a few tiny steps each."""
 
+import dataclasses
+
 import pytest
 import torch
 from tolerances import tol
@@ -106,3 +108,48 @@ def test_an_adaptive_kl_horizon_that_could_drive_beta_below_zero_is_refused_at_s
                             "kl_horizon": 1})
     with pytest.raises(ValueError, match=r"kl_horizon must be > 1\.6"):
         Trainer(config, reward_funcs=[digit_fraction])
+
+
+def test_rollout_is_batch_normalize_divides_by_the_whole_steps_mean_weight(tmp_path):
+    """rollout_is_batch_normalize in the trainer: the step's Normalizer carries the IS weights' sums over every
+    micro-batch (old log-probs are scored for them), so the micro-batch losses sum to the loss of the whole step
+    computed in one call, as verl normalises over its training batch; each micro-batch's own mean would not. The
+    sampler's log-probs are perturbed (Hugging Face generate's equal the trainer's up to rounding)."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
+                            "gradient_accumulation_steps": 2,
+                            "loss": {"beta": 0.0, "rollout_is": "token", "rollout_is_batch_normalize": True,
+                                     "rollout_is_threshold": 10.0}})
+    trainer = Trainer(config, reward_funcs=[lambda completions, **_: [sum(map(ord, c)) % 5 for c in completions]])
+    generate, noise = trainer.rollouts.generator.generate, torch.Generator().manual_seed(0)
+
+    def perturbed(*args, **kwargs):
+        gen = generate(*args, **kwargs)
+        drift = 0.5 * torch.rand(gen.rollout_logprobs.shape, generator=noise)
+        return dataclasses.replace(gen, rollout_logprobs=torch.where(gen.completion_mask,
+                                                                     gen.rollout_logprobs - drift, 0.0))
+
+    trainer.rollouts.generator.generate = perturbed
+    loss_fn = trainer.loss_fn
+    steps = _record(trainer)
+    trainer.train()
+    (step,) = steps
+
+    def as_f64(b: rlzoo.PolicyBatch) -> rlzoo.PolicyBatch:
+        return rlzoo.PolicyBatch(logprobs=b.logprobs.detach().double(), advantages=b.advantages.double(),
+                                 completion_mask=b.completion_mask, old_logprobs=b.old_logprobs.double(),
+                                 rollout_logprobs=b.rollout_logprobs.double())
+
+    batches = [as_f64(b) for b, _, _ in step]
+    assert len(batches) == 2 and all(b.old_logprobs is not None for b in batches)
+    whole = rlzoo.PolicyBatch(**{name: torch.cat([getattr(b, name) for b in batches]) for name in (
+        "logprobs", "advantages", "completion_mask", "old_logprobs", "rollout_logprobs")})
+    expected = loss_fn(whole).loss
+    normalizers = [n for _, n, _ in step]
+    assert normalizers[0].is_weight_sum is not None
+    torch.testing.assert_close(float(normalizers[0].num_is_weights), float(whole.completion_mask.sum()))
+    got = sum(loss_fn(b, normalizer=n).loss for b, n in zip(batches, normalizers, strict=True))
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+    own_means = sum(loss_fn(b, normalizer=rlzoo.Normalizer.from_masks(*(c.completion_mask for c in batches)))
+                    .loss for b in batches)
+    assert whole.advantages.abs().max() > 0
+    assert not torch.allclose(own_means, expected, **tol(torch.float32))  # the comparison has power
