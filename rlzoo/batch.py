@@ -286,8 +286,9 @@ def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
 
 @runtime_checkable
 class LossMasker(Protocol):
-    """What :meth:`Normalizer.from_batch` asks of a loss: the tokens it counts (:meth:`rlzoo.losses.PolicyLoss.loss_mask`)
-    and the sums of its batch-normalised IS weights (:meth:`rlzoo.losses.PolicyLoss.is_weight_sums`)."""
+    """What :meth:`Normalizer.from_batch` asks of a loss: the tokens it counts (:meth:`rlzoo.losses.PolicyLoss.loss_mask`);
+    and, when the loss has it, ``is_weight_sums`` (:meth:`rlzoo.losses.PolicyLoss.is_weight_sums`: the sums of its
+    batch-normalised IS weights)."""
 
     def loss_mask(
         self,
@@ -299,14 +300,6 @@ class LossMasker(Protocol):
         versions: Int[Tensor, " B"] | Int[Tensor, "B T"] | None = None,
         current_version: int | None = None,
     ) -> Bool[Tensor, "B T"]: ...
-
-    def is_weight_sums(
-        self,
-        completion_mask: Bool[Tensor, "B T"],
-        *,
-        old_logprobs: Float[Tensor, "B T"] | None = None,
-        rollout_logprobs: Float[Tensor, "B T"] | None = None,
-    ) -> Float[Tensor, "2"] | None: ...
 
 
 def _check_group_counts(value: object) -> Tensor | None:
@@ -510,8 +503,10 @@ class Normalizer:
                                     current_version=b.current_version) for b in batches]
         groups = [b.group_index for b in batches]
         rewards = [b.rewards for b in batches]
-        sums = [] if loss is None else [loss.is_weight_sums(b.completion_mask, old_logprobs=b.old_logprobs,
-                                                            rollout_logprobs=b.rollout_logprobs) for b in batches]
+        counter = getattr(loss, "is_weight_sums", None)  # optional for a LossMasker (PolicyLoss has it)
+        sums = [] if counter is None else [  # on-policy: the current log-probs are the old policy, as in the loss
+            counter(b.completion_mask, old_logprobs=b.logprobs.detach() if b.old_logprobs is None else b.old_logprobs,
+                    rollout_logprobs=b.rollout_logprobs) for b in batches]
         return cls.from_masks(
             *masks,
             group_index=groups if all(g is not None for g in groups) else None,

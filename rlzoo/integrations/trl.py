@@ -565,10 +565,13 @@ class GRPOTrainer(trl.GRPOTrainer):
             local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names] + [counted.float()])
             rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 1]
             values, weight = rows[:, :-1], rows[:, -1:]
+            has = weight > 0  # a process without a counted token reports placeholder extremes (0): skipped, as nanmin
+            highest = torch.where(has, values, -torch.inf).amax(0)
+            lowest = torch.where(has, values, torch.inf).amin(0)
             reductions = torch.stack([
                 (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
-                values.amax(0),
-                values.amin(0),
+                torch.where(has.any(), highest, 0.0),
+                torch.where(has.any(), lowest, 0.0),
                 values.sum(0) * share,  # policy_loss as TRL logs it for the loss type
                 values.mean(0),  # aux_loss, as TRL
             ]).tolist()  # the one device sync

@@ -301,7 +301,8 @@ class Part(Component):
     @property
     def couples_batch(self) -> bool:
         """True when this part, with its current options, couples sequences of the batch: the class's
-        ``batch_coupled``, or an option that couples (verl's ``rollout_is_batch_normalize``)."""
+        ``batch_coupled``, or an option that couples. (verl's ``rollout_is_batch_normalize`` does not: its
+        mean comes from the :class:`~rlzoo.Normalizer`, see :meth:`rlzoo.losses.PolicyLoss.coupled_parts`.)"""
         return type(self).batch_coupled
 
     @property

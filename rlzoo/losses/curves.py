@@ -303,7 +303,7 @@ def objective_curves(
         notes.append(" = ".join([*needs, "old_logprobs"]))
     if "entropies" in built.required_fields():
         notes.append("entropy = 1 nat")
-    if built.batch_coupled:
+    if built.coupled_parts(is_weight_sums=False):  # the IS weights' batch mean too: 1 for this one token
         notes.append("batch-coupled part: a batch of this one token")
     return ObjectivePicture(label=label, title=title, loss=built, old_prob=old_prob,
                             curves=curves, notes=tuple(notes))  # type: ignore[arg-type]

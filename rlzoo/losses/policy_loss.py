@@ -263,17 +263,19 @@ class PolicyLoss:
     def coupled_parts(self, *, is_weight_sums: bool = True) -> list[Part]:
         """The active parts whose output at one token depends on other sequences of the batch the loss is called
         with (covariance top-k, entropy quantile, M2PO's mask), with an IS correction normalised over the batch
-        (``rollout_is_batch_normalize``) when its mean is not the step's: in bypass mode (it needs the current
-        policy), or when the caller's normalizer does not count :meth:`is_weight_sums` (``is_weight_sums=False``)."""
+        (``rollout_is_batch_normalize``) when its mean is not the step's: when :attr:`counts_is_weights` is False
+        (bypass mode or the log-linear proximal policy: the weights need the current policy), or when the caller's
+        normalizer does not count :meth:`is_weight_sums` (``is_weight_sums=False``)."""
         return [p for p in self.parts() if p.couples_batch or (
-            isinstance(p, Correction) and p.normalizes_over_batch and (self.bypass_mode or not is_weight_sums))]
+            isinstance(p, Correction) and p.normalizes_over_batch and not (self.counts_is_weights and is_weight_sums))]
 
     @property
     def counts_is_weights(self) -> bool:
         """True when :meth:`is_weight_sums` counts something: the IS weights are normalised over the batch
-        (``rollout_is_batch_normalize``) from the old and the sampler's log-probs (not in bypass mode)."""
-        return (not self.bypass_mode and self.is_correction is not None and self.is_correction.active
-                and self.is_correction.normalizes_over_batch)
+        (``rollout_is_batch_normalize``) and depend only on the old and the sampler's log-probs, known before the
+        forward pass (not in bypass mode, not with ``prox_logp_method="loglinear"``)."""
+        return (not self.bypass_mode and self.prox_logp_method == "recompute" and self.is_correction is not None
+                and self.is_correction.active and self.is_correction.normalizes_over_batch)
 
     def is_weight_sums(
         self,
@@ -292,7 +294,9 @@ class PolicyLoss:
             completion_mask: ``Bool[B, T]``, the tokens before any rejection (verl's IS weights read the response
                 mask before its rejection).
             old_logprobs, rollout_logprobs: ``Float[B, T]``, as in :class:`PolicyBatch` (values at masked
-                positions are ignored).
+                positions are ignored). On-policy data has no ``old_logprobs``: pass the current log-probs (the
+                old policy, as the loss reads it), as :meth:`Normalizer.from_batch <rlzoo.Normalizer.from_batch>`
+                does.
 
         Raises:
             BatchError: ``old_logprobs`` or ``rollout_logprobs`` is None while the weights need them.
@@ -304,7 +308,7 @@ class PolicyLoss:
         rollout = require(rollout_logprobs, "rollout_logprobs", "rollout_is_batch_normalize")
         batch = PolicyBatch(logprobs=old, old_logprobs=old, rollout_logprobs=rollout,
                             advantages=torch.zeros(old.shape[0], dtype=old.dtype, device=old.device),
-                            completion_mask=completion_mask)
+                            completion_mask=completion_mask, check_values=False)  # the loss's own batch is checked
         return self.is_correction.batch_sums(LossInputs.from_batch(batch))
 
     def loss_mask(
@@ -322,7 +326,8 @@ class PolicyLoss:
         The counts of a split batch's :class:`~rlzoo.Normalizer` must be taken over these masks (verl's modified
         ``response_mask`` sets its ``batch_num_tokens``), so that micro-batch losses still sum to the full-batch
         loss: ``Normalizer.from_masks(*(loss_fn.loss_mask(m, old_logprobs=..., rollout_logprobs=...) for each
-        micro-batch), group_index=[...])``, or ``Normalizer.from_batch(*micro_batches, loss=loss_fn)``. Without an
+        micro-batch), group_index=[...])`` (plus ``is_weight_sums=[...]`` from :meth:`is_weight_sums` for
+        ``rollout_is_batch_normalize``), or ``Normalizer.from_batch(*micro_batches, loss=loss_fn)``. Without an
         active rejection, and in bypass mode (where rejection acts on the policy term only, the counts unchanged,
         as verl's ``bypass_mode``), it is ``completion_mask`` itself. The rejection compares ``old_logprobs``
         with ``rollout_logprobs``, both known before the forward pass; ``logprobs`` are read only when

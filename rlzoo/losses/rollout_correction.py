@@ -273,7 +273,8 @@ class RolloutCorrection(Correction, name="rollout_is"):
         if self.rollout_is == "token":
             return torch.where(x.mask, weight, 0.0).to(acc).sum(), x.mask.sum().to(acc)
         rows = x.lengths > 0
-        return torch.where(rows, x.seq_mean(weight).squeeze(-1), 0.0).to(acc).sum(), rows.sum().to(acc)
+        per_seq = x.seq_sum(weight.to(acc)) / x.lengths.clamp(min=1).to(acc).unsqueeze(-1)  # x.seq_mean, in acc
+        return torch.where(rows, per_seq.squeeze(-1), 0.0).sum(), rows.sum().to(acc)
 
     def batch_sums(self, x: LossInputs) -> Float[Tensor, "2"] | None:
         if not self.normalizes_over_batch:
@@ -301,8 +302,8 @@ class RolloutCorrection(Correction, name="rollout_is"):
         metrics["rollout_corr/rollout_is_ratio_fraction_high"] = high
         metrics["rollout_corr/rollout_is_ratio_fraction_low"] = low
         if self.rollout_is_batch_normalize:
-            n = x.normalizer
-            if n is not None and n.is_weight_sum is not None and n.num_is_weights is not None:  # the step's
+            n = x.normalizer  # the step's sums; never in bypass mode, where the weights need the current policy
+            if not x.bypass_mode and n is not None and n.is_weight_sum is not None and n.num_is_weights is not None:
                 total, number = (torch.as_tensor(v, device=weight.device) for v in (n.is_weight_sum, n.num_is_weights))
             else:  # this batch's
                 total, number = self._sums(x, weight)

@@ -63,8 +63,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
 
     Raises:
         ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``; a ``--model`` that is
-            a run or checkpoint directory (names ``--run`` / its ``model/``); a run that trained on a data set given
-            from Python, without ``--task``.
+            a run directory (names ``--run``; a checkpoint directory stands for its ``model/``); a run that trained
+            on a data set given from Python, without ``--task``.
         FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
     """
     if args.run is None and args.model is None:

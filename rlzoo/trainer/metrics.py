@@ -31,8 +31,9 @@ class LossMetrics:
 
     ``loss`` is the sum of the micro-batch losses (each normalised by the whole step's ``normalizer``, so the
     sum is the full-batch loss). Metrics ending in ``/min`` or ``_min`` and ``/max`` or ``_max`` (verl's
-    ``rollout_corr/rollout_is_max``) are merged by min / max, the others
-    weighted by each micro-batch's share of the step's counted tokens.
+    ``rollout_corr/rollout_is_max``) are merged by min / max over the micro-batches and ranks with a counted token
+    (0 when none has one, as a loss reports them), the others weighted by each micro-batch's share of the step's
+    counted tokens.
 
     Args:
         normalizer: the counts of the whole optimizer-step batch.
@@ -45,28 +46,39 @@ class LossMetrics:
         self.num_tokens = max(1.0, float(normalizer.num_tokens if num_tokens is None else num_tokens))
         self.loss = 0.0
         self.metrics: dict[str, float] = {}
+        self._extremes: set[str] = set()  # min / max metrics taken from a micro-batch with counted tokens
 
     def reduce(self, dist: Distributed) -> float:
         """Sum the loss and merge the metrics over the ranks (in place; each rank's loss is already divided by
         the global counts, so the sum is the global loss); returns the loss."""
         if dist.enabled:
             self.loss = dist.reduce_floats({"loss": self.loss})["loss"]
-            for op, keep in (("min", lambda k: k.endswith(_MIN)), ("max", lambda k: k.endswith(_MAX)),
-                             ("sum", lambda k: not k.endswith(_MIN + _MAX))):
-                self.metrics.update(dist.reduce_floats({k: v for k, v in self.metrics.items() if keep(k)}, op))
+            for op, keep, none in (("min", lambda k: k.endswith(_MIN), math.inf),
+                                   ("max", lambda k: k.endswith(_MAX), -math.inf),
+                                   ("sum", lambda k: not k.endswith(_MIN + _MAX), 0.0)):
+                mine = {k: v if op == "sum" or k in self._extremes else none for k, v in self.metrics.items() if keep(k)}
+                # a rank without a counted token sends the identity; no rank with one: 0, as one process reports
+                self.metrics.update({k: v if math.isfinite(v) or op == "sum" else 0.0
+                                     for k, v in dist.reduce_floats(mine, op).items()})
         return self.loss
 
     def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
         """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its tokens, as counted in
         ``num_tokens``)."""
         self.loss += float(out.loss.detach())
-        share = float(loss_mask.sum()) / self.num_tokens
+        counted = float(loss_mask.sum())
+        share = counted / self.num_tokens
         for key, value in out.metrics.items():
             value = float(value)
-            if key.endswith(_MIN):
-                self.metrics[key] = min(self.metrics.get(key, math.inf), value)
+            if key.endswith(_MIN + _MAX) and not counted:  # no token: its extremes are placeholders (0)
+                self.metrics.setdefault(key, value)
+            elif key.endswith(_MIN + _MAX) and key not in self._extremes:  # the first counted micro-batch's
+                self.metrics[key] = value
+                self._extremes.add(key)
+            elif key.endswith(_MIN):
+                self.metrics[key] = min(self.metrics[key], value)
             elif key.endswith(_MAX):
-                self.metrics[key] = max(self.metrics.get(key, -math.inf), value)
+                self.metrics[key] = max(self.metrics[key], value)
             else:
                 self.metrics[key] = self.metrics.get(key, 0.0) + share * value
 

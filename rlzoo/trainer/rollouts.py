@@ -334,7 +334,8 @@ class RolloutSource:
         if self.score_old and any(r.old_logprobs is None for r in buffer):
             raise ValueError(
                 "the checkpoint holds an unfinished generation batch without old_logprobs, which this run needs (the "
-                "data is stale or the loss rejects tokens, and bypass_mode / prox_logp_method='loglinear' are off): "
+                "data is stale, the loss rejects tokens or normalises its IS weights over the batch, and bypass_mode / "
+                "prox_logp_method='loglinear' are off): "
                 "resume from a checkpoint at a generation boundary, or keep the loss options until then"
             )
         if not self.score_old:  # the loss takes its old policy from the sampler (bypass / loglinear): none given

@@ -15,6 +15,8 @@ Float64, tolerances.REFERENCE_ATOL. verl's sequence means divide by ``n + 1e-8``
 continuous, so a decision within 1e-8 of a bound has probability ~0.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -212,10 +214,14 @@ def test_batch_normalization_in_bypass_mode_is_per_micro_batch_and_said_so():
     it is batch-coupled; the decoupled loss counts the sums and is not."""
     decoupled = rlzoo.get_loss("ppo", rollout_is="sequence", rollout_is_batch_normalize=True)
     bypass = rlzoo.get_loss("ppo", rollout_is="sequence", rollout_is_batch_normalize=True, bypass_mode=True)
+    loglinear = rlzoo.get_loss("ppo", rollout_is="sequence", rollout_is_batch_normalize=True,
+                               prox_logp_method="loglinear")  # the proximal policy needs the current one too
     mask = torch.ones(2, 3, dtype=torch.bool)
     lp = torch.full((2, 3), -0.5, dtype=torch.float64)
-    assert bypass.is_weight_sums(mask, rollout_logprobs=lp) is None and bypass.batch_coupled
-    assert [p.registered_name() for p in bypass.coupled_parts()] == ["rollout_is"]
+    for loss_fn in (bypass, loglinear):
+        assert loss_fn.is_weight_sums(mask, rollout_logprobs=lp) is None and loss_fn.batch_coupled
+        assert not loss_fn.counts_is_weights
+        assert [p.registered_name() for p in loss_fn.coupled_parts()] == ["rollout_is"]
     assert decoupled.coupled_parts() == [] and len(decoupled.coupled_parts(is_weight_sums=False)) == 1
     sums = decoupled.is_weight_sums(mask, old_logprobs=lp, rollout_logprobs=lp - 0.1)
     torch.testing.assert_close(sums, torch.tensor([2 * torch.exp(torch.tensor(0.3)).item(), 2.0], dtype=torch.float64))
@@ -223,6 +229,29 @@ def test_batch_normalization_in_bypass_mode_is_per_micro_batch_and_said_so():
         decoupled.is_weight_sums(mask, rollout_logprobs=lp)
     with pytest.raises(rlzoo.BatchError, match="is_weight_sum and Normalizer.num_is_weights go together"):
         Normalizer(num_tokens=6, num_sequences=2, is_weight_sum=2.0)
+    # step sums handed to a bypass-mode loss are not used: its weights need the current policy
+    batch = PolicyBatch(logprobs=lp, rollout_logprobs=lp - 0.1, advantages=torch.ones(2, dtype=torch.float64),
+                        completion_mask=mask)
+    odd = Normalizer(num_tokens=6, num_sequences=2, is_weight_sum=100.0, num_is_weights=1.0)
+    assert torch.equal(bypass(batch, normalizer=odd).loss, bypass(batch, normalizer=Normalizer.from_batch(batch)).loss)
+    assert not torch.equal(decoupled(dataclasses.replace(batch, old_logprobs=lp), normalizer=odd).loss,
+                           decoupled(dataclasses.replace(batch, old_logprobs=lp)).loss)
+
+
+def test_from_batch_counts_on_policy_batches_with_the_current_logprobs():
+    """Without old_logprobs (on-policy) the loss reads the current log-probs, detached, as the old policy; so does
+    Normalizer.from_batch(loss=) when it counts the IS weights: the split losses sum to the whole batch's."""
+    g = torch.Generator().manual_seed(3)
+    lp = -torch.rand(6, 4, generator=g, dtype=torch.float64) - 0.1
+    batch = PolicyBatch(logprobs=lp, rollout_logprobs=lp - 0.3 * torch.rand(6, 4, generator=g, dtype=torch.float64),
+                        advantages=torch.randn(6, generator=g, dtype=torch.float64),
+                        completion_mask=torch.rand(6, 4, generator=g) > 0.3)
+    loss_fn = rlzoo.get_loss("ppo", rollout_is="token", rollout_is_batch_normalize=True)
+    micro_batches = batch.split(3)
+    normalizer = Normalizer.from_batch(*micro_batches, loss=loss_fn)
+    assert normalizer.is_weight_sum is not None
+    got = sum(loss_and_grads(loss_fn, mb, normalizer)[0].loss for mb in micro_batches)
+    torch.testing.assert_close(got, loss_and_grads(loss_fn, batch)[0].loss, **ATOL)
 
 
 # -------------------------------------------------------------------------------------------- bypass mode

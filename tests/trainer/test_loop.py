@@ -363,6 +363,28 @@ def test_merged_metrics_take_min_and_max_across_micro_batches():
                                             "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 3.0})
 
 
+def test_a_micro_batch_without_counted_tokens_does_not_set_the_extremes():
+    """A micro-batch whose completions are all masked (mask_truncated_completions) reports 0 for its extremes
+    (clip_ratio/low_min, ratio/min: masked_min's placeholder); the merge skips it, before or after the others, as
+    TRL's nanmin skips a sequence without tokens. When no micro-batch has a token, the placeholder stays."""
+    from rlzoo.batch import LossOutput, Normalizer
+    from rlzoo.trainer.metrics import LossMetrics
+
+    def out(low_min: float, high_max: float) -> LossOutput:
+        return LossOutput(loss=torch.tensor(0.0), metrics={"clip_ratio/low_min": torch.tensor(low_min),
+                                                           "clip_ratio/high_max": torch.tensor(high_max)})
+
+    none, some = torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)
+    for order in ((none, some), (some, none)):
+        losses = LossMetrics(Normalizer(num_tokens=6, num_sequences=2))
+        for mask in order:
+            losses.add(out(0.25, 0.5) if mask.any() else out(0.0, 0.0), mask)
+        assert losses.metrics == {"clip_ratio/low_min": 0.25, "clip_ratio/high_max": 0.5}
+    empty = LossMetrics(Normalizer(num_tokens=0, num_sequences=0))
+    empty.add(out(0.0, 0.0), none)
+    assert empty.metrics == {"clip_ratio/low_min": 0.0, "clip_ratio/high_max": 0.0}
+
+
 def test_reward_functions_receive_completion_ids(tmp_path):
     """As TRL: reward functions get ``completion_ids`` (token ids without padding) beside the texts."""
     seen = []
