@@ -344,11 +344,12 @@ class Normalizer:
             tokens are inert (see :attr:`num_groups`).
         num_positive_tokens: counted tokens of the sequences with reward > 0 (:attr:`PolicyBatch.rewards`) in
             the optimizer-step batch, or None. VAPO's positive-example NLL term divides by it.
-        is_weight_sum, num_is_weights: the sum of the rollout IS weights of the optimizer-step batch (before
-            normalisation, >= 0) and their number (tokens of the completion masks, or sequences with a counted
-            token for sequence-level weights), or both None. verl's ``rollout_is_batch_normalize`` divides the
-            weights by ``is_weight_sum / num_is_weights``, the batch's mean weight, so that it does not depend on
-            the micro-batch split; without them each call uses the mean of the batch it is given. Counted by
+        is_weight_sum, num_is_weights: the sum of the rollout IS weights (before normalisation, >= 0) of the
+            batch they are normalised over (the optimizer step's; in the trainer the whole generation batch's, verl's
+            training batch) and their number (tokens of the completion masks, or sequences with a counted token
+            for sequence-level weights), or both None. verl's ``rollout_is_batch_normalize`` divides the weights
+            by ``is_weight_sum / num_is_weights``, the batch's mean weight, so that it does not depend on the
+            micro-batch split; without them each call uses the mean of the batch it is given. Counted by
             :meth:`from_batch` / :meth:`from_masks` (``is_weight_sums``) from
             :meth:`rlzoo.losses.PolicyLoss.is_weight_sums`.
 

@@ -263,7 +263,7 @@ class PolicyLoss:
     def coupled_parts(self, *, is_weight_sums: bool = True) -> list[Part]:
         """The active parts whose output at one token depends on other sequences of the batch the loss is called
         with (covariance top-k, entropy quantile, M2PO's mask), with an IS correction normalised over the batch
-        (``rollout_is_batch_normalize``) when its mean is not the step's: when :attr:`counts_is_weights` is False
+        (``rollout_is_batch_normalize``) when its mean is not the Normalizer's: when :attr:`counts_is_weights` is False
         (bypass mode or the log-linear proximal policy: the weights need the current policy), or when the caller's
         normalizer does not count :meth:`is_weight_sums` (``is_weight_sums=False``)."""
         return [p for p in self.parts() if p.couples_batch or (
@@ -286,9 +286,10 @@ class PolicyLoss:
     ) -> Float[Tensor, "2"] | None:
         """``(sum, number)`` of this batch's IS weights before their batch normalisation, for
         :attr:`Normalizer.is_weight_sum <rlzoo.Normalizer.is_weight_sum>` / ``num_is_weights`` (summed over the
-        step's micro-batches and ranks, as :meth:`Normalizer.from_batch <rlzoo.Normalizer.from_batch>` and the
-        trainer do), so that ``rollout_is_batch_normalize`` divides by the step's mean weight, as verl divides by its
-        training batch's. None unless :attr:`counts_is_weights`.
+        micro-batches and ranks of the batch the weights are normalised over: the step's in
+        :meth:`Normalizer.from_batch <rlzoo.Normalizer.from_batch>`, the whole generation batch's in the trainer),
+        so that ``rollout_is_batch_normalize`` divides by that batch's mean weight, as verl divides by its training
+        batch's. None unless :attr:`counts_is_weights`.
 
         Args:
             completion_mask: ``Bool[B, T]``, the tokens before any rejection (verl's IS weights read the response

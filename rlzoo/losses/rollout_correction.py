@@ -17,8 +17,8 @@ verl option (``algorithm.rollout_correction``)  rlzoo (``rlzoo.get_loss(name, **
                                              ``"lower_upper"``: IcePop, ``w = 0`` outside ``[lower, upper]``
                                              (the token still counts in the denominators)
 ``rollout_is_batch_normalize``: False        divide the weights by their mean over the batch's tokens
-                                             ("token") or sequences ("sequence"): the optimizer step's
-                                             with the Normalizer's ``is_weight_sum``
+                                             ("token") or sequences ("sequence"): those the Normalizer's
+                                             ``is_weight_sum`` counts
 ``rollout_rs``: "token_k1,seq_mean_k3"       ``rollout_rs`` (:class:`RolloutRejection`): reject tokens or
                                              whole sequences; comma-combined criteria must all pass
 ``rollout_rs_threshold``: "0.5_2.0,0.01"     one threshold per criterion (or one for all): ``*_k1``
@@ -197,11 +197,11 @@ class RolloutCorrection(Correction, name="rollout_is"):
         rollout_is: None (off, default), "token" or "sequence".
         rollout_is_threshold: a number > 0 (truncation bound, default 2.0, verl's) or a string
             ``"lower_upper"`` with ``0 < lower <= upper`` (IcePop).
-        rollout_is_batch_normalize: a bool (default False). The mean is the optimizer-step batch's when the
-            :class:`~rlzoo.Normalizer` holds ``is_weight_sum`` / ``num_is_weights`` (``Normalizer.from_batch(
-            *micro_batches, loss=loss_fn)`` and the trainer count them, over every rank: verl's whole training
-            batch, in the decoupled mode), else the batch's the loss is called with (bypass mode, where the
-            weights need the current policy: per micro-batch, as verl).
+        rollout_is_batch_normalize: a bool (default False). The mean is the one the :class:`~rlzoo.Normalizer`'s
+            ``is_weight_sum`` / ``num_is_weights`` give when it holds them (``Normalizer.from_batch(
+            *micro_batches, loss=loss_fn)``: those batches'; the trainer: the whole generation batch's over every
+            rank, verl's training batch, in the decoupled mode), else the batch's the loss is called with (bypass
+            mode, where the weights need the current policy: per micro-batch, as verl).
 
     Metrics (verl's names, prefixed ``rollout_corr/``): ``rollout_is_mean`` (before batch normalisation),
     ``rollout_is_max``, ``rollout_is_min`` (of the applied weights per token; for "sequence" of the raw

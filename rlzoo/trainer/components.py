@@ -206,7 +206,7 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
         precision=precision, seed=config.seed, dist=dist, completion_log=completion_log,
         teacher=models.teacher and models.teacher.module,
         kl_reward=KLRewardShaping(config.section(SignalConfig)) if config.use_kl_in_reward else None,
-        old_logprobs=score_old)
+        old_logprobs=score_old, loss=loss_fn)
     eval_generator = HFGenerator(models.tokenizer, max_completion_length=config.max_completion_length,
                                  max_prompt_length=config.max_prompt_length, share_prefix=False)
     evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=models.tokenizer,

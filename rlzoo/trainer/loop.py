@@ -209,8 +209,7 @@ class Trainer:
         rejection: one more all-reduce when the loss rejects)."""
         fields = batch.loss_fields(self.required, world_size=self.dist.world_size)
         counted = batch.counted_masks(self.loss_fn, fields)
-        normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size,
-                                                           loss=self.loss_fn))
+        normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
         if not self._drops_tokens:  # a config-level choice: every rank takes the same collectives
             return fields, normalizer, LossMetrics(normalizer)
         before = self.dist.reduce_floats({"tokens": float(sum(m.sum() for m in batch.loss_masks))})["tokens"]

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlzoo.losses import PolicyLoss
 from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -103,6 +104,9 @@ class RolloutSource:
             trainer also asks for them when the loss rejects tokens (its counts are known before the step) and
             never when the loss takes its old policy from the sampler (``bypass_mode``, the log-linear proximal
             policy), where ``old_logprobs`` must stay None.
+        loss: the loss trained, whose :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` are taken over each whole
+            generation batch (``rollout_is_batch_normalize``: verl normalises the IS weights over its training
+            batch, whichever optimizer step uses them), or None.
 
     Old, reference and teacher log-probs (and, when the estimator needs them, the sampling policy's log-probs and
     ``sum_pi_squared``) are scored before the advantage, which may use them (KL in the reward, the optimal token
@@ -113,8 +117,11 @@ class RolloutSource:
                  advantage_fn: Any, scorer: Scorer, generator: HFGenerator | VLLMGenerator, tokenizer: Any,
                  policy: ParallelModel, reference: Any, precision: Precision, seed: int,
                  dist: Distributed = ONE_PROCESS, completion_log: CompletionLog | None = None, teacher: Any = None,
-                 kl_reward: KLRewardShaping | None = None, old_logprobs: bool | None = None) -> None:
+                 kl_reward: KLRewardShaping | None = None, old_logprobs: bool | None = None,
+                 loss: PolicyLoss | None = None) -> None:
         self.config = config
+        self.loss = loss
+        self._buffer_sums: Tensor | None = None  # is_weight_sums of this rank's share of the buffer's batch
         self.score_old = config.old_logprobs_needed if old_logprobs is None else old_logprobs
         self.reward_config = reward_config
         self.task = task
@@ -270,21 +277,36 @@ class RolloutSource:
         offsets: list[int] = []  # per micro-batch: the prompts of the step's earlier generation batches
         stats: dict[str, float] = {}
         offset = 0
+        sums: list[Tensor | None] = [self._buffer_sums] if self.buffer else []  # of the batches the step draws from
         for _ in range(cfg.gradient_accumulation_steps):
             if self.micro_step % period == 0 or not self.buffer:
                 if micro_batches:  # the step spans two generation batches: the new one's prompts get new ids
                     offset += cfg.prompts_per_generation
+                else:  # the step starts a new one: the previous one is not drawn from
+                    sums = []
                 rollout, stats = self.generate()
                 self.buffer = split_generation_batch(
                     rollout, spg, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                     generator=self.shuffle_generator, group_size=cfg.num_generations,
                     pad_token_id=self._pad_token_id, dist=self.dist)
+                self._buffer_sums = self._is_weight_sums(self.buffer)
+                sums.append(self._buffer_sums)
             micro_batches.append(self.buffer[self.micro_step % spg])
             offsets.append(offset)
             self.micro_step += 1
         return OptimizerStepBatch(micro_batches=micro_batches, loss_masks=[self.loss_mask(mb) for mb in micro_batches],
                                   metrics={"generation_time": 0.0, **stats}, group_offsets=offsets,
-                                  num_groups=offset + cfg.prompts_per_generation)
+                                  num_groups=offset + cfg.prompts_per_generation,
+                                  is_weight_sums=sum(sums) if sums and all(s is not None for s in sums) else None)
+
+    def _is_weight_sums(self, buffer: list[Rollout]) -> Tensor | None:
+        """The loss's :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` over this rank's share of a whole generation
+        batch (every micro-batch of ``buffer``, before rejection), or None when the loss counts none."""
+        if self.loss is None or not buffer:
+            return None
+        parts = [self.loss.is_weight_sums(self.loss_mask(mb), old_logprobs=mb.old_logprobs,
+                                          rollout_logprobs=mb.rollout_logprobs) for mb in buffer]
+        return sum(parts) if all(p is not None for p in parts) else None  # type: ignore[return-value]
 
     @property
     def _pad_token_id(self) -> int:
@@ -362,6 +384,7 @@ class RolloutSource:
             for r in buffer:
                 r.prompt_id = (r.group_index if r.prompt_id is None else r.prompt_id) + self.dist.rank * cfg.prompts_per_generation
         self.buffer = buffer
+        self._buffer_sums = self._is_weight_sums(buffer)  # the whole batch is kept, so its sums are recomputed
         self.micro_step = state["micro_step"]
         self.round = state["round"]
         self.num_tokens = state.get("num_tokens", 0.0)

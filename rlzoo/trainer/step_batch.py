@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Bool
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.batch import LossMasker, Normalizer
@@ -32,6 +32,9 @@ class OptimizerStepBatch:
         group_offsets: per micro-batch, the prompts of the step's earlier generation batches (0 unless the step
             spans two), added to its prompt ids by :meth:`loss_fields`.
         num_groups: prompts per rank of the step's generation batches (every prompt id < ``num_groups * world_size``).
+        is_weight_sums: ``Float[2]``, the loss's :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` over this rank's
+            share of the whole generation batches the step draws from (verl normalises the IS weights over its
+            training batch), or None.
     """
 
     micro_batches: list[Rollout]
@@ -39,6 +42,7 @@ class OptimizerStepBatch:
     metrics: dict[str, float]
     group_offsets: list[int] = dataclasses.field(default_factory=list)
     num_groups: int = 0
+    is_weight_sums: Float[Tensor, "2"] | None = None
 
     def loss_fields(self, required: frozenset[str], *, world_size: int) -> list[dict[str, Any]]:
         """Per micro-batch, the :class:`~rlzoo.PolicyBatch` fields the loss ``required`` that come from the
@@ -82,20 +86,19 @@ class OptimizerStepBatch:
                 for mb, mask, f in zip(self.micro_batches, self.loss_masks, fields, strict=True)]
 
     def normalizer(self, fields: list[dict[str, Any]], masks: list[Bool[Tensor, "N C"]], *,
-                   world_size: int, loss: LossMasker | None = None) -> Normalizer:
+                   world_size: int) -> Normalizer:
         """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over ``masks``, the
         :meth:`counted_masks`, with the group and positive-reward counts when ``fields`` (:meth:`loss_fields`)
-        hold their inputs, and the sums of ``loss``'s batch-normalised IS weights over :attr:`loss_masks`, before
-        rejection, when it has them: :meth:`rlzoo.losses.PolicyLoss.is_weight_sums`); sum them over the ranks
+        hold their inputs, and :attr:`is_weight_sums`); sum them over the ranks
         (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
         groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
         rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
-        sums = [] if loss is None else [
-            loss.is_weight_sums(mask, old_logprobs=mb.old_logprobs, rollout_logprobs=mb.rollout_logprobs)
-            for mb, mask in zip(self.micro_batches, self.loss_masks, strict=True)]
-        return Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
-                                     num_groups=self.num_groups * world_size if groups is not None else None,
-                                     is_weight_sums=sums if sums and all(w is not None for w in sums) else None)
+        normalizer = Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
+                                           num_groups=self.num_groups * world_size if groups is not None else None)
+        if self.is_weight_sums is None:
+            return normalizer
+        total, number = self.is_weight_sums.to(masks[0].device).unbind()
+        return dataclasses.replace(normalizer, is_weight_sum=total, num_is_weights=number)
 
     @property
     def num_tokens(self) -> float:

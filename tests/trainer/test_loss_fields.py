@@ -153,3 +153,39 @@ def test_rollout_is_batch_normalize_divides_by_the_whole_steps_mean_weight(tmp_p
                     .loss for b in batches)
     assert whole.advantages.abs().max() > 0
     assert not torch.allclose(own_means, expected, **tol(torch.float32))  # the comparison has power
+
+
+def test_rollout_is_batch_normalize_takes_the_whole_generation_batchs_mean(tmp_path):
+    """With steps_per_generation 4 and 2 accumulation steps a generation batch feeds two optimizer steps: both
+    steps' normalizers carry the IS weights' sums of the whole generation batch (verl normalises over its training
+    batch, which its mini-batches share), not of their own half; the token counts stay the step's."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 2,
+                            "gradient_accumulation_steps": 2, "steps_per_generation": 4,
+                            "loss": {"beta": 0.0, "rollout_is": "sequence", "rollout_is_batch_normalize": True,
+                                     "rollout_is_threshold": 10.0}})
+    trainer = Trainer(config, reward_funcs=[digit_fraction])
+    generate, noise = trainer.rollouts.generator.generate, torch.Generator().manual_seed(1)
+
+    def perturbed(*args, **kwargs):
+        gen = generate(*args, **kwargs)
+        drift = 0.5 * torch.rand(gen.rollout_logprobs.shape, generator=noise)
+        return dataclasses.replace(gen, rollout_logprobs=torch.where(gen.completion_mask,
+                                                                     gen.rollout_logprobs - drift, 0.0))
+
+    trainer.rollouts.generator.generate = perturbed
+    loss_fn = trainer.loss_fn
+    steps = _record(trainer)
+    trainer.train()
+    assert [len(step) for step in steps] == [2, 2]
+    batches = [b for step in steps for b, _, _ in step]
+    whole = rlzoo.PolicyBatch(**{name: torch.cat([getattr(b, name) for b in batches]).double() for name in (
+        "logprobs", "advantages", "old_logprobs", "rollout_logprobs")},
+        completion_mask=torch.cat([b.completion_mask for b in batches]))
+    want = rlzoo.Normalizer.from_batch(whole, loss=loss_fn)
+    halves = [rlzoo.Normalizer.from_batch(*[b for b, _, _ in step], loss=loss_fn) for step in steps]
+    assert not torch.allclose(halves[0].is_weight_sum.double(), want.is_weight_sum / 2, **tol(torch.float32))
+    for step, half in zip(steps, halves, strict=True):
+        normalizer = step[0][1]
+        torch.testing.assert_close(normalizer.is_weight_sum.double(), want.is_weight_sum, **tol(torch.float32))
+        assert float(normalizer.num_is_weights) == float(want.num_is_weights) == 8  # sequences of the batch
+        assert float(normalizer.num_tokens) == float(half.num_tokens) < float(want.num_tokens)

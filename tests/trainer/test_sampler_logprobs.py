@@ -282,6 +282,25 @@ def test_resuming_into_the_loglinear_proximal_policy_drops_the_stored_old_logpro
     assert batch.old_logprobs is None and batch.versions.tolist() == [0, 0] and batch.current_version == 0
 
 
+def test_a_resumed_batch_keeps_its_is_weight_sums(tmp_path):
+    """rollout_is_batch_normalize divides by the mean IS weight of the whole generation batch: resumed in the middle
+    of its cycle, the step gets the sums of the restored batch, bit for bit those of the uninterrupted run."""
+    options = {"loss": {"rollout_is": "token", "rollout_is_batch_normalize": True, "beta": 0.0}}
+    base, checkpoint = _mid_cycle_checkpoint(tmp_path, **options)
+    straight = Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "straight"), "max_steps": 2, **options}),
+                       reward_funcs=[digit_fraction])
+    _, want, _ = _train(straight)
+    resumed = Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "second"), "max_steps": 2,
+                                     "resume": str(checkpoint), **options}), reward_funcs=[digit_fraction])
+    _, got, _ = _train(resumed)
+    (_, normalizer), = got[0]
+    (_, first), = want[0]
+    (_, second), = want[1]
+    assert normalizer.is_weight_sum is not None and torch.equal(first.is_weight_sum, second.is_weight_sum)
+    assert torch.equal(normalizer.is_weight_sum, second.is_weight_sum)
+    assert torch.equal(normalizer.num_is_weights, second.num_is_weights)
+
+
 def test_loglinear_with_a_rejection_is_refused_before_the_model_loads(tmp_path):
     config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1, "num_generations": 2,
                             "algorithm": "decoupled_ppo",
