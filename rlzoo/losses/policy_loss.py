@@ -107,7 +107,7 @@ class PolicyLoss:
         Args:
             batch: the :class:`~rlzoo.batch.PolicyBatch`.
             normalizer: counts of the whole optimizer-step batch (over :meth:`loss_mask`); default: this batch's
-                own counts.
+                own counts. Its IS weight sums are ignored unless :attr:`counts_is_weights`.
 
         Returns:
             :class:`~rlzoo.batch.LossOutput` with the 0-d loss and detached 0-d metrics.
@@ -119,6 +119,9 @@ class PolicyLoss:
                 part its positive-token count) and the loss has none.
         """
         self.check_batch(batch)
+        if normalizer is not None and normalizer.is_weight_sum is not None and not self.counts_is_weights:
+            # the IS weights' batch mean needs the current policy here (bypass, loglinear): this batch's
+            normalizer = dataclasses.replace(normalizer, is_weight_sum=None, num_is_weights=None)
         if self.off_policy:  # rollout rejection, bypass mode, a proximal policy: off_policy.py
             return off_policy.policy_loss(self, batch, normalizer)
         if normalizer is None:

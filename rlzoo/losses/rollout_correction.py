@@ -302,8 +302,8 @@ class RolloutCorrection(Correction, name="rollout_is"):
         metrics["rollout_corr/rollout_is_ratio_fraction_high"] = high
         metrics["rollout_corr/rollout_is_ratio_fraction_low"] = low
         if self.rollout_is_batch_normalize:
-            n = x.normalizer  # the step's sums; never in bypass mode, where the weights need the current policy
-            if not x.bypass_mode and n is not None and n.is_weight_sum is not None and n.num_is_weights is not None:
+            n = x.normalizer  # the batch's sums (PolicyLoss drops them where the weights need the current policy)
+            if n is not None and n.is_weight_sum is not None and n.num_is_weights is not None:
                 total, number = (torch.as_tensor(v, device=weight.device) for v in (n.is_weight_sum, n.num_is_weights))
             else:  # this batch's
                 total, number = self._sums(x, weight)

@@ -53,12 +53,14 @@ class LossMetrics:
         the global counts, so the sum is the global loss); returns the loss."""
         if dist.enabled:
             self.loss = dist.reduce_floats({"loss": self.loss})["loss"]
+            extremes = [k for k in self.metrics if k.endswith(_MIN + _MAX)]
+            ranks = dist.reduce_floats({k: float(k in self._extremes) for k in extremes})  # ranks with a token
             for op, keep, none in (("min", lambda k: k.endswith(_MIN), math.inf),
                                    ("max", lambda k: k.endswith(_MAX), -math.inf),
                                    ("sum", lambda k: not k.endswith(_MIN + _MAX), 0.0)):
-                mine = {k: v if op == "sum" or k in self._extremes else none for k, v in self.metrics.items() if keep(k)}
                 # a rank without a counted token sends the identity; no rank with one: 0, as one process reports
-                self.metrics.update({k: v if math.isfinite(v) or op == "sum" else 0.0
+                mine = {k: v if op == "sum" or k in self._extremes else none for k, v in self.metrics.items() if keep(k)}
+                self.metrics.update({k: v if op == "sum" or ranks[k] else 0.0
                                      for k, v in dist.reduce_floats(mine, op).items()})
         return self.loss
 

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from rlzoo.batch import BatchError
 from rlzoo.losses import PolicyLoss
 from rlzoo.trainer.advantage_inputs import batch_advantages
 from rlzoo.trainer.config import RewardConfig, RolloutConfig
@@ -306,7 +307,13 @@ class RolloutSource:
             return None
         parts = [self.loss.is_weight_sums(self.loss_mask(mb), old_logprobs=mb.old_logprobs,
                                           rollout_logprobs=mb.rollout_logprobs) for mb in buffer]
-        return sum(parts) if all(p is not None for p in parts) else None  # type: ignore[return-value]
+        if any(p is None for p in parts):
+            return None
+        total: Tensor = sum(parts)  # type: ignore[assignment]
+        if not bool(torch.isfinite(total).all()):  # a later micro-batch's NaN would unnormalise this step silently
+            raise BatchError("the generation batch's rollout IS weights are not finite (rollout_is_batch_normalize): "
+                             "old_logprobs or rollout_logprobs hold NaN or inf at a counted token")
+        return total
 
     @property
     def _pad_token_id(self) -> int:

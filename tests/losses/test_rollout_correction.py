@@ -229,11 +229,14 @@ def test_batch_normalization_in_bypass_mode_is_per_micro_batch_and_said_so():
         decoupled.is_weight_sums(mask, rollout_logprobs=lp)
     with pytest.raises(rlzoo.BatchError, match="is_weight_sum and Normalizer.num_is_weights go together"):
         Normalizer(num_tokens=6, num_sequences=2, is_weight_sum=2.0)
-    # step sums handed to a bypass-mode loss are not used: its weights need the current policy
+    # sums handed to a bypass-mode or loglinear loss are not used: its weights need the current policy
     batch = PolicyBatch(logprobs=lp, rollout_logprobs=lp - 0.1, advantages=torch.ones(2, dtype=torch.float64),
                         completion_mask=mask)
     odd = Normalizer(num_tokens=6, num_sequences=2, is_weight_sum=100.0, num_is_weights=1.0)
     assert torch.equal(bypass(batch, normalizer=odd).loss, bypass(batch, normalizer=Normalizer.from_batch(batch)).loss)
+    versioned = dataclasses.replace(batch, versions=torch.zeros(2, dtype=torch.long), current_version=1)
+    assert torch.equal(loglinear(versioned, normalizer=odd).loss,
+                       loglinear(versioned, normalizer=Normalizer.from_batch(versioned)).loss)
     assert not torch.equal(decoupled(dataclasses.replace(batch, old_logprobs=lp), normalizer=odd).loss,
                            decoupled(dataclasses.replace(batch, old_logprobs=lp)).loss)
 

@@ -363,6 +363,51 @@ def test_merged_metrics_take_min_and_max_across_micro_batches():
                                             "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 3.0})
 
 
+def _recorded(other: list[dict] | None = None):
+    """One rank of two for LossMetrics.reduce: its reduce_floats sends ``values`` and combines them with what the
+    other rank sent in the same call (``other``: that rank's calls, in order; None: record this rank's)."""
+    from rlzoo.trainer.distributed import Distributed
+
+    class Recorded(Distributed):
+        def __init__(self) -> None:
+            super().__init__(rank=0, world_size=2)
+            self.other, self.sent = other, []
+
+        def reduce_floats(self, values: dict, op: str = "sum") -> dict:
+            self.sent.append(dict(values))
+            if self.other is None:
+                return dict(values)
+            theirs = self.other[len(self.sent) - 1]
+            combine = {"sum": lambda a, b: a + b, "min": min, "max": max}[op]
+            return {k: combine(v, theirs[k]) for k, v in values.items()}
+
+    return Recorded()
+
+
+def test_extremes_merge_over_ranks_skipping_ranks_without_tokens_and_keeping_inf():
+    """Over ranks the min / max come from the ranks with a counted token (a rank without one sends the identity),
+    a real inf stays inf, and a metric no rank has a token for is 0, as one process reports it."""
+    from rlzoo.batch import LossOutput, Normalizer
+    from rlzoo.trainer.metrics import LossMetrics
+
+    def rank(low_min: float, high_max: float, counted: bool, dist) -> dict:
+        losses = LossMetrics(Normalizer(num_tokens=4, num_sequences=2))
+        metrics = {"clip_ratio/low_min": torch.tensor(low_min), "ratio/max": torch.tensor(high_max),
+                   "ratio/mean": torch.tensor(1.0)}
+        losses.add(LossOutput(loss=torch.tensor(0.5), metrics=metrics), torch.full((1, 2), counted))
+        losses.reduce(dist)
+        return losses.metrics
+
+    first = _recorded()
+    rank(0.0, 0.0, False, first)  # no token: placeholders
+    assert rank(0.25, math.inf, True, _recorded(first.sent)) == {
+        "clip_ratio/low_min": 0.25, "ratio/max": math.inf, "ratio/mean": 0.5 + 0.0}
+    nobody = _recorded()
+    rank(0.0, 0.0, False, nobody)
+    assert rank(0.0, 0.0, False, _recorded(nobody.sent)) == {"clip_ratio/low_min": 0.0, "ratio/max": 0.0,
+                                                             "ratio/mean": 0.0}
+
+
 def test_a_micro_batch_without_counted_tokens_does_not_set_the_extremes():
     """A micro-batch whose completions are all masked (mask_truncated_completions) reports 0 for its extremes
     (clip_ratio/low_min, ratio/min: masked_min's placeholder); the merge skips it, before or after the others, as

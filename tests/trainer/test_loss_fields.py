@@ -110,6 +110,20 @@ def test_an_adaptive_kl_horizon_that_could_drive_beta_below_zero_is_refused_at_s
         Trainer(config, reward_funcs=[digit_fraction])
 
 
+def _perturb_sampler_logprobs(trainer: Trainer, *, seed: int) -> None:
+    """Lower the sampler's log-probs by up to 0.5 (seeded): Hugging Face generate's equal the trainer's up to
+    rounding, which makes every IS weight ~1."""
+    generate, noise = trainer.rollouts.generator.generate, torch.Generator().manual_seed(seed)
+
+    def perturbed(*args, **kwargs):
+        gen = generate(*args, **kwargs)
+        drift = 0.5 * torch.rand(gen.rollout_logprobs.shape, generator=noise)
+        return dataclasses.replace(gen, rollout_logprobs=torch.where(gen.completion_mask,
+                                                                     gen.rollout_logprobs - drift, 0.0))
+
+    trainer.rollouts.generator.generate = perturbed
+
+
 def test_rollout_is_batch_normalize_divides_by_the_whole_steps_mean_weight(tmp_path):
     """rollout_is_batch_normalize in the trainer: the step's Normalizer carries the IS weights' sums over every
     micro-batch (old log-probs are scored for them), so the micro-batch losses sum to the loss of the whole step
@@ -120,15 +134,7 @@ def test_rollout_is_batch_normalize_divides_by_the_whole_steps_mean_weight(tmp_p
                             "loss": {"beta": 0.0, "rollout_is": "token", "rollout_is_batch_normalize": True,
                                      "rollout_is_threshold": 10.0}})
     trainer = Trainer(config, reward_funcs=[lambda completions, **_: [sum(map(ord, c)) % 5 for c in completions]])
-    generate, noise = trainer.rollouts.generator.generate, torch.Generator().manual_seed(0)
-
-    def perturbed(*args, **kwargs):
-        gen = generate(*args, **kwargs)
-        drift = 0.5 * torch.rand(gen.rollout_logprobs.shape, generator=noise)
-        return dataclasses.replace(gen, rollout_logprobs=torch.where(gen.completion_mask,
-                                                                     gen.rollout_logprobs - drift, 0.0))
-
-    trainer.rollouts.generator.generate = perturbed
+    _perturb_sampler_logprobs(trainer, seed=0)
     loss_fn = trainer.loss_fn
     steps = _record(trainer)
     trainer.train()
@@ -155,37 +161,38 @@ def test_rollout_is_batch_normalize_divides_by_the_whole_steps_mean_weight(tmp_p
     assert not torch.allclose(own_means, expected, **tol(torch.float32))  # the comparison has power
 
 
-def test_rollout_is_batch_normalize_takes_the_whole_generation_batchs_mean(tmp_path):
-    """With steps_per_generation 4 and 2 accumulation steps a generation batch feeds two optimizer steps: both
-    steps' normalizers carry the IS weights' sums of the whole generation batch (verl normalises over its training
-    batch, which its mini-batches share), not of their own half; the token counts stay the step's."""
-    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 2,
-                            "gradient_accumulation_steps": 2, "steps_per_generation": 4,
-                            "loss": {"beta": 0.0, "rollout_is": "sequence", "rollout_is_batch_normalize": True,
+@pytest.mark.parametrize(("accumulation", "per_generation", "max_steps", "draws", "level"), [
+    (2, 4, 2, [[0], [0]], "sequence"),  # a generation batch feeds two steps of two micro-batches
+    (1, 2, 4, [[0], [0], [1], [1]], "token"),  # two steps per generation batch, then a new batch
+    (3, 2, 2, [[0, 1], [1, 2]], "token"),  # each step spans two generation batches; the middle one counts in both
+], ids=["two_steps_of_two", "two_steps_per_batch", "steps_span_batches"])
+def test_each_step_takes_the_is_weight_sums_of_the_generation_batches_it_draws_from(
+        tmp_path, accumulation, per_generation, max_steps, draws, level):
+    """The step's is_weight_sum / num_is_weights are those of the whole generation batches its micro-batches come
+    from (``draws``: their indices; verl normalises over its training batch, which its mini-batches share), not of
+    its own micro-batches, nor of a batch it does not draw from; its token counts stay its own."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": max_steps,
+                            "gradient_accumulation_steps": accumulation, "steps_per_generation": per_generation,
+                            "loss": {"beta": 0.0, "rollout_is": level, "rollout_is_batch_normalize": True,
                                      "rollout_is_threshold": 10.0}})
     trainer = Trainer(config, reward_funcs=[digit_fraction])
-    generate, noise = trainer.rollouts.generator.generate, torch.Generator().manual_seed(1)
-
-    def perturbed(*args, **kwargs):
-        gen = generate(*args, **kwargs)
-        drift = 0.5 * torch.rand(gen.rollout_logprobs.shape, generator=noise)
-        return dataclasses.replace(gen, rollout_logprobs=torch.where(gen.completion_mask,
-                                                                     gen.rollout_logprobs - drift, 0.0))
-
-    trainer.rollouts.generator.generate = perturbed
+    _perturb_sampler_logprobs(trainer, seed=2)
     loss_fn = trainer.loss_fn
     steps = _record(trainer)
     trainer.train()
-    assert [len(step) for step in steps] == [2, 2]
-    batches = [b for step in steps for b, _, _ in step]
-    whole = rlzoo.PolicyBatch(**{name: torch.cat([getattr(b, name) for b in batches]).double() for name in (
-        "logprobs", "advantages", "old_logprobs", "rollout_logprobs")},
-        completion_mask=torch.cat([b.completion_mask for b in batches]))
-    want = rlzoo.Normalizer.from_batch(whole, loss=loss_fn)
-    halves = [rlzoo.Normalizer.from_batch(*[b for b, _, _ in step], loss=loss_fn) for step in steps]
-    assert not torch.allclose(halves[0].is_weight_sum.double(), want.is_weight_sum / 2, **tol(torch.float32))
-    for step, half in zip(steps, halves, strict=True):
+    micro = [b for step in steps for b, _, _ in step]  # in order: per_generation micro-batches per generation batch
+    generations = [micro[i:i + per_generation] for i in range(0, len(micro), per_generation)]
+    sums = [rlzoo.Normalizer.from_batch(*(_as_f64(b) for b in gen), loss=loss_fn) for gen in generations]
+    assert len({float(n.is_weight_sum) for n in sums}) == len(sums)  # the batches differ
+    for step, drawn in zip(steps, draws, strict=True):
         normalizer = step[0][1]
-        torch.testing.assert_close(normalizer.is_weight_sum.double(), want.is_weight_sum, **tol(torch.float32))
-        assert float(normalizer.num_is_weights) == float(want.num_is_weights) == 8  # sequences of the batch
-        assert float(normalizer.num_tokens) == float(half.num_tokens) < float(want.num_tokens)
+        torch.testing.assert_close(normalizer.is_weight_sum.double(), sum(sums[i].is_weight_sum for i in drawn),
+                                   **tol(torch.float32))
+        assert float(normalizer.num_is_weights) == sum(float(sums[i].num_is_weights) for i in drawn)
+        assert float(normalizer.num_tokens) == sum(float(b.completion_mask.sum()) for b, _, _ in step)
+
+
+def _as_f64(b: rlzoo.PolicyBatch) -> rlzoo.PolicyBatch:
+    return rlzoo.PolicyBatch(logprobs=b.logprobs.detach().double(), advantages=b.advantages.double(),
+                             completion_mask=b.completion_mask, old_logprobs=b.old_logprobs.double(),
+                             rollout_logprobs=b.rollout_logprobs.double())

@@ -283,10 +283,15 @@ def test_resuming_into_the_loglinear_proximal_policy_drops_the_stored_old_logpro
 
 
 def test_a_resumed_batch_keeps_its_is_weight_sums(tmp_path):
-    """rollout_is_batch_normalize divides by the mean IS weight of the whole generation batch: resumed in the middle
-    of its cycle, the step gets the sums of the restored batch, bit for bit those of the uninterrupted run."""
-    options = {"loss": {"rollout_is": "token", "rollout_is_batch_normalize": True, "beta": 0.0}}
-    base, checkpoint = _mid_cycle_checkpoint(tmp_path, **options)
+    """rollout_is_batch_normalize divides by the mean IS weight of the whole generation batch (two micro-batches
+    here, one per step): resumed after its first step, the second step gets the sums of the whole restored batch,
+    bit for bit those of the uninterrupted run."""
+    options = {"steps_per_generation": 2, "loss": {"rollout_is": "token", "rollout_is_batch_normalize": True,
+                                                   "beta": 0.0}}
+    base = {**TINY, "num_generations": 2, "save_steps": 1}
+    Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "first"), "max_steps": 1, **options}),
+            reward_funcs=[digit_fraction]).train()
+    checkpoint = tmp_path / "first" / "checkpoints" / "step-000001"
     straight = Trainer(TrainConfig(**{**base, "output_dir": str(tmp_path / "straight"), "max_steps": 2, **options}),
                        reward_funcs=[digit_fraction])
     _, want, _ = _train(straight)
@@ -294,9 +299,11 @@ def test_a_resumed_batch_keeps_its_is_weight_sums(tmp_path):
                                      "resume": str(checkpoint), **options}), reward_funcs=[digit_fraction])
     _, got, _ = _train(resumed)
     (_, normalizer), = got[0]
-    (_, first), = want[0]
-    (_, second), = want[1]
-    assert normalizer.is_weight_sum is not None and torch.equal(first.is_weight_sum, second.is_weight_sum)
+    (first_batch, first), = want[0]
+    (second_batch, second), = want[1]
+    tokens = float(first_batch.completion_mask.sum() + second_batch.completion_mask.sum())
+    assert normalizer.is_weight_sum is not None and float(second.num_is_weights) == tokens  # the whole batch's
+    assert torch.equal(first.is_weight_sum, second.is_weight_sum)
     assert torch.equal(normalizer.is_weight_sum, second.is_weight_sum)
     assert torch.equal(normalizer.num_is_weights, second.num_is_weights)
 
