@@ -28,6 +28,7 @@ CASES = {
     "prompt_mean": {"algorithm": "grpo", "loss": {"aggregation": "prompt-mean"}},  # group counts over ranks
     "decoupled_ppo": {"algorithm": "decoupled_ppo", "top_p": 0.8},  # the sampler's log-probs (HF generate)
     "rollout_rs": {"top_p": 0.5, "loss": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_1.99"}},  # counts
+    "rollout_is_norm": {"top_p": 0.8, "loss": {"rollout_is": "token", "rollout_is_batch_normalize": True}},  # IS sums
     "vapo": {"algorithm": "vapo"},  # the positive-example NLL term: positive-reward token counts summed over ranks
     "dynamic_sampling": {"algorithm": "dapo", "dynamic_sampling": True,  # kept groups chosen in global order
                          "log_completions": True},  # every rank's rows in the table

@@ -80,7 +80,8 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
     """dapo (token-mean), grpo with beta (seq-mean-token-mean, a reference model), dr_grpo
     (seq-mean-token-sum-norm), gspo, grpo with prompt-mean (per-group token counts summed over ranks) and
     decoupled_ppo with top_p 0.8 (the sampler's log-probs as the behaviour policy), a token rejection (rollout_rs
-    at top_p 0.5: the kept-token counts summed over ranks) and vapo (its NLL term's positive-token count summed over
+    at top_p 0.5: the kept-token counts summed over ranks), batch-normalised IS weights (rollout_is_batch_normalize
+    at top_p 0.8: the generation batch's weight sums over ranks) and vapo (its NLL term's positive-token count summed over
     ranks), dapo with dynamic sampling (the first kept groups in the global order, moved between ranks) and
     steps_per_generation 4 (a generation batch shuffled over both ranks into the micro-batches of 2 steps), with
     gradient_accumulation_steps 2 and num_iterations 2 (old log-probs, ratio != 1): 2 ranks x 4 completions under
@@ -89,6 +90,8 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(two_ranks, tmp_
     assert history[1]["ratio/mean"] != 1.0 or history[1]["ratio/max"] != 1.0  # the second pass: a real check
     if name == "rollout_rs":  # the rejection drops tokens (so their counts are what is compared)
         assert 0 < history[0]["rollout_corr/rollout_rs_masked_fraction"] < 1
+    if name == "rollout_is_norm":  # the weights vary, so their mean (over both ranks) is what is compared
+        assert history[0]["rollout_corr/rollout_is_max"] > history[0]["rollout_corr/rollout_is_min"] + 1e-3
     if name == "vapo":  # some completions are positive examples (so the NLL term's count is compared)
         assert history[0]["reward"] > 0
     if name == "dynamic_sampling":  # groups are dropped, so which kept groups fill the batch is compared
