@@ -201,7 +201,8 @@ class RolloutCorrection(Correction, name="rollout_is"):
             ``is_weight_sum`` / ``num_is_weights`` give when it holds them (``Normalizer.from_batch(
             *micro_batches, loss=loss_fn)``: those batches'; the trainer: the whole generation batch's over every
             rank, verl's training batch, in the decoupled mode), else the batch's the loss is called with (bypass
-            mode, where the weights need the current policy: per micro-batch, as verl).
+            mode or ``prox_logp_method="loglinear"``, where the weights need the current policy and
+            :class:`~rlzoo.losses.PolicyLoss` drops the normalizer's sums: per micro-batch, as verl's bypass mode).
 
     Metrics (verl's names, prefixed ``rollout_corr/``): ``rollout_is_mean`` (before batch normalisation),
     ``rollout_is_max``, ``rollout_is_min`` (of the applied weights per token; for "sequence" of the raw

@@ -52,15 +52,16 @@ class LossMetrics:
         """Sum the loss and merge the metrics over the ranks (in place; each rank's loss is already divided by
         the global counts, so the sum is the global loss); returns the loss."""
         if dist.enabled:
-            self.loss = dist.reduce_floats({"loss": self.loss})["loss"]
             extremes = [k for k in self.metrics if k.endswith(_MIN + _MAX)]
-            ranks = dist.reduce_floats({k: float(k in self._extremes) for k in extremes})  # ranks with a token
+            ranks = dist.reduce_floats({"loss": self.loss, **{f"ranks:{k}": float(k in self._extremes)
+                                                                for k in extremes}})  # and the ranks with a token
+            self.loss = ranks["loss"]
             for op, keep, none in (("min", lambda k: k.endswith(_MIN), math.inf),
                                    ("max", lambda k: k.endswith(_MAX), -math.inf),
                                    ("sum", lambda k: not k.endswith(_MIN + _MAX), 0.0)):
                 # a rank without a counted token sends the identity; no rank with one: 0, as one process reports
                 mine = {k: v if op == "sum" or k in self._extremes else none for k, v in self.metrics.items() if keep(k)}
-                self.metrics.update({k: v if op == "sum" or ranks[k] else 0.0
+                self.metrics.update({k: v if op == "sum" or ranks[f"ranks:{k}"] else 0.0
                                      for k, v in dist.reduce_floats(mine, op).items()})
         return self.loss
 

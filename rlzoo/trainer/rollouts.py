@@ -270,7 +270,12 @@ class RolloutSource:
         return micro_batch.completion_mask
 
     def next_optimizer_step(self) -> OptimizerStepBatch:
-        """The micro-batches of the next optimizer step, generating new batches when the cycle says so."""
+        """The micro-batches of the next optimizer step, generating new batches when the cycle says so.
+
+        Raises:
+            RewardFunctionError: from :meth:`generate`.
+            BatchError: a new generation batch's IS weight sums are NaN (:meth:`_is_weight_sums`).
+        """
         cfg = self.config
         spg = cfg.effective_steps_per_generation
         period = spg * cfg.num_iterations
@@ -302,7 +307,12 @@ class RolloutSource:
 
     def _is_weight_sums(self, buffer: list[Rollout]) -> Tensor | None:
         """The loss's :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` over this rank's share of a whole generation
-        batch (every micro-batch of ``buffer``, before rejection), or None when the loss counts none."""
+        batch (every micro-batch of ``buffer``, before rejection), or None when the loss counts none.
+
+        Raises:
+            BatchError: a counted token's old or sampler log-prob is NaN (the sums are not finite; masked
+                positions are ignored).
+        """
         if self.loss is None or not buffer:
             return None
         parts = [self.loss.is_weight_sums(self.loss_mask(mb), old_logprobs=mb.old_logprobs,
@@ -311,8 +321,8 @@ class RolloutSource:
             return None
         total: Tensor = sum(parts)  # type: ignore[assignment]
         if not bool(torch.isfinite(total).all()):  # a later micro-batch's NaN would unnormalise this step silently
-            raise BatchError("the generation batch's rollout IS weights are not finite (rollout_is_batch_normalize): "
-                             "old_logprobs or rollout_logprobs hold NaN or inf at a counted token")
+            raise BatchError("the generation batch's rollout IS weights are NaN (rollout_is_batch_normalize): "
+                             "old_logprobs or rollout_logprobs hold NaN at a counted token")
         return total
 
     @property
@@ -349,6 +359,7 @@ class RolloutSource:
         file; the token count of all its ranks goes to rank 0).
 
         Raises:
+            BatchError: the restored generation batch's IS weight sums are NaN (:meth:`_is_weight_sums`).
             ValueError: the task state is from another training stream; or the restored generation batch lacks
                 reference, teacher, old or sampler log-probs the loss now needs (names the field and what to do).
         """

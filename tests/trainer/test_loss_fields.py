@@ -196,3 +196,31 @@ def _as_f64(b: rlzoo.PolicyBatch) -> rlzoo.PolicyBatch:
     return rlzoo.PolicyBatch(logprobs=b.logprobs.detach().double(), advantages=b.advantages.double(),
                              completion_mask=b.completion_mask, old_logprobs=b.old_logprobs.double(),
                              rollout_logprobs=b.rollout_logprobs.double())
+
+
+@pytest.mark.parametrize("where", ["masked", "counted"])
+def test_a_nan_sampler_logprob_at_a_counted_token_stops_the_batch_normalised_run(tmp_path, where):
+    """The generation batch's IS weight sums cover micro-batches that later steps train on, so a NaN there would
+    silently unnormalise earlier steps: refused when the batch is generated (BatchError naming the NaN); a NaN at
+    a masked position (padding) is ignored, as the loss ignores it."""
+    config = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "run"), "max_steps": 1,
+                            "gradient_accumulation_steps": 2,
+                            "loss": {"beta": 0.0, "rollout_is": "token", "rollout_is_batch_normalize": True}})
+    trainer = Trainer(config, reward_funcs=[digit_fraction])
+    generate = trainer.rollouts.generator.generate
+
+    def with_nan(*args, **kwargs):
+        gen = generate(*args, **kwargs)
+        if where == "masked":
+            gen.completion_mask[-1, -1] = False  # one padded position at least
+        first = (~gen.completion_mask if where == "masked" else gen.completion_mask).nonzero()[0]
+        logprobs = gen.rollout_logprobs.clone()
+        logprobs[first[0], first[1]] = float("nan")
+        return dataclasses.replace(gen, rollout_logprobs=logprobs)
+
+    trainer.rollouts.generator.generate = with_nan
+    if where == "masked":
+        assert torch.isfinite(torch.tensor(trainer.train()[-1]["loss"]))
+    else:
+        with pytest.raises(rlzoo.BatchError, match="NaN at a counted token"):
+            trainer.train()
