@@ -505,9 +505,8 @@ class Normalizer:
         groups = [b.group_index for b in batches]
         rewards = [b.rewards for b in batches]
         counter = getattr(loss, "is_weight_sums", None)  # optional for a LossMasker (PolicyLoss has it)
-        sums = [] if counter is None else [  # on-policy: the current log-probs are the old policy, as in the loss
-            counter(b.completion_mask, old_logprobs=b.logprobs.detach() if b.old_logprobs is None else b.old_logprobs,
-                    rollout_logprobs=b.rollout_logprobs) for b in batches]
+        sums = [] if counter is None else [counter(b.completion_mask, logprobs=b.logprobs, old_logprobs=b.old_logprobs,
+                                                   rollout_logprobs=b.rollout_logprobs) for b in batches]
         return cls.from_masks(
             *masks,
             group_index=groups if all(g is not None for g in groups) else None,

@@ -65,15 +65,16 @@ class Correction(Part, abc.ABC):
 
     @property
     def normalizes_over_batch(self) -> bool:
-        """True when, with these options, the weights are divided by their mean over the optimizer-step batch
-        (verl's ``rollout_is_batch_normalize``), read from :attr:`Normalizer.is_weight_sum
-        <rlzoo.Normalizer.is_weight_sum>` / ``num_is_weights`` when the normalizer holds them."""
+        """True when, with these options, the weights are divided by their mean over a batch (verl's
+        ``rollout_is_batch_normalize``): the one the normalizer's :attr:`Normalizer.is_weight_sum
+        <rlzoo.Normalizer.is_weight_sum>` / ``num_is_weights`` count when it holds them, else the batch given."""
         return False
 
     def batch_sums(self, x: LossInputs) -> Float[Tensor, "2"] | None:
-        """``(sum, number)`` of the weights :attr:`normalizes_over_batch` averages, over ``x`` (the sum over the
-        micro-batches and ranks of a step is its :attr:`Normalizer.is_weight_sum <rlzoo.Normalizer.is_weight_sum>`
-        and ``num_is_weights``); None when this part does not normalise over the batch."""
+        """``(sum, number)`` of the weights :attr:`normalizes_over_batch` averages, over ``x`` (summed over the
+        micro-batches and ranks of the normalised batch into :attr:`Normalizer.is_weight_sum
+        <rlzoo.Normalizer.is_weight_sum>` and ``num_is_weights``); None when this part does not normalise over a
+        batch."""
         return None
 
     @abc.abstractmethod

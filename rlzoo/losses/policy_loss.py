@@ -284,6 +284,7 @@ class PolicyLoss:
         self,
         completion_mask: Bool[Tensor, "B T"],
         *,
+        logprobs: Float[Tensor, "B T"] | None = None,
         old_logprobs: Float[Tensor, "B T"] | None = None,
         rollout_logprobs: Float[Tensor, "B T"] | None = None,
     ) -> Float[Tensor, "2"] | None:
@@ -297,10 +298,9 @@ class PolicyLoss:
         Args:
             completion_mask: ``Bool[B, T]``, the tokens before any rejection (verl's IS weights read the response
                 mask before its rejection).
-            old_logprobs, rollout_logprobs: ``Float[B, T]``, as in :class:`PolicyBatch` (values at masked
-                positions are ignored). On-policy data has no ``old_logprobs``: pass the current log-probs (the
-                old policy, as the loss reads it), as :meth:`Normalizer.from_batch <rlzoo.Normalizer.from_batch>`
-                does.
+            logprobs, old_logprobs, rollout_logprobs: ``Float[B, T]`` or None, as in :class:`PolicyBatch` (values
+                at masked positions are ignored); ``logprobs`` are read only when ``old_logprobs`` is None
+                (on-policy: the old policy is the current one, detached, as the loss and :meth:`loss_mask` read it).
 
         Raises:
             BatchError: ``old_logprobs`` or ``rollout_logprobs`` is None while the weights need them.
@@ -308,6 +308,8 @@ class PolicyLoss:
         if not self.counts_is_weights:
             return None
         assert self.is_correction is not None  # counts_is_weights
+        if old_logprobs is None and logprobs is not None:
+            old_logprobs = logprobs.detach()
         old = require(old_logprobs, "old_logprobs", "rollout_is_batch_normalize (the batch's mean IS weight)")
         rollout = require(rollout_logprobs, "rollout_logprobs", "rollout_is_batch_normalize")
         batch = PolicyBatch(logprobs=old, old_logprobs=old, rollout_logprobs=rollout,
