@@ -34,8 +34,10 @@ judged from TRL's old and sampler log-probs. Each micro-batch's loss is ``P * lo
 Normalizer(num_tokens=N, num_sequences=S, ...))``: the micro-batch losses of one process sum, and DDP's gradient
 average over processes gives, exactly the loss of the whole optimizer-step batch. The Normalizer also holds the
 step's counted tokens per prompt (``group_num_tokens``, prompt-mean) and of the sequences with reward > 0
-(``num_positive_tokens``, VAPO) when the loss needs them. The counts come from TRL's buffered generation batch
-(one all-reduce per generation). They are exact when ``steps_per_generation`` is a multiple of
+(``num_positive_tokens``, VAPO) when the loss needs them, and for ``rollout_is_batch_normalize`` the sums of the
+IS weights of the whole generation batch (``is_weight_sum`` / ``num_is_weights``, verl's training batch; needs
+TRL's old log-probs, else each micro-batch divides by its own mean weight, warned). The counts come from TRL's
+buffered generation batch (one all-reduce per generation). They are exact when ``steps_per_generation`` is a multiple of
 ``gradient_accumulation_steps`` (TRL's default makes them equal); otherwise an optimizer step spans two generation
 batches and the counts are estimated as TRL does (the generation batch's count times
 ``gradient_accumulation_steps / steps_per_generation``), with a warning (prompt-mean, which needs the step's
@@ -331,13 +333,26 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._slice_scalars: list[list[float]] = []  # their first 4 columns, on the host
         self._rewards_per_func: Tensor | None = None
         policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
-        coupled = policy.coupled_parts(is_weight_sums=False)  # the IS weights' batch mean too: not counted here
+        # rollout_is_batch_normalize: the generation batch's IS weight sums, counted when TRL has old log-probs
+        self._counts_is_weights = policy.counts_is_weights and _trl_computes_old_logprobs(self.args)
+        self._is_weight_totals: Tensor | None = None  # Float[2], the buffered generation batch's, over processes
+        coupled = policy.coupled_parts(is_weight_sums=self._counts_is_weights)
         if coupled and self.accelerator.num_processes > 1:
             warnings.warn(
                 f"loss {policy.name or 'the loss'!r} has batch-coupled parts ({', '.join(p.describe() for p in coupled)}) "
                 f"whose statistics are taken over each process's micro-batch, not over the "
                 f"{self.accelerator.num_processes} processes' (TRL's top_entropy_quantile gathers the processes' "
                 "entropies): with one process it equals TRL; here the update differs from TRL's",
+                UserWarning,
+                stacklevel=2,
+            )
+        elif policy.counts_is_weights and not self._counts_is_weights and self.args.gradient_accumulation_steps > 1:
+            warnings.warn(
+                f"loss {policy.name or 'the loss'!r} normalises its IS weights over the batch "
+                "(rollout_is_batch_normalize), but TRL computes no old log-probs under this GRPOConfig, so the weights "
+                "are known only in the forward pass and each micro-batch divides by its own mean weight, not the "
+                "generation batch's (verl's): set GRPOConfig(vllm_importance_sampling_correction=True) with "
+                "use_vllm=True, or num_iterations > 1, for the generation batch's mean",
                 UserWarning,
                 stacklevel=2,
             )
@@ -408,8 +423,24 @@ class GRPOTrainer(trl.GRPOTrainer):
         if self.model.training and self._buffered_inputs is not self._counted_buffer:
             self._slice_totals = self._count_slices(self._buffered_inputs)
             self._slice_scalars = self._slice_totals[:, :_SCALAR_COUNTS].tolist()  # the one device sync
+            self._is_weight_totals = self._is_weight_sums(self._buffered_inputs)
             self._counted_buffer = self._buffered_inputs
         return inputs
+
+    def _is_weight_sums(self, slices: list[Mapping[str, Any]]) -> Tensor | None:
+        """``Float[2]``: ``(sum, number)`` of the rollout IS weights of ``slices`` (a generation batch's, or one
+        evaluation batch) on all processes (one all-reduce), from TRL's old and sampler log-probs over the
+        completion mask before any rejection (:meth:`rlzoo.losses.PolicyLoss.is_weight_sums`); None unless the
+        loss normalises its IS weights over the batch and TRL computed old log-probs."""
+        if not self._counts_is_weights or any(s.get("old_per_token_logps") is None for s in slices):
+            return None
+        policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        local = []
+        for inputs in slices:
+            old = inputs["old_per_token_logps"]
+            sampling = _without_nan_sampling(inputs, old).get("sampling_per_token_logps")
+            local.append(policy.is_weight_sums(_completion_mask(inputs), old_logprobs=old, rollout_logprobs=sampling))
+        return self.accelerator.reduce(torch.stack(local).sum(0), reduction="sum")
 
     def _count_slices(self, slices: list[Mapping[str, Any]]) -> Tensor:
         """``[len(slices), 4 + G]``: each micro-batch slice's counts (:meth:`_local_counts`) summed over processes
@@ -428,10 +459,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _local_counts(self, inputs: Mapping[str, Any], num_groups: int | None) -> Tensor:
         """This process's counts of one micro-batch, over the tokens the loss counts (:meth:`_counted_mask`):
         ``[tokens, rows, rows with a counted token, tokens of rows with reward > 0, tokens of prompt 0, ...]``."""
-        mask = inputs["completion_mask"]
-        if inputs.get("tool_mask") is not None:
-            mask = mask * inputs["tool_mask"]
-        lengths = self._counted_mask(inputs, mask.bool()).sum(-1)
+        lengths = self._counted_mask(inputs, _completion_mask(inputs)).sum(-1)
         rewards = inputs.get(_REWARDS_KEY)
         positive = lengths.new_zeros(()) if rewards is None else torch.where(rewards > 0, lengths, 0).sum()
         rows = torch.full((), lengths.shape[0], dtype=lengths.dtype, device=lengths.device)
@@ -477,11 +505,14 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _normalizer(self, inputs: Mapping[str, Any]) -> Normalizer:
         counts = self._step_counts(inputs)
+        is_sums = self._is_weight_totals if self.model.training else self._is_weight_sums([inputs])
         return Normalizer(
             num_tokens=counts.tokens,
             num_sequences=counts.rows if self._count_every_row else counts.sequences,
             group_num_tokens=counts.group_tokens,
             num_positive_tokens=counts.positive_tokens if _REWARDS_KEY in inputs else None,
+            is_weight_sum=None if is_sums is None else is_sums[0],
+            num_is_weights=None if is_sums is None else is_sums[1],
         )
 
     # -------------------------------------------------------------------------------------------------- loss
@@ -586,6 +617,14 @@ class GRPOTrainer(trl.GRPOTrainer):
             and self.accelerator.sync_gradients
         ):
             self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
+
+
+def _completion_mask(inputs: Mapping[str, Any]) -> Tensor:
+    """``Bool[B, T]``: TRL's ``completion_mask`` times its ``tool_mask`` (as :func:`batch_from_trl_inputs`)."""
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    return mask.bool()
 
 
 def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor) -> Mapping[str, Any]:

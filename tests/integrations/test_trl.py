@@ -11,6 +11,7 @@ another order than TRL) on a gradient component near zero becomes a difference o
 rate; with SGD a weight difference is the learning rate times the gradient difference.
 """
 
+import dataclasses
 import math
 import re
 import types
@@ -543,6 +544,57 @@ def test_rejected_tokens_leave_the_step_counts(tiny, tmp_path, case):
         assert rejected > 0  # the old count (every completion token) would fail the comparisons above
     if case != "m2po":
         _assert_micro_batches_sum_to_the_step(recorder.calls, recorder.loss_fn, logs)
+
+
+def test_batch_normalized_is_weights_divide_by_the_generation_batchs_mean(tiny, tmp_path):
+    """rollout_is_batch_normalize with TRL's old and sampler log-probs: every micro-batch of a generation batch
+    (4 slices, 2 passes of 2 optimizer steps) gets the IS weight sums of the whole generation batch (verl's
+    training batch), not its own, so a step's micro-batch losses sum to the loss of the step's batch with the
+    generation batch's mean weight (fails when each micro-batch divides by its own mean)."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True)
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer, loss=loss,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
+                          rollout_func=sampler(tokenizer))
+    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(recorder.calls) == 8 and all(math.isfinite(row["loss"]) for row in logs)
+    first_pass = [batch for batch, _, _ in recorder.calls[:4]]  # the generation batch's 4 slices, once each
+    sums = sum(loss.is_weight_sums(b.completion_mask, old_logprobs=b.old_logprobs, rollout_logprobs=b.rollout_logprobs)
+               for b in first_pass)  # TRL's NaN sampler log-probs reach the loss as the old ones
+    assert sums[1] == sum(b.completion_mask.sum() for b in first_pass)
+    own = [loss.is_weight_sums(b.completion_mask, old_logprobs=b.old_logprobs, rollout_logprobs=b.rollout_logprobs)
+           for b in first_pass]
+    assert max(abs(float(s[0] / s[1] - sums[0] / sums[1])) for s in own) > 1e-3  # the micro-batch means differ
+    for batch, normalizer, _ in recorder.calls:
+        assert float(normalizer.is_weight_sum) == pytest.approx(float(sums[0]), rel=1e-6)
+        assert float(normalizer.num_is_weights) == float(sums[1])
+    for calls_of_step, row in zip(_steps(recorder.calls, 2), logs, strict=True):
+        total = sum(value for _, _, value in calls_of_step)
+        full = _concat([batch for batch, _, _ in calls_of_step])
+        step = dataclasses.replace(rlzoo.Normalizer.from_masks(full.completion_mask), is_weight_sum=sums[0],
+                                   num_is_weights=sums[1])
+        want = recorder.loss_fn(full, step).loss
+        assert float(total) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
+        assert float(total) == pytest.approx(row["loss"], abs=REFERENCE_ATOL, rel=0)
+
+
+def test_batch_normalized_is_weights_without_old_logprobs_warn(tiny, tmp_path):
+    """On-policy TRL (num_iterations 1, no vLLM correction) computes no old log-probs: the IS weights exist only in
+    the forward pass, so with accumulation each micro-batch divides by its own mean weight, and construction says
+    so; with old log-probs (num_iterations 2) it is silent."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", rollout_is="token", rollout_is_batch_normalize=True)
+    kwargs = {"reward_funcs": vowels, "processing_class": tokenizer, "loss": loss, "rollout_func": sampler(tokenizer),
+              "train_dataset": datasets.Dataset.from_dict({"prompt": PROMPTS})}
+    with pytest.warns(UserWarning, match=r"rollout_is_batch_normalize.*each micro-batch divides by its own mean"):
+        GRPOTrainer(model=path, args=config(tmp_path, num_iterations=1, gradient_accumulation_steps=2), **kwargs)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        GRPOTrainer(model=path, args=config(tmp_path, gradient_accumulation_steps=2), **kwargs)
+    assert not [w for w in seen if "rollout_is_batch_normalize" in str(w.message)]
 
 
 def test_loss_needing_a_teacher_is_refused(tiny, tmp_path):

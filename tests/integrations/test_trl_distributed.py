@@ -6,10 +6,11 @@ tests/integrations/test_trl_distributed.py OUT_DIR`` trains each case of :data:`
 every micro-batch each rank's loss saw (and the Normalizer it got) as JSON into OUT_DIR; the test joins the ranks.
 With ``per_device_train_batch_size=3`` and ``num_generations=4`` a prompt's completions straddle the two ranks,
 so its group id, its token count (prompt-mean), the positive-reward token count (VAPO) and the kept-token count
-of a rollout rejection must all be summed over processes for the micro-batch losses of both ranks to add up to
+of a rollout rejection and the IS weight sums of ``rollout_is_batch_normalize`` must all be summed over processes for the micro-batch losses of both ranks to add up to
 the loss of the optimizer step's whole batch (what DDP's gradient average of ``P * loss`` gives).
 """
 
+import dataclasses
 import datetime
 import json
 import os
@@ -28,8 +29,10 @@ CASES = {
     "prompt_mean": {"aggregation": "prompt-mean"},
     "vapo": {},
     "rollout_rs": {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25"},
+    "rollout_is_norm": {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True},
 }
-PRESETS = {"prompt_mean": "dapo", "vapo": "vapo", "rollout_rs": "dapo"}
+PRESETS = {"prompt_mean": "dapo", "vapo": "vapo", "rollout_rs": "dapo", "rollout_is_norm": "dapo"}
+SAMPLED = ("rollout_rs", "rollout_is_norm")  # sampler log-probs from a rollout_func standing in for vLLM
 # One generation batch of 2 x 18 completions (9 prompts; prompt 4 straddles the ranks) for 3 optimizer steps; old
 # log-probs (an optimizer step does not end the generation cycle), which the rollout rejection needs.
 SETTINGS = {"gradient_accumulation_steps": 2, "steps_per_generation": 6, "num_iterations": 1, "max_steps": 3,
@@ -69,7 +72,7 @@ def worker(out: Path) -> None:
         trainer = GRPOTrainer(
             model=str(model_dir), reward_funcs=[test_trl.vowels, test_trl.offset], args=args, loss=_loss(name),
             processing_class=tokenizer, train_dataset=datasets.Dataset.from_dict({"prompt": test_trl.PROMPTS * 4}),
-            rollout_func=test_trl.sampler(tokenizer) if name == "rollout_rs" else None,
+            rollout_func=test_trl.sampler(tokenizer) if name in SAMPLED else None,
         )
         recorder = trainer.loss_fn = test_trl.Recorder(trainer.loss_fn)
         trainer.train()
@@ -80,6 +83,8 @@ def worker(out: Path) -> None:
                 "num_sequences": float(n.num_sequences),
                 "group_num_tokens": None if n.group_num_tokens is None else n.group_num_tokens.tolist(),
                 "num_positive_tokens": None if n.num_positive_tokens is None else float(n.num_positive_tokens),
+                "is_weight_sums": None if n.is_weight_sum is None else [float(n.is_weight_sum),
+                                                                        float(n.num_is_weights)],
                 "loss": float(loss),
             }
             for b, n, loss in recorder.calls
@@ -167,7 +172,10 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
     """Every rank's Normalizer holds the counts of the step's micro-batches on both ranks (tokens the loss counts,
     per prompt, of positive rewards), group ids are TRL's groups across ranks (an id's completions, on either
     rank, have GRPO advantages summing to 0), and the micro-batch losses of both ranks sum to the loss of the
-    step's whole batch."""
+    step's whole batch (with ``rollout_is_batch_normalize``: the generation batch's mean IS weight, over both
+    ranks)."""
+    import rlzoo
+
     loss_fn = _loss(name)
     per_rank = [ranks[name] for ranks in two_ranks]
     assert len(per_rank[0]) == len(per_rank[1]) == 2 * SETTINGS["max_steps"]
@@ -189,8 +197,21 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
             positive = (counted & (full.rewards > 0)[:, None]).sum().item()
             assert 0 < positive < counted.sum().item()
             assert all(c["num_positive_tokens"] == positive for c in calls)
+        normalizer = None
+        if name == "rollout_is_norm":  # the generation batch's sums: every micro-batch of both ranks, once each
+            whole = _step_batch([c for rank in per_rank for c in rank])
+            sums = loss_fn.is_weight_sums(whole.completion_mask, old_logprobs=whole.old_logprobs,
+                                          rollout_logprobs=whole.rollout_logprobs)
+            own = loss_fn.is_weight_sums(full.completion_mask, old_logprobs=full.old_logprobs,
+                                         rollout_logprobs=full.rollout_logprobs)
+            assert abs(float(own[0] / own[1] - sums[0] / sums[1])) > 1e-4  # the step's own mean would differ
+            for c in calls:
+                assert c["is_weight_sums"][0] == pytest.approx(float(sums[0]), rel=1e-6)
+                assert c["is_weight_sums"][1] == float(sums[1])
+            normalizer = dataclasses.replace(rlzoo.Normalizer.from_masks(counted), is_weight_sum=sums[0],
+                                             num_is_weights=sums[1])
         total = sum(c["loss"] for c in calls)
-        assert total == pytest.approx(float(loss_fn(full).loss), abs=REFERENCE_ATOL, rel=0)
+        assert total == pytest.approx(float(loss_fn(full, normalizer).loss), abs=REFERENCE_ATOL, rel=0)
     if name == "prompt_mean":  # the generation batch: a prompt on both ranks, each id 4 times, zero-mean advantages
         ranks_of = [{i for c in rank for i in c["batch"]["group_index"]} for rank in per_rank]
         assert ranks_of[0] & ranks_of[1]
