@@ -17,6 +17,19 @@ def test_every_preset_has_its_picture():
         assert (PICTURES / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+def test_each_picture_shows_the_preset_as_it_is_now():
+    """A picture stores the loss it draws (every option of every part, rlzoo.losses.pictures.PICTURE_LOSS_KEY):
+    a preset whose defaults or parts changed since its picture was drawn fails here until it is redrawn."""
+    from PIL import Image
+
+    from rlzoo.losses.pictures import PICTURE_LOSS_KEY
+
+    for name in rlzoo.list_losses():
+        with Image.open(PICTURES / f"{name}.png") as image:
+            drawn = image.text.get(PICTURE_LOSS_KEY)
+        assert drawn == repr(rlzoo.get_loss(name)), f"docs/pictures/{name}.png shows {drawn}; {REGENERATE}"
+
+
 def test_no_picture_without_a_preset():
     stale = sorted(p.name for p in PICTURES.glob("*.png") if p.stem not in rlzoo.list_losses())
     assert not stale, f"pictures of presets that are not registered: {stale}; delete them"

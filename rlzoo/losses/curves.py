@@ -82,6 +82,8 @@ class ObjectivePicture:
         old_prob: the ``p_old`` used.
         curves: ``(A > 0, A < 0)``.
         notes: the conventions that apply to this loss, one short phrase each.
+        drawn: ``repr`` of the loss as given (a preset with its overrides, before any convention): every option of
+            every part, stored in the picture's PNG so that a stale picture can be told from a current one.
     """
 
     label: str
@@ -90,6 +92,7 @@ class ObjectivePicture:
     old_prob: float
     curves: tuple[ObjectiveCurve, ObjectiveCurve]
     notes: tuple[str, ...]
+    drawn: str = ""
 
 
 class _OneToken:
@@ -281,7 +284,7 @@ def objective_curves(
                                   ("num", num, isinstance(num, int) and num >= 11, "an int >= 11")):
         if not ok:
             raise ValueError(f"objective_curves: {name} must be {want}, got {value!r}")
-    notes = []
+    notes, drawn = [], repr(built)
     if built.aggregation.needs_max_completion_length and built.max_completion_length is None:
         built = built.with_options(max_completion_length=1)
         notes.append("max_completion_length = 1")
@@ -306,4 +309,4 @@ def objective_curves(
     if built.coupled_parts(is_weight_sums=False):  # the IS weights' batch mean too: 1 for this one token
         notes.append("batch-coupled part: a batch of this one token")
     return ObjectivePicture(label=label, title=title, loss=built, old_prob=old_prob,
-                            curves=curves, notes=tuple(notes))  # type: ignore[arg-type]
+                            curves=curves, notes=tuple(notes), drawn=drawn)  # type: ignore[arg-type]

@@ -57,7 +57,11 @@ from rlzoo.losses.curves import (  # the numbers: re-exported, so rlzoo.losses.p
 from rlzoo.losses.policy_loss import PolicyLoss
 from rlzoo.losses.presets import presets
 
-__all__ = ["RATIO_OPTIONS", "ObjectiveCurve", "ObjectivePicture", "objective_curves", "plot_all", "plot_objective"]
+__all__ = ["PICTURE_LOSS_KEY", "RATIO_OPTIONS", "ObjectiveCurve", "ObjectivePicture", "objective_curves", "plot_all",
+           "plot_objective"]
+
+PICTURE_LOSS_KEY = "rlzoo:loss"
+"""The PNG text chunk holding :attr:`ObjectivePicture.drawn`, the loss a picture shows (``PIL.Image.open(path).text``)."""
 
 
 _POS, _NEG, _REF, _VALUE, _BAND = "#1f6fb4", "#c0392b", "#9a9a9a", "#444444", "#ebebeb"
@@ -90,7 +94,8 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
     Args:
         loss: a preset name or a :class:`PolicyLoss`.
         output: a file (``.png``, or any format matplotlib writes), written atomically; None: return the figure.
-            A PNG is stored with a 64-colour palette (Pillow's median cut).
+            A PNG is stored with a 64-colour palette (Pillow's median cut) and the loss drawn in its text chunk
+            ``PICTURE_LOSS_KEY`` (:attr:`ObjectivePicture.drawn`: every option of every part).
         dpi: dots per inch of the file, >= 20 (default 100: 1050 x 740 pixels; docs/pictures uses 72).
         **options: :func:`objective_curves`'s keyword arguments and the preset's overrides.
 
@@ -200,10 +205,13 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
     plt.close(fig)
     if fmt == "png":  # a 64-colour palette (Pillow, which matplotlib needs): about 3x smaller, no visible change
         from PIL import Image
+        from PIL.PngImagePlugin import PngInfo
 
         image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB").quantize(64, Image.Quantize.MEDIANCUT)
+        info = PngInfo()
+        info.add_text(PICTURE_LOSS_KEY, pic.drawn)
         buffer = io.BytesIO()
-        image.save(buffer, format="png", optimize=True)
+        image.save(buffer, format="png", optimize=True, pnginfo=info)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(buffer.getvalue())
     os.replace(tmp, path)

@@ -10,7 +10,7 @@ from tolerances import tol
 
 import rlzoo
 from rlzoo.losses import PolicyLoss, PPOClip, SequenceRatio
-from rlzoo.losses.pictures import _OneToken, objective_curves, plot_all, plot_objective
+from rlzoo.losses.pictures import PICTURE_LOSS_KEY, _OneToken, objective_curves, plot_all, plot_objective
 
 F64 = tol(torch.float64)
 FAST = {"num": 11}  # 2 x 11 grid points + 1 + bisections: a fraction of a second per sign
@@ -153,6 +153,8 @@ def test_plot_writes_a_png(tmp_path):
 
     with Image.open(path) as image:
         assert image.size == (1050, 740) and image.mode == "P"
+        assert image.text[PICTURE_LOSS_KEY] == repr(rlzoo.get_loss("dapo", epsilon_high=0.3))  # the loss drawn
+        assert "epsilon_high=0.3" in image.text[PICTURE_LOSS_KEY]
     small = plot_objective("dapo", tmp_path / "small.png", dpi=72, **FAST)
     with Image.open(small) as image:
         assert image.size == (756, 532)  # 10.5 x 7.4 inches at 72 dpi, rounded down
