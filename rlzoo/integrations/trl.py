@@ -567,18 +567,22 @@ class GRPOTrainer(trl.GRPOTrainer):
         accumulation = self.current_gradient_accumulation_steps if training else 1
         if self.aux_loss_enabled:  # as TRL: scaled for accumulation only (DDP averages it over processes)
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-        self._log_loss_metrics(out, batch.completion_mask, entropies, aux_loss, accumulation)
+        counted = self._counted_mask(inputs, batch.completion_mask)  # the tokens the loss's metrics are over
+        self._log_loss_metrics(out, batch.completion_mask, counted, entropies, aux_loss, accumulation)
         return loss
 
     def _log_loss_metrics(
         self,
         out: LossOutput,
         mask: Tensor,
+        counted_mask: Tensor,
         entropies: Tensor,
         aux_loss: Tensor | None,
         accumulation: int,
     ) -> None:
-        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync)."""
+        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, weighted by
+        the tokens the loss counts (``counted_mask``: ``mask``, the completion mask, minus a rollout rejection's
+        tokens), extremes over the processes with such a token; ``entropy`` over ``mask``, as TRL logs it."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
         # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
@@ -587,9 +591,9 @@ class GRPOTrainer(trl.GRPOTrainer):
                                  and self.loss_fn.loss_type in _GENERATION_NORMALISED)
         share = 1 if generation_normalised else accumulation
         with torch.no_grad():
-            counted = mask.sum()
-            # TRL logs the entropy of every counted token whatever the loss (its fused LM head returns it).
-            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / counted.clamp(min=1)
+            counted = counted_mask.sum()
+            # TRL logs the entropy of every completion token whatever the loss (its fused LM head returns it).
+            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / mask.sum().clamp(min=1)
             if aux_loss is not None:
                 metrics["aux_loss"] = aux_loss.detach()
             names = sorted(metrics)

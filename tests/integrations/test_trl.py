@@ -379,6 +379,41 @@ def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_correcte
     assert abs(float(got) - float(without)) > 1e-4  # the correction acts on the other tokens
 
 
+def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_the_others(tiny, tmp_path):
+    """A micro-batch whose every token a rollout rejection drops reports placeholder extremes (0) and no counted
+    token: over processes (a second one faked in the gather, with 10 counted tokens and every metric 0.9) its
+    ratio/min is skipped and its means get no weight, so the logged values are the other process's (not 0)."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
+                          rollout_func=lambda prompts, trainer: None)  # never called here
+    trainer.model.eval()
+    g = torch.Generator().manual_seed(0)
+    b, p, t = 2, 3, 4
+    mask = torch.ones(b, t, dtype=torch.long)
+    old = -torch.rand(b, t, generator=g) - 0.1
+    inputs = {"prompt_ids": torch.randint(3, 200, (b, p), generator=g), "prompt_mask": torch.ones(b, p, dtype=torch.long),
+              "completion_ids": torch.randint(3, 200, (b, t), generator=g), "completion_mask": mask,
+              "advantages": torch.tensor([1.0, -1.0]), "old_per_token_logps": old,
+              "sampling_per_token_logps": old - 2.0, "num_items_in_batch": mask.sum()}  # ratio e^2: all rejected
+    other = []
+
+    def gather(local):
+        fake = torch.full_like(local, 0.9)
+        fake[..., -1] = 10.0  # the last column: the counted tokens
+        other.append(fake)
+        return torch.cat([local, fake])
+
+    trainer.accelerator.gather = gather
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, inputs)
+    assert other  # the metrics went through the gather
+    logged = trainer._metrics["eval"]
+    assert logged["ratio/min"][-1] == pytest.approx(0.9)
+    assert logged["ratio/mean"][-1] == pytest.approx(0.9)
+
+
 # ------------------------------------------------------------- fields TRL does not return, and the counted tokens
 def _steps(calls, per_step):
     """The recorded calls, ``per_step`` (the accumulation steps) per optimizer step."""
