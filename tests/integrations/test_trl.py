@@ -544,6 +544,19 @@ REJECTING_LOSSES = {
 }
 
 
+def _train_sampled(tiny, tmp_path, loss, **settings):
+    """(recorder of the loss's calls, per-step logs) of a run with sampler log-probs (:func:`sampler`), 2 micro-batches
+    per optimizer step, 4 per generation batch, 2 passes over it (num_iterations 2: TRL computes old log-probs)."""
+    path, tokenizer = tiny
+    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4, **settings)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer, loss=loss,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
+                          rollout_func=sampler(tokenizer))
+    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
+    trainer.train()
+    return recorder, [row for row in trainer.state.log_history if "loss" in row]
+
+
 @pytest.mark.parametrize("case", sorted(REJECTING_LOSSES))
 def test_rejected_tokens_leave_the_step_counts(tiny, tmp_path, case):
     """With sampler log-probs (a rollout_func standing in for vLLM) and a loss that rejects tokens, the step's
@@ -551,15 +564,8 @@ def test_rejected_tokens_leave_the_step_counts(tiny, tmp_path, case):
     from TRL's old and sampler log-probs), not every completion token: the micro-batch losses sum to the loss of
     the step's batch. m2po's mask is batch-coupled (judged per micro-batch, so only the counts compare); in
     bypass mode TRL's old log-probs are not passed and the counts keep the rejected tokens (verl's bypass)."""
-    path, tokenizer = tiny
     loss = REJECTING_LOSSES[case]
-    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4)  # num_iterations 2: old log-probs
-    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer, loss=loss,
-                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
-                          rollout_func=sampler(tokenizer))
-    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
-    trainer.train()
-    logs = [row for row in trainer.state.log_history if "loss" in row]
+    recorder, logs = _train_sampled(tiny, tmp_path, loss)
     assert len(recorder.calls) == 6 and all(math.isfinite(row["loss"]) for row in logs)
     rejected = 0
     for calls_of_step in _steps(recorder.calls, 2):
@@ -586,15 +592,8 @@ def test_batch_normalized_is_weights_divide_by_the_generation_batchs_mean(tiny, 
     (4 slices, 2 passes of 2 optimizer steps) gets the IS weight sums of the whole generation batch (verl's
     training batch), not its own, so a step's micro-batch losses sum to the loss of the step's batch with the
     generation batch's mean weight (fails when each micro-batch divides by its own mean)."""
-    path, tokenizer = tiny
     loss = rlzoo.get_loss("dapo", rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True)
-    args = config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4)
-    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=args, processing_class=tokenizer, loss=loss,
-                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
-                          rollout_func=sampler(tokenizer))
-    recorder = trainer.loss_fn = Recorder(trainer.loss_fn)
-    trainer.train()
-    logs = [row for row in trainer.state.log_history if "loss" in row]
+    recorder, logs = _train_sampled(tiny, tmp_path, loss, max_steps=4)
     assert len(recorder.calls) == 8 and all(math.isfinite(row["loss"]) for row in logs)
     first_pass = [batch for batch, _, _ in recorder.calls[:4]]  # the generation batch's 4 slices, once each
     sums = sum(loss.is_weight_sums(b.completion_mask, old_logprobs=b.old_logprobs, rollout_logprobs=b.rollout_logprobs)
