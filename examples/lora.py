@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # 2. The checkpoint holds the adapter; it loads back onto its base, or merges into a plain model.
     checkpoint = trainer.checkpointer.find("latest")
     print(f"adapter: {sorted(p.name for p in (checkpoint / 'model').iterdir())}")
-    merged = export_model(checkpoint, Path(args.output_dir) / "merged")
+    merged = export_model(checkpoint, Path(args.output_dir) / "merged", overwrite=True)  # this script's own
     model, _ = load_model(str(merged))
     print(f"merged into {merged} ({type(model).__name__}); final KL {history[-1]['kl']:.4f}, "
           f"held-out accuracy {history[-1].get('eval/accuracy')}")

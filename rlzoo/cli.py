@@ -409,7 +409,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     """``rlzoo export SOURCE OUTPUT``: a checkpoint as a plain Hugging Face model, a LoRA adapter merged."""
     from rlzoo.trainer.adapters import export_model
 
-    path = export_model(args.source, args.output)
+    path = export_model(args.source, args.output, overwrite=args.overwrite)
     print(f"rlzoo export: wrote {path}")
     return 0
 
@@ -560,7 +560,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks.add_argument("name", nargs="?", help="a reasoning-gym task: its options with their defaults")
     export = sub.add_parser("export", help="a checkpoint as a plain Hugging Face model (a LoRA adapter merged)")
     export.add_argument("source", help="a checkpoint (RUN/checkpoints/step-N), its model/ directory, or a model")
-    export.add_argument("output", help="the directory to write")
+    export.add_argument("output", help="the directory to write (new or empty)")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT if it is not empty (everything in it is deleted; never a run directory)")
     for name, text in (("train", "train a model (rlzoo train --help)"),
                        ("eval", "greedy accuracy of a run or a model (rlzoo eval --help)"),
                        ("bench", "the pytest-benchmark suite"),

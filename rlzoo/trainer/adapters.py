@@ -276,12 +276,19 @@ def load_checkpoint_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> 
         model.load_state_dict(dict(weights), strict=False)
 
 
-def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype | None = None,
+                 overwrite: bool = False) -> Path:
     """Write the model of ``source`` (a checkpoint's ``model/``, a run's checkpoint directory, or anything
     :func:`~rlzoo.trainer.models.load_model` loads) to ``output`` as a plain Hugging Face checkpoint, an adapter
     merged into its base (``PeftModel.merge_and_unload``). Atomic.
 
+    Args:
+        overwrite: replace an ``output`` directory that is not empty (everything in it is deleted); default:
+            refuse. A run directory or a directory holding ``source`` is refused either way.
+
     Raises:
+        FileExistsError: ``output`` is a directory that is not empty and ``overwrite`` is False.
+        ValueError: ``output`` is a training run's directory, or ``source`` or one of its parents.
         the errors of :func:`~rlzoo.trainer.models.load_model`; OSError: the write failed.
     """
     from rlzoo.trainer.models import load_model
@@ -289,7 +296,24 @@ def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype |
     source = Path(source)
     if (source / "model").is_dir() and (source / "trainer_state.json").is_file():
         source = source / "model"
+    _check_export_target(source, Path(output), overwrite=overwrite)
     model, tokenizer = load_model(str(source), dtype=dtype)
     if is_peft_model(model):
         model = model.merge_and_unload()
-    return save_pretrained_atomic(model, tokenizer, output)
+    return save_pretrained_atomic(model, tokenizer, Path(output).resolve())
+
+
+def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None:
+    """Refuse an export that would delete what it must not (see :func:`export_model`)."""
+    target = output.resolve()
+    if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
+        raise ValueError(f"export: OUTPUT {str(output)!r} is the current directory or holds it; name a new directory")
+    if target == source.resolve() or target in source.resolve().parents:
+        raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
+                         "write it to a new directory")
+    if (target / "checkpoints").is_dir() or (target / "metrics.jsonl").is_file():
+        raise ValueError(f"export: OUTPUT {str(output)!r} is a training run's directory, which the export would "
+                         f"replace; write it to a new directory (e.g. {str(output / 'final')!r})")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise FileExistsError(f"export: OUTPUT {str(output)!r} exists and is not empty; choose a new directory, or "
+                              "give --overwrite to replace it (everything in it is deleted)")

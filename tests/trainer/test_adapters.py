@@ -76,6 +76,42 @@ def test_the_merged_export_is_a_plain_model_with_the_adapters_outputs(tmp_path):
         torch.testing.assert_close(merged(ids).logits, adapter(ids).logits, **tol(torch.float32))
 
 
+def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
+    """rlzoo export replaces its OUTPUT as a whole (atomically): a directory with files of its own is refused
+    unless --overwrite, a run directory, the source's own directory and the current directory always; the files
+    survive every refusal. The rlzoo command prints the refusal as one line."""
+    from rlzoo.cli import console_main
+
+    model, tokenizer = build_tiny_random()
+    source = tmp_path / "model"
+    model.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("important")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(FileExistsError, match=r"'.*mine' exists and is not empty.*--overwrite"):
+        export_model(source, mine)
+    with pytest.raises(ValueError, match=r"training run's directory"):
+        export_model(source, run, overwrite=True)
+    with pytest.raises(ValueError, match=r"holds the model being exported"):
+        export_model(source, tmp_path, overwrite=True)
+    monkeypatch.chdir(mine)
+    with pytest.raises(ValueError, match=r"current directory"):
+        export_model(source, ".", overwrite=True)
+    monkeypatch.chdir(tmp_path)
+    assert (mine / "thesis.txt").read_text() == "important" and (run / "metrics.jsonl").is_file()
+    monkeypatch.setattr("sys.argv", ["rlzoo", "export", str(source), str(mine)])
+    assert console_main() == 2
+    assert (mine / "thesis.txt").is_file()
+    monkeypatch.setattr("sys.argv", ["rlzoo", "export", str(source), str(mine), "--overwrite"])
+    assert console_main() == 0
+    assert (mine / "model.safetensors").is_file() and not (mine / "thesis.txt").exists()
+    assert export_model(source, tmp_path / "new") == tmp_path / "new"  # a new directory needs no flag
+
+
 def test_fused_logprobs_through_the_peft_wrapper_equal_its_own_forward():
     model, _ = build_tiny_random()
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
