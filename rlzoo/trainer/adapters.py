@@ -24,7 +24,8 @@ from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
 __all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "causal_lm", "checkpoint_state_dict",
-           "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config", "scoring_model"]
+           "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config", "peft_options", "recorded_peft",
+           "scoring_model"]
 
 
 def is_peft_model(model: Any) -> bool:
@@ -81,6 +82,67 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
     except (TypeError, ValueError) as err:  # peft's own checks of option combinations
         raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
+
+
+def peft_options(peft_config: Any) -> dict[str, Any]:
+    """The options of a PEFT config object (``Trainer(config, peft_config=LoraConfig(...))``) as ``--peft``
+    options: its fields that differ from the class's defaults, as JSON values (a set as a sorted list; a value
+    JSON cannot hold as its ``repr``), without ``task_type="CAUSAL_LM"`` (what :func:`lora_config` adds) and with
+    ``peft_type`` for another method than LoRA. What ``config.json`` records for the run, so that a resume compares
+    the adapter's options (``peft.lora_alpha 8 -> 64`` is refused) and rebuilds a LoRA adapter from them."""
+    import enum
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, enum.Enum):
+            return plain(value.value)
+        if isinstance(value, (set, frozenset)):
+            return sorted((plain(v) for v in value), key=repr)
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return plain(dataclasses.asdict(value))
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return repr(value)
+
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(peft_config):
+        if not field.init or field.name in ("base_model_name_or_path", "revision", "inference_mode", "peft_type",
+                                            "peft_version"):  # where it is saved, and peft's own bookkeeping
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = plain(getattr(peft_config, field.name))
+        if default is dataclasses.MISSING or value != plain(default):
+            out[field.name] = value
+    if out.get("task_type") == "CAUSAL_LM":
+        del out["task_type"]
+    peft_type = plain(getattr(peft_config, "peft_type", None))
+    if peft_type not in (None, "LORA"):
+        out["peft_type"] = peft_type
+    return out
+
+
+def recorded_peft(peft: Mapping[str, Any] | None, peft_config: Any, *, resuming: bool) -> Mapping[str, Any] | None:
+    """What a run records as its ``peft`` setting: ``peft`` (the ``--peft`` options), or with a PEFT config object
+    its :func:`peft_options` (a resume then compares them with the checkpoint's).
+
+    Raises:
+        ValueError: a fresh run given both ``peft_config`` and other ``--peft`` options (on a resume ``peft``
+            holds the checkpoint's options, and the object given now is the change the resume judges).
+    """
+    if peft_config is None:
+        return peft
+    options = peft_options(peft_config)
+    if peft is not None and dict(peft) != options and not resuming:
+        raise ValueError("give the adapter either as peft_config or as --peft options, not both")
+    return options
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -183,7 +245,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, both ``peft_config`` and ``--peft``, a ``lora_dropout``
+        ValueError: a model object without a tokenizer, both ``peft_config`` and other ``--peft`` options than its
+            own (:func:`peft_options`), a ``lora_dropout``
             above 0 (:func:`_check_no_dropout`; checked before the model loads), or an adapter on the output layer
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too); and
             the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
@@ -192,13 +255,14 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
 
     from rlzoo.trainer.models import load_model
 
-    if peft_config is not None and adapter_config.peft is not None:
+    if peft_config is not None and adapter_config.peft not in (None, peft_options(peft_config)):
         raise ValueError("give the adapter either as peft_config or as --peft options, not both")
+    given_as_object = peft_config is not None
     if peft_config is None and adapter_config.peft is not None:
         peft_config = lora_config(adapter_config.peft)
     if peft_config is not None:  # bad adapter options fail before a model loads
         _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
-                          else "peft_config.lora_dropout")
+                          and not given_as_object else "peft_config.lora_dropout")
     by_name = model is None
     if by_name:
         model, tokenizer = load_model(model_config.model, dtype=dtype, device=device, trainable=True)

@@ -27,6 +27,7 @@ import torch
 
 from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss
+from rlzoo.trainer.adapters import recorded_peft
 from rlzoo.trainer.algorithm import build_loss
 from rlzoo.trainer.checkpoint import rank_states, rng_state, run_of, set_rng_state
 from rlzoo.trainer.components import build_components, build_models, check_loss_inputs
@@ -123,6 +124,8 @@ class Trainer:
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
         self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
         self.config = config = dataclasses.replace(config, model=recorded_model(config.model, model))  # likewise
+        self.config = config = dataclasses.replace(  # and the adapter's options, which a resume compares
+            config, peft=recorded_peft(config.peft, peft_config, resuming=config.resume is not None))
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start

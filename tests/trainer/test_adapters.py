@@ -273,3 +273,40 @@ def test_the_plot_title_names_an_adapter_given_as_peft_config(tmp_path):
     trainer = Trainer(config, peft_config=LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear"),
                       reward_funcs=[digit_fraction])
     assert trainer.logger.title.endswith(" - tiny-random + LoRA")
+
+
+def test_a_peft_config_object_is_what_its_run_records_and_resumes(tmp_path):
+    """Trainer(config, peft_config=LoraConfig(...)) used to record "peft": null: a resume with other LoRA options
+    trained on with the adapter's scale changed, and one without the object failed loading the checkpoint into a
+    whole model. Now config.json holds the object's options (as --peft options): a changed option is refused naming
+    it, a resume without the object rebuilds the same adapter and continues exactly."""
+    from rlzoo.trainer.resume import resume_config
+
+    lora = {"r": 4, "lora_alpha": 16, "target_modules": "all-linear"}  # the options differing from LoraConfig's
+    common = {**TINY, "peft": None, "max_steps": 2, "save_steps": 1}
+    run = tmp_path / "run"
+    want = Trainer(TrainConfig(**common, output_dir=str(run)), peft_config=LoraConfig(**lora),
+                   reward_funcs=[digit_fraction]).train()
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["peft"] == lora
+    first = str(run / "checkpoints" / "step-000001")
+    changed = Trainer(_elsewhere(resume_config(run, first), tmp_path / "changed"),
+                      peft_config=LoraConfig(**{**lora, "lora_alpha": 64}), reward_funcs=[digit_fraction])
+    with pytest.raises(ValueError, match=r"cannot resume with changed settings: peft.lora_alpha 16 -> 64"):
+        changed.train()
+    for given in ({"peft_config": LoraConfig(**lora)}, {}):  # the same object, or none: the recorded options
+        resumed = Trainer(_elsewhere(resume_config(run, first), tmp_path / f"b{len(given)}"),
+                          reward_funcs=[digit_fraction], **given)
+        got = resumed.train()
+        assert got[-1]["loss"] == want[-1]["loss"] and got[-1]["kl"] == want[-1]["kl"]
+        assert json.loads((tmp_path / f"b{len(given)}" / "config.json").read_text())["peft"] == lora
+    with pytest.raises(ValueError, match=r"either as peft_config or as --peft options, not both"):
+        Trainer(TrainConfig(**{**common, "peft": {"r": 8}}, output_dir=str(tmp_path / "both")),
+                peft_config=LoraConfig(**lora))
+
+
+def _elsewhere(config: TrainConfig, output_dir) -> TrainConfig:
+    """``config`` (a resume's) continuing into another output directory."""
+    import dataclasses
+
+    return dataclasses.replace(config, output_dir=str(output_dir))
