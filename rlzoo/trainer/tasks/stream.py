@@ -43,8 +43,9 @@ def check_loadable_task(task: str) -> None:
     """
     if task.startswith(PYTHON_DATASET):
         raise ValueError(f"task {task!r} is a data set that was given from Python (Trainer(config, train_dataset="
-                         "...)) and cannot be loaded by name: pass --task (a data file or directory, a hub id or a "
-                         "reasoning-gym task), or from Python the data set as train_dataset=")
+                         "...)) and cannot be loaded by name: pass the data set again via the Python API (a resume: "
+                         "Trainer(resume_config(RUN), train_dataset=...)), or --task a data file or directory, a hub id "
+                         "or a reasoning-gym task (a new run, or rlzoo eval --run)")
 
 
 def recorded_task(task: str, train_dataset: Any = None) -> str:
