@@ -207,14 +207,17 @@ def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monk
 
 
 # ------------------------------------------------------------------------------------------- run length
-def test_a_resume_that_would_not_train_is_refused_naming_max_steps(tmp_path, monkeypatch, capsys):
+def test_a_resume_that_would_not_train_is_refused_naming_max_steps(tmp_path, monkeypatch, capsys, caplog):
+    """Refused, touching nothing, and without first logging the shorter max_steps as applied (it was)."""
     run = tmp_path / "run"
     code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--max-steps", "1", "--output-dir", run)
     assert code == 0, err
     before = (run / "config.json").read_text(), (run / "metrics.jsonl").read_text()
     for more in ([], ["--max-steps", "0"]):
-        code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", *more)
+        with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+            code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", *more)
         assert code == 2 and "--max-steps" in _error_line(err) and "step 1" in _error_line(err), err
+        assert not [r for r in caplog.records if "changed" in r.getMessage()]
     assert ((run / "config.json").read_text(), (run / "metrics.jsonl").read_text()) == before
     with pytest.raises(ValueError, match="--max-steps"):  # the Python API: the checkpoint's settings as they are
         Trainer(resume_config(run)).train()
