@@ -37,7 +37,8 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "rank_states", "rng_state", "run_of", "set_rng_state", "step_of"]
+__all__ = ["Checkpoint", "Checkpointer", "no_checkpoint_message", "rank_states", "rng_state", "run_of", "set_rng_state",
+           "step_of"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -85,6 +86,17 @@ def step_of(path: Path) -> int | None:
     """The step number of a ``step-N`` directory name, else None."""
     match = _STEP_DIR.match(path.name)
     return int(match.group(1)) if match else None
+
+
+def no_checkpoint_message(checkpoints: Path) -> str:
+    """The refusal of ``--resume latest`` where ``checkpoints`` (``RUN/checkpoints``) holds no checkpoint: what to
+    do instead, ``--overwrite`` only where the directory holds a run to delete."""
+    run = checkpoints.parent
+    holds_run = any((run / name).exists() for name in ("config.json", "metrics.jsonl"))
+    instead = ("start over with --overwrite" if holds_run else
+               f"drop --resume to start a new run{' there' if run.exists() else ''}")
+    return (f"--resume latest: no checkpoint under {checkpoints}; pass --output-dir of the run, give --resume auto "
+            f"(resume if there is a checkpoint, else start fresh), or {instead}")
 
 
 def run_of(path: str | Path) -> Path:
@@ -136,9 +148,7 @@ class Checkpointer:
             return path
         found = self.all()
         if not found:
-            raise FileNotFoundError(f"--resume latest: no checkpoint under {self.directory}; pass --output-dir of "
-                                    "the run, give --resume auto (resume if there is a checkpoint, else start "
-                                    "fresh), or start over with --overwrite")
+            raise FileNotFoundError(no_checkpoint_message(self.directory))
         return found[-1]
 
     def due(self, step: int, *, final: bool) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import step_of
+from rlzoo.trainer.checkpoint import no_checkpoint_message, step_of
 from rlzoo.trainer.io import atomic_write_text, recover_interrupted_writes, umask_mode
 from rlzoo.trainer.metrics import read_metrics, write_metrics
 
@@ -108,9 +108,13 @@ class RunDirectory:
         if self.overwrite and self.resumes_own_run:
             raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
                              f"in {self.path}, --overwrite would delete it; drop one of them")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.path):
+        if self.resume == "latest" and not self._may_hold_a_checkpoint():  # (a moved-aside one is put back later)
+            raise FileNotFoundError(no_checkpoint_message(self.checkpoints))
+        existing = next(p for p in (self.path, *self.path.absolute().parents) if p.exists())
+        try:  # nothing is created before the run starts: a run refused later leaves no empty directory behind
+            if not existing.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            with tempfile.TemporaryFile(dir=existing):
                 pass
         except OSError as err:
             raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
@@ -125,6 +129,10 @@ class RunDirectory:
                 "over with --overwrite (deletes that run's files: checkpoints, metrics, plots, completions, ...; not "
                 "yours), or choose another --output-dir"
             )
+
+    def _may_hold_a_checkpoint(self) -> bool:
+        """Whether ``checkpoints/`` holds a checkpoint, or one an interrupted re-save moved aside (``.step-N...``)."""
+        return self.checkpoints.is_dir() and any(p.name.startswith(("step-", ".step-")) for p in self.checkpoints.iterdir())
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -206,6 +206,24 @@ def test_resume_latest_without_a_checkpoint_points_to_resume_auto(tmp_path, monk
     assert "--resume auto (resume if there is a checkpoint, else start fresh)" in line
 
 
+def test_a_refused_start_creates_no_directory(tmp_path, monkeypatch, capsys):
+    """--resume latest where there is no run says to drop --resume (not --overwrite: nothing to delete), and neither
+    it nor a start refused for its data leaves an (empty) output directory behind."""
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", tmp_path / "none", "--resume",
+                     "latest")
+    assert code == 2 and "or drop --resume to start a new run (" in _error_line(err), err
+    (tmp_path / "empty").mkdir()
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--output-dir", tmp_path / "empty", "--resume",
+                     "latest")
+    assert code == 2 and "drop --resume to start a new run there" in _error_line(err), err
+    (tmp_path / "rows.jsonl").write_text('{"question": "1 + 1", "answer": "2"}\n')  # no prompt column
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--task", tmp_path / "rows.jsonl",
+                     "--output-dir", tmp_path / "bad")
+    assert code == 2 and "prompt" in _error_line(err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "rows.jsonl"]
+    assert not any((tmp_path / "empty").iterdir())
+
+
 # ------------------------------------------------------------------------------------------- run length
 def test_a_resume_that_would_not_train_is_refused_naming_max_steps(tmp_path, monkeypatch, capsys, caplog):
     """Refused, touching nothing, and without first logging the shorter max_steps as applied (it was)."""
