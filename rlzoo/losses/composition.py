@@ -19,7 +19,7 @@ from rlzoo.losses.penalty import Penalty
 from rlzoo.losses.ratio import RatioLevel
 from rlzoo.losses.surrogate import Surrogate
 from rlzoo.losses.weights import TokenWeight
-from rlzoo.registry import Component, UnknownNameError, check_choice
+from rlzoo.registry import Component, UnknownNameError, check_choice, close_names
 
 if TYPE_CHECKING:  # pragma: no cover - the loss imports this module
     from rlzoo.losses.policy_loss import PolicyLoss
@@ -185,8 +185,10 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
     new_parts: dict[type[Part], tuple[Slot, dict[str, Any]]] = {}
     for option, value in unowned.items():
         if option not in owners:
+            close = close_names(option, loss.options())
+            meant = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             raise UnknownNameError(
-                f"unknown option {option!r} for loss {loss.name or type(loss.surrogate).__name__!r}; "
+                f"unknown option {option!r} for loss {loss.name or type(loss.surrogate).__name__!r}; {meant}"
                 f"valid options: {', '.join(sorted(loss.options()))}"
             )
         slot, cls = owners[option]

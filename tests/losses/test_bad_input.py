@@ -87,12 +87,14 @@ def test_unknown_kl_estimator_lists_the_estimators():
 
 @pytest.mark.parametrize("name", rlzoo.list_losses())
 def test_unknown_option_lists_the_valid_options(name):
-    """An option no part accepts (a typo) raises an UnknownNameError listing the loss's valid options."""
+    """An option no part accepts (a typo) raises an UnknownNameError with the closest options ("did you mean")
+    and the loss's valid options."""
     loss_fn = rlzoo.get_loss(name)
     with pytest.raises(UnknownNameError) as err:
         rlzoo.get_loss(name, epsilon_hihg=0.3)
     message = str(err.value)
     assert "epsilon_hihg" in message
+    assert ("did you mean 'epsilon_high'" in message) == ("epsilon_high" in loss_fn.options())
     assert _names_all(message, sorted(loss_fn.options()))
 
 
