@@ -29,7 +29,7 @@ from rlzoo.batch import Normalizer
 from rlzoo.losses import PolicyLoss
 from rlzoo.trainer.adapters import recorded_peft
 from rlzoo.trainer.algorithm import build_loss
-from rlzoo.trainer.checkpoint import rank_states, rng_state, run_of, set_rng_state, step_of
+from rlzoo.trainer.checkpoint import rank_states, rng_state, run_of, set_rng_state
 from rlzoo.trainer.components import build_components, build_models, check_loss_inputs
 from rlzoo.trainer.config import (
     AlgorithmConfig,
@@ -47,6 +47,7 @@ from rlzoo.trainer.resume import (
     OPTIMIZER_SETTINGS,
     PYTHON_LOSS,
     PYTHON_REWARDS,
+    check_resume,
     check_run_length,
     compare_settings,
     find_checkpoint,
@@ -128,6 +129,7 @@ class Trainer:
             config, peft=recorded_peft(config.peft, peft_config, resuming=config.resume is not None))
         if dist.is_main:
             self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
+            check_resume(self.run_dir.checkpoints, config, world_size=dist.world_size)  # so does a refused resume
             Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         datasets.disable_progress_bars()
@@ -339,9 +341,6 @@ class Trainer:
                 the Trainer refused to build, naming both lists).
         """
         saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
-        step = step_of(Path(path))
-        if step is not None and self.config.max_steps < step:  # refused before any change is logged as applied
-            check_run_length(self.config.max_steps, step, path)
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
         if saved.get(PYTHON_LOSS) is not None and not self._python_loss and \
                 self.loss_fn.to_config() != saved[PYTHON_LOSS]:  # the algorithm's own loss is that loss: honoured

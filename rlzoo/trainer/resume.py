@@ -14,7 +14,8 @@ the schedule's horizon) are put into the restored optimizer and scheduler; every
 or generation (loss, rewards, sampling, evaluation, checkpointing) simply takes the new value. What the restored
 state depends on is refused: the model and its LoRA options, the task's training stream, the batch shape and
 generation cycle, the sampler, and the seed (the random state comes from the checkpoint). A ``max_steps`` the
-checkpoint has already reached is refused too (:func:`check_run_length`).
+checkpoint has already reached is refused too (:func:`check_run_length`). Both are refused when the Trainer is
+built, before the model loads (:func:`check_resume`).
 
 ``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
 fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.
@@ -27,11 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import Checkpointer
+from rlzoo.trainer.checkpoint import Checkpointer, step_of
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
+from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 
-__all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_run_length",
+__all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_resume", "check_run_length",
            "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config"]
 
 log = logging.getLogger("rlzoo.train")
@@ -74,14 +76,15 @@ _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # 
 # and optimizer) as long as the global batch stays.
 
 
-def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_size: int = 1) -> dict[str, tuple[Any, Any]]:
+def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_size: int = 1,
+                     log_changes: bool = True) -> dict[str, tuple[Any, Any]]:
     """The settings ``config`` changes relative to a checkpoint's (``saved``: its ``TrainConfig.to_dict()``, with
     the ``world_size`` that wrote it).
 
     Resuming on another number of ranks is a change of ``world_size``; it is honoured when the global batch
     stays (``per_device_train_batch_size`` x ranks), which is then what is compared.
 
-    Logs one line per applied change: per field, and for a mapping (``loss``, ``advantage_options``, ...) per
+    Logs (unless ``log_changes`` is False) one line per applied change: per field, and for a mapping (``loss``, ``advantage_options``, ...) per
     option that changed (``resume: loss.beta changed (not set) -> 0.1``). Returns ``{field: (saved value, new
     value)}`` of the applied changes; an empty ``saved`` (a checkpoint from before rlzoo recorded settings)
     compares as unchanged.
@@ -127,11 +130,32 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         raise ValueError(f"cannot resume with changed settings: {reasons}. Resume with the checkpoint's values (leave "
                          "those flags out; in Python: rlzoo.trainer.resume.resume_config), or start a new run in "
                          "another --output-dir")
-    for name, (old, new) in changes.items():
+    for name, (old, new) in changes.items() if log_changes else ():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
         for label, before, after in _changed_options(name, old, new):
             log.info("resume: %s changed %r -> %r (%s)", label, before, after, where)
     return changes
+
+
+def check_resume(checkpoints: Path, config: TrainConfig, *, world_size: int = 1) -> None:
+    """Refuse, before the model loads (minutes for a large one), a resume that the checkpoint will refuse: a
+    changed setting that cannot be honoured (:func:`compare_settings`, without its log lines) or a ``max_steps``
+    the checkpoint is past (:func:`check_run_length`). Nothing when ``config`` does not resume or its checkpoint
+    is not found yet (the trainer finds it after cleaning up interrupted writes, and says so).
+
+    Raises:
+        ValueError: as :func:`compare_settings` and :func:`check_run_length`.
+    """
+    try:
+        path = find_checkpoint(Checkpointer(CheckpointConfig(), checkpoints), config.resume)
+    except FileNotFoundError:
+        return
+    if path is None:
+        return
+    step = step_of(path)
+    if step is not None and config.max_steps < step:
+        check_run_length(config.max_steps, step, path)
+    compare_settings(absolute_paths(Checkpointer.settings(path)), config, world_size=world_size, log_changes=False)
 
 
 def find_checkpoint(checkpointer: Checkpointer, resume: str | None) -> Path | None:

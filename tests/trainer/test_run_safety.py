@@ -98,7 +98,8 @@ def test_resume_rebuilds_a_changed_schedule_at_the_resumed_step(tmp_path):
     assert [row["learning_rate"] for row in history if row["step"] > 2] == pytest.approx([5e-4, 2.5e-4], rel=1e-12)
 
 
-def test_resume_refuses_changes_it_cannot_honour(tmp_path):
+def test_resume_refuses_changes_it_cannot_honour(tmp_path, monkeypatch):
+    """Refused naming the field, before the model loads (minutes for a large one)."""
     run = tmp_path / "run"
     _train(run, max_steps=1, eval_size=0)
     model_dir = tmp_path / "same-weights"
@@ -108,11 +109,15 @@ def test_resume_refuses_changes_it_cannot_honour(tmp_path):
     for change, field in (({"num_generations": 2}, "num_generations"), ({"per_device_train_batch_size": 4},
                           "per_device_train_batch_size"), ({"task": "basic_arithmetic"}, "task"),
                           ({"seed": 1}, "seed"), ({"model": str(model_dir)}, "model")):
-        trainer = Trainer(_config(run, max_steps=2, eval_size=0, resume="latest", **change),
-                          reward_funcs=[digit_fraction])
-        with pytest.raises(ValueError, match=f"cannot resume with changed settings: {field} "):
-            trainer.train()
+        with monkeypatch.context() as patch, pytest.raises(ValueError,
+                                                           match=f"cannot resume with changed settings: {field} "):
+            patch.setattr("rlzoo.trainer.adapters.build_policy", _no_model)
+            Trainer(_config(run, max_steps=2, eval_size=0, resume="latest", **change), reward_funcs=[digit_fraction])
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1]  # nothing was written by the refusals
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model loaded")
 
 
 # ------------------------------------------------------------------------------- 2. occupied directories
