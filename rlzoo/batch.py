@@ -336,7 +336,9 @@ class Normalizer:
 
     Args:
         num_tokens: counted tokens (``completion_mask.sum()``) of the whole optimizer-step batch, finite and
-            >= 0. Used by "token-mean". A count of 0 gives a loss of 0 (it is clamped to 1).
+            >= 0. Used by "token-mean". It is the divisor as given: at least the batch's own counted tokens for a
+            loss that is the batch's share (not checked, which would synchronise the device on every call); 0
+            is clamped to 1, so a batch without a counted token gives a loss of 0.
         num_sequences: sequences with at least one counted token in the whole optimizer-step batch, finite
             and >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
         group_num_tokens: ``Int[G]`` (or ``Float[G]``) or None; the counted tokens of each group (prompt) of the optimizer-step

@@ -17,8 +17,12 @@ A subclass without ``name=`` is an abstract or shared base (a dataclass too, reg
 import contextlib
 import dataclasses
 import difflib
+import functools
 import math
+import numbers
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -222,6 +226,41 @@ def _from_jsonable(value: Any) -> Any:
     return value
 
 
+# Option annotations whose values Component checks before ``check`` (a part defined in a notebook gets the same
+# "must be a number" as the built-in parts): what each accepts (a bool is never a number).
+_SIMPLE = {float: ("a number", numbers.Real), int: ("an integer", numbers.Integral), bool: ("a bool", bool),
+           str: ("a string", str)}
+
+
+@functools.cache
+def _simple_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Per field of the component class ``cls``: the simple types (float, int, bool, str, None) its annotation
+    allows, for the fields whose annotation is made only of those (others: not checked here)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 -- an annotation that does not resolve: left to the class's own check
+        return {}
+    out: dict[str, tuple[type, ...]] = {}
+    for field in dataclasses.fields(cls):
+        hint = hints.get(field.name)
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
+        if members and all(m in _SIMPLE or m is type(None) for m in members):
+            out[field.name] = tuple(members)
+    return out
+
+
+def _check_simple_type(owner: str, name: str, value: Any, allowed: tuple[type, ...] | None) -> None:
+    """Raise ``ValueError`` naming ``owner: name`` unless ``value`` fits ``allowed`` (:func:`_simple_types`)."""
+    if allowed is None or (value is None and type(None) in allowed):
+        return
+    kinds = [m for m in allowed if m in _SIMPLE]
+    if any(isinstance(value, _SIMPLE[m][1]) and (m is bool or not isinstance(value, bool)) for m in kinds):
+        return
+    wanted = " or ".join(_SIMPLE[m][0] for m in kinds) + (" or None" if type(None) in allowed else "")
+    raise ValueError(f"{owner}: {name} must be {wanted}, got {type(value).__name__} {value!r}")
+
+
 # ------------------------------------------------------------------------------------------ component
 @dataclass_transform(kw_only_default=True, frozen_default=True)
 class Component:
@@ -261,9 +300,10 @@ class Component:
         for field in dataclasses.fields(self):
             registry = field.metadata.get("registry")
             value = getattr(self, field.name)
-            if registry is None or (value is None and field.metadata.get("allow_none")):
-                continue
-            check_choice(owner, field.name, value, registry.names())
+            if registry is None:
+                _check_simple_type(owner, field.name, value, _simple_types(type(self)).get(field.name))
+            elif not (value is None and field.metadata.get("allow_none")):
+                check_choice(owner, field.name, value, registry.names())
         self.check()
 
     def check(self) -> None:
