@@ -17,7 +17,8 @@ def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/composing.md", "docs/trainer.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/composing.md", "docs/trainer.md", "docs/advantages.md",
+                                 "docs/compat.md"])
 def test_python_blocks_run(doc, tmp_path, monkeypatch):
     """Every ```python block of the document runs as written (blocks of one file share a namespace).
 
