@@ -414,6 +414,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _selects_a_subset(pytest_args: Sequence[str]) -> bool:
+    """Whether pytest arguments select part of the suite (``-k``, ``-m``, a file, a node id, ``--lf``, ...)."""
+    selecting = ("-k", "-m", "--lf", "--last-failed", "--ff", "--sw", "--stepwise", "--deselect", "--ignore",
+                 "--ignore-glob")
+    def picks(arg: str) -> bool:
+        if arg.startswith("-"):
+            return arg.split("=", 1)[0] in selecting or (arg[:2] in ("-k", "-m") and len(arg) > 2)
+        return "::" in arg or arg.endswith(".py") or "/" in arg  # a file or a test's node id
+
+    return any(picks(a) for a in pytest_args)
+
+
 def _cmd_bench(argv: Sequence[str]) -> int:
     """``rlzoo bench [--output FILE] [--docs FILE] [--no-render] [PYTEST ARGS...]``: run ``benchmarks/`` with
     pytest-benchmark, save its JSON (default ``benchmarks/results/cuda.json`` on a GPU machine, else ``cpu.json``)
@@ -438,7 +450,8 @@ def _cmd_bench(argv: Sequence[str]) -> int:
         return 2
     parser = argparse.ArgumentParser(prog="rlzoo bench", description="Run benchmarks/, save the JSON, render the docs; "
                                      "other arguments go to pytest (e.g. -k fused)")
-    parser.add_argument("--output", type=Path, help="results JSON (default benchmarks/results/{cpu,cuda}.json)")
+    parser.add_argument("--output", type=Path, help="results JSON (default benchmarks/results/{cpu,cuda}.json: the "
+                        "committed results, replaced by a successful full run; a subset needs --output)")
     parser.add_argument("--docs", type=Path, default=root / "docs" / "benchmarks.md",
                         help="rendered page (its plot goes next to it as .png)")
     parser.add_argument("--no-render", action="store_true", help="save the JSON only")
@@ -446,6 +459,10 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     if any(a.startswith("--benchmark-json") for a in pytest_args):
         raise ValueError("rlzoo bench: use --output FILE instead of --benchmark-json")
     results = bench / "results"
+    if args.output is None and _selects_a_subset(pytest_args):
+        raise ValueError(f"rlzoo bench {' '.join(pytest_args)}: a subset of the suite would replace the committed full "
+                         "results (benchmarks/results/); give --output FILE for its JSON (and --docs FILE or "
+                         "--no-render)")
     if args.output is None:
         import torch
 

@@ -151,6 +151,18 @@ def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capsys
     assert f"`{shown}`" in page and "## Results: CPU" in page and "#### PolicyLoss: eager vs torch.compile" in page
 
 
+@pytest.mark.parametrize("selection", [["-k", "dapo"], ["-kdapo"], ["-m", "slow"], ["--lf"],
+                                       ["benchmarks/test_bench_losses.py"], ["benchmarks/test_bench_losses.py::test_x"]])
+def test_bench_refuses_a_subset_over_the_committed_results(selection, monkeypatch):
+    """`rlzoo bench -k dapo` replaced the committed full benchmarks/results/cpu.json with one case: a selection
+    needs --output (refused before pytest starts)."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("pytest started"))
+    with pytest.raises(ValueError, match=r"a subset of the suite would replace the committed full results.*--output"):
+        main(["bench", *selection])
+
+
 def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monkeypatch, capsys):
     """pytest failing half-way (simulated: it wrote its JSON, then exited 1) leaves --output as it was, keeps the
     partial JSON beside it and renders nothing."""
