@@ -221,15 +221,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from rlzoo.losses.policy_loss import SLOTS
 
     print("loss presets (rlzoo.get_loss / --algorithm):")
+    width = max(map(len, presets.names()))
     for name, card in presets.items():
         paper = f"arXiv:{card.arxiv}" if card.arxiv else "-"
-        print(f"  {name:<12} {card.title}  [{paper}]")
+        print(f"  {name:<{width}} {card.title}  [{paper}]")
     print("\nadvantage estimators (rlzoo.get_advantage / --advantage):")
+    width = max(map(len, advantage_estimators.names()))
     for name, cls in advantage_estimators.items():
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {name:<22} {summary}")
+        print(f"  {name:<{width}} {summary}")
         for option, registry in cls.choices().items():
-            print(f"  {'':<22}   {option}: {', '.join(registry.names())}")
+            print(f"  {'':<{width}}   {option}: {', '.join(registry.names())}")
     print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART):")
     for slot in SLOTS:
         how = f" ({slot.swap_option})" if slot.swap_option else ""
