@@ -38,6 +38,11 @@ SAMPLED = ("rollout_rs", "rollout_is_norm")  # sampler log-probs from a rollout_
 SETTINGS = {"gradient_accumulation_steps": 2, "steps_per_generation": 6, "num_iterations": 1, "max_steps": 3,
             "per_device_train_batch_size": 3, "num_generations": 4}
 NUM_PROMPTS = 2 * 3 * 6 // 4
+# rlzoo's GRPOTrainer with its default loss against plain trl.GRPOTrainer, both on the 2 ranks: the normalisation
+# over processes (TRL's num_items_in_batch / num_processes, rlzoo's all-reduced Normalizer times P) must agree.
+TRL_EQUAL = {"dapo": {"loss_type": "dapo"}, "grpo_beta": {"loss_type": "grpo", "beta": 0.04}}
+EQUAL_SETTINGS = {"gradient_accumulation_steps": 2, "num_iterations": 2, "max_steps": 3,
+                  "per_device_train_batch_size": 4, "num_generations": 4}
 _FIELDS = ("logprobs", "old_logprobs", "rollout_logprobs", "advantages", "completion_mask", "group_index", "rewards")
 
 
@@ -89,6 +94,18 @@ def worker(out: Path) -> None:
             }
             for b, n, loss in recorder.calls
         ]
+    import trl
+
+    for name, fields in TRL_EQUAL.items():
+        for kind, cls in (("trl", trl.GRPOTrainer), ("rlzoo", GRPOTrainer)):
+            args = test_trl.config(out / f"{name}-{kind}-{rank}", **EQUAL_SETTINGS, **fields)
+            trainer = cls(model=str(model_dir), reward_funcs=test_trl.vowels, args=args, processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": test_trl.PROMPTS * 4}))
+            trainer.train()
+            results[f"{name}-{kind}"] = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+            if rank == 0:
+                torch.save(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]),
+                           out / f"{name}-{kind}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     torch.distributed.barrier()
     # Out without tearing down: torch 2.13 can deadlock freeing DDP's Reducer after training (the main thread,
@@ -100,7 +117,8 @@ def worker(out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> list[dict]:
+def launch(tmp_path_factory) -> Path:
+    """The directory the 2-rank launch wrote into (its JSON per rank, final weights of the TRL comparisons)."""
     pytest.importorskip("trl", reason="TRL (test oracle) is not installed: pip install trl==1.16.0")
     out = tmp_path_factory.mktemp("trl-two-ranks")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, ROOT / "tests", HERE))),
@@ -119,7 +137,12 @@ def two_ranks(tmp_path_factory) -> list[dict]:
         if proc.returncode != 0:  # failed or interrupted: whatever of it is left
             _kill_launch(proc)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(launch) -> list[dict]:
+    return [json.loads((launch / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 def _kill_launch(proc: subprocess.Popen) -> None:
@@ -220,6 +243,23 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
         advantages = torch.tensor([a for c in calls for a in c["batch"]["advantages"]])
         assert torch.bincount(ids).tolist() == [4] * NUM_PROMPTS
         assert torch.zeros(NUM_PROMPTS).index_add(0, ids, advantages).abs().max() < 1e-3 < advantages.abs().max()
+
+
+@pytest.mark.parametrize("name", list(TRL_EQUAL))
+def test_two_ranks_train_exactly_like_trl(launch, two_ranks, name):
+    """On 2 processes with gradient accumulation 2 and 2 iterations, rlzoo's GRPOTrainer (default loss) logs TRL's
+    per-step losses and ends at TRL's weights (fp32, SGD): the loss's counts over processes and the P scaling
+    reproduce TRL's num_items_in_batch normalisation and DDP's average."""
+    for ranks in two_ranks:
+        want, got = ranks[f"{name}-trl"], ranks[f"{name}-rlzoo"]
+        assert len(want) == len(got) == EQUAL_SETTINGS["max_steps"]
+        assert got == pytest.approx(want, abs=REFERENCE_ATOL, rel=0)
+    want, got = torch.load(launch / f"{name}-trl.pt"), torch.load(launch / f"{name}-rlzoo.pt")
+    assert (got - want).abs().max().item() <= REFERENCE_ATOL
+    from transformers import AutoModelForCausalLM
+
+    initial = torch.cat([p.detach().flatten() for p in AutoModelForCausalLM.from_pretrained(launch / "tiny").parameters()])
+    assert (want - initial).abs().max().item() > 1e-3  # the comparison has power: training moved the weights
 
 
 if __name__ == "__main__":
