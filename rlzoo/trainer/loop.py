@@ -127,10 +127,17 @@ class Trainer:
         self.config = config = dataclasses.replace(config, model=recorded_model(config.model, model))  # likewise
         self.config = config = dataclasses.replace(  # and the adapter's options, which a resume compares
             config, peft=recorded_peft(config.peft, peft_config, resuming=config.resume is not None))
+        refusal = None
         if dist.is_main:
-            self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
-            check_resume(self.run_dir.checkpoints, config, world_size=dist.world_size)  # so does a refused resume
-            Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
+            try:
+                self.run_dir.check()  # before the model loads: an unwritable or occupied directory fails in seconds
+                Trackers.check(config.section(TrackingConfig))  # so does a tracker that cannot start
+                check_resume(self.run_dir.checkpoints, config, world_size=dist.world_size)  # and a refused resume
+            except (OSError, ValueError, ImportError) as err:
+                refusal = err
+        refusal = dist.broadcast_object(refusal)  # every rank stops with rank 0's refusal: none waits in a collective
+        if refusal is not None:
+            raise refusal
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         datasets.disable_progress_bars()
         torch.manual_seed(config.seed)

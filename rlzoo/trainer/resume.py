@@ -39,7 +39,7 @@ __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTI
 log = logging.getLogger("rlzoo.train")
 
 _STREAM = "the task's training stream is part of the checkpoint"
-_CYCLE = "the batch shape and generation cycle are part of the checkpoint (an unfinished generation batch)"
+_CYCLE = "the batch shape and generation cycle are part of the checkpoint (its generation batch may be unfinished)"
 REFUSED_SETTINGS: Mapping[str, str] = {
     "model": "the checkpoint holds weights of the model it was trained from",
     "peft": "the checkpoint holds the adapter these LoRA options shape and scale (and the whole model without them)",
@@ -97,6 +97,7 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     saved = dict(saved)
     saved_world = int(saved.pop("world_size", 1))
     now = {**config.to_dict(), "world_size": world_size}
+    keep = ""  # how to keep the global batch on this world size
     if saved_world != world_size and "per_device_train_batch_size" in saved:  # compare the global batch
         old, new = saved["per_device_train_batch_size"], config.per_device_train_batch_size
         if old * saved_world == new * world_size:
@@ -104,6 +105,10 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         else:
             saved["per_device_train_batch_size"] = f"{old} per rank x {saved_world} ranks"
             now["per_device_train_batch_size"] = f"{new} per rank x {world_size} ranks"
+            keep = (f"give --per-device-train-batch-size {old * saved_world // world_size} (the global batch of "
+                    f"{old * saved_world} on {world_size} rank{'s' if world_size > 1 else ''})"
+                    if old * saved_world % world_size == 0 else
+                    f"resume on a number of ranks that divides the global batch of {old * saved_world}")
     saved["world_size"] = saved_world
     changes: dict[str, tuple[Any, Any]] = {}
     for name, new in now.items():
@@ -127,9 +132,11 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         reasons = "; ".join(
             ", ".join(f"{label} {old!r} -> {new!r}" for label, old, new in _changed_options(k, *v))
             + f" ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
-        raise ValueError(f"cannot resume with changed settings: {reasons}. Resume with the checkpoint's values (leave "
-                         "those flags out; in Python: rlzoo.trainer.resume.resume_config), or start a new run in "
-                         "another --output-dir")
+        fix = (f"{keep}, or resume on {saved_world} rank{'s' if saved_world > 1 else ''}"
+               if keep and list(refused) == ["per_device_train_batch_size"] else
+               "Resume with the checkpoint's values (leave those flags out; in Python: "
+               "rlzoo.trainer.resume.resume_config), or start a new run in another --output-dir")
+        raise ValueError(f"cannot resume with changed settings: {reasons}. {fix[0].upper()}{fix[1:]}")
     for name, (old, new) in changes.items() if log_changes else ():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
         for label, before, after in _changed_options(name, old, new):

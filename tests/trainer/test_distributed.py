@@ -267,3 +267,9 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     assert [(tmp_path / f"exit-{rank}").read_text() for rank in (0, 1)] == ["False", "False"]
+    # the same command again: refused by rank 0's check of the directory, and rank 1 stops with that refusal too
+    # instead of going on into DDP's first collective and dying there with a traceback of its own
+    again = subprocess.run(proc.args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = again.stdout + again.stderr
+    assert again.returncode != 0 and output.count("rlzoo: error: output directory") == 2, output[-6000:]
+    assert output.count("Traceback") == 1, output[-6000:]  # torchrun's own ChildFailedError report only

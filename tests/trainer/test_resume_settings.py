@@ -348,3 +348,21 @@ def test_preset_and_estimator_names_are_recorded_as_registered():
     assert TrainConfig(**TINY, algorithm="dapoo").algorithm == "dapoo"
     older = {**saved, "algorithm": "DAPO", "advantage": "RLOO"}  # a checkpoint of a version that kept the spelling
     assert compare_settings(older, TrainConfig(**TINY, algorithm="dapo", advantage="rloo")) == {}
+
+
+def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_the_global_batch():
+    """2 ranks x 4 resumed on 1 rank said to leave the flags out (they were: the per-device batch is the
+    checkpoint's); it names --per-device-train-batch-size 8, or the checkpoint's number of ranks. A global batch
+    the new world size does not divide says so."""
+    saved = {**TrainConfig(**TINY).to_dict(), "world_size": 2}  # TINY: 8 per device
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size '8 per rank x 2 ranks' -> '8 per rank x 1 "
+                                         r"ranks' .*\. Give --per-device-train-batch-size 16 \(the global batch of 16 on "
+                                         r"1 rank\), or resume on 2 ranks$"):
+        compare_settings(saved, TrainConfig(**TINY), world_size=1)
+    assert compare_settings(saved, TrainConfig(**{**TINY, "per_device_train_batch_size": 16}),
+                            world_size=1) == {"world_size": (2, 1)}
+    with pytest.raises(ValueError, match=r"Resume on a number of ranks that divides the global batch of 16, or "
+                                         r"resume on 2 ranks$"):
+        compare_settings(saved, TrainConfig(**TINY), world_size=3)
+    with pytest.raises(ValueError, match=r"seed .*leave those flags out"):  # another refusal too: the general advice
+        compare_settings(saved, TrainConfig(**{**TINY, "seed": 7}), world_size=1)
