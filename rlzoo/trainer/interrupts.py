@@ -20,6 +20,7 @@ evaluation loses nothing: ``--resume latest`` runs the evaluation and writes the
 """
 
 import logging
+import os
 import signal
 import threading
 import types
@@ -72,8 +73,12 @@ class GracefulInterrupt:
                         "at once)", name, when)
             return
         self.requested = signum
-        hint = ("press Ctrl-C again to stop at once" if signum == signal.SIGINT
-                else "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored")
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun a terminal's Ctrl-C reaches its agent, not the ranks
+            hint = f"kill -INT {os.getpid()} or SIGKILL stops this rank at once; a repeated SIGTERM is ignored"
+        elif signum == signal.SIGINT:
+            hint = "press Ctrl-C again to stop at once"
+        else:
+            hint = "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored"
         log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint)
 
     def __enter__(self) -> "GracefulInterrupt":  # noqa: PYI034 (beartype, the tests' checker, rejects Self here)

@@ -128,6 +128,20 @@ def test_a_repeated_sigterm_is_ignored_and_a_second_sigint_stops_at_once(signals
         assert "the checkpoint of the last completed step goes on" in caplog.text
 
 
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_the_first_sigints_hint_says_how_to_stop_at_once(torchrun, monkeypatch, caplog):
+    """In one process a second Ctrl-C stops at once; under torchrun a terminal's Ctrl-C reaches the agent, not the
+    rank (docs/distributed.md), so the hint names the rank's pid to signal instead of a second Ctrl-C."""
+    if torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with GracefulInterrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+    hint = f"kill -INT {os.getpid()} or SIGKILL stops this rank at once"
+    assert (hint in caplog.text) == torchrun and ("press Ctrl-C again" in caplog.text) != torchrun, caplog.text
+
+
 def _train_cli(tmp_path, signals: str, *flags: str) -> tuple[subprocess.CompletedProcess, object]:
     """``python -m rlzoo train`` whose reward sends ``signals`` to the process during step 2's generation."""
     reward = tmp_path / "signals.py"
