@@ -230,8 +230,9 @@ class RolloutConfig(Section):
             ("steps_per_generation", spg_ok, ">= 1"),
             ("per_device_train_batch_size", self.num_generations < 1  # reported as num_generations above
              or self.generation_batch_size % self.num_generations == 0,
-             (f"such that the generation batch (per_device_train_batch_size * steps_per_generation = "
-              f"{self.generation_batch_size}) is divisible by num_generations ({self.num_generations})")),
+             (f"such that each rank's generation batch (per_device_train_batch_size x steps_per_generation = "
+              f"{self.per_device_train_batch_size} x {self.effective_steps_per_generation} completions) holds whole "
+              f"groups of num_generations ({self.num_generations})")),
             *super().checks(),
         ]
 

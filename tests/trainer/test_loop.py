@@ -252,7 +252,8 @@ def test_failing_reward_function_is_reported_by_name(tmp_path):
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="num_generations"):
         TrainConfig(num_generations=1)
-    with pytest.raises(ValueError, match="divisible by num_generations"):
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size must be such that each rank.s generation batch .*10 x 1 "
+                                         r"completions\) holds whole groups of num_generations \(8\)"):
         TrainConfig(per_device_train_batch_size=10, num_generations=8)
     with pytest.raises(ValueError, match="reward_weights"):
         TrainConfig(reward_funcs=("accuracy", "format"), reward_weights=(1.0,))
