@@ -580,9 +580,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         aux_loss: Tensor | None,
         accumulation: int,
     ) -> None:
-        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, weighted by
-        the tokens the loss counts (``counted_mask``: ``mask``, the completion mask, minus a rollout rejection's
-        tokens), extremes over the processes with such a token; ``entropy`` over ``mask``, as TRL logs it."""
+        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, each
+        metric weighted by the tokens it is taken over, extremes over the processes that have one: the completion
+        tokens (``mask``) for ``entropy`` (as TRL logs it) and the rollout correction's ``rollout_corr/*`` (judged
+        before the rejection), the tokens the loss counts (``counted_mask``: ``mask`` minus a rollout rejection's
+        tokens) for the policy term's (a process whose tokens were all rejected reports placeholder 0s there)."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
         # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
@@ -591,22 +593,27 @@ class GRPOTrainer(trl.GRPOTrainer):
                                  and self.loss_fn.loss_type in _GENERATION_NORMALISED)
         share = 1 if generation_normalised else accumulation
         with torch.no_grad():
-            counted = counted_mask.sum()
+            tokens = mask.sum()
             # TRL logs the entropy of every completion token whatever the loss (its fused LM head returns it).
-            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / mask.sum().clamp(min=1)
+            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / tokens.clamp(min=1)
             if aux_loss is not None:
                 metrics["aux_loss"] = aux_loss.detach()
             names = sorted(metrics)
-            local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names] + [counted.float()])
-            rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 1]
-            values, weight = rows[:, :-1], rows[:, -1:]
-            has = weight > 0  # a process without a counted token reports placeholder extremes (0): skipped, as nanmin
+            local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names]
+                                + [tokens.float(), counted_mask.sum().float()])
+            rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 2]
+            values, weight, counted = rows[:, :-2], rows[:, -2:-1], rows[:, -1:]
+            before = torch.tensor([name.startswith("rollout_corr/") or name == "entropy" for name in names],
+                                  device=values.device)
+            weight = torch.where(before, weight, counted)  # [P, metrics]: the tokens each metric is taken over
+            # a process without a token for the metric reports placeholders (0): no weight, no extreme (as nanmin)
+            has = weight > 0
             highest = torch.where(has, values, -torch.inf).amax(0)
             lowest = torch.where(has, values, torch.inf).amin(0)
             reductions = torch.stack([
-                (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
-                torch.where(has.any(), highest, 0.0),
-                torch.where(has.any(), lowest, 0.0),
+                (values * weight).sum(0) / weight.sum(0).clamp(min=1),  # token-weighted mean (TRL's global mean)
+                torch.where(has.any(0), highest, 0.0),
+                torch.where(has.any(0), lowest, 0.0),
                 values.sum(0) * share,  # policy_loss as TRL logs it for the loss type
                 values.mean(0),  # aux_loss, as TRL
             ]).tolist()  # the one device sync

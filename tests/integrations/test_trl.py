@@ -380,9 +380,11 @@ def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_correcte
 
 
 def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_the_others(tiny, tmp_path):
-    """A micro-batch whose every token a rollout rejection drops reports placeholder extremes (0) and no counted
-    token: over processes (a second one faked in the gather, with 10 counted tokens and every metric 0.9) its
-    ratio/min is skipped and its means get no weight, so the logged values are the other process's (not 0)."""
+    """A micro-batch whose every token a rollout rejection drops reports placeholder policy metrics (0) and no
+    counted token: over processes (a second one faked in the gather, with 10 completion tokens, all counted, and
+    every metric 0.9) its ratio/min is skipped and its ratio/mean gets no weight, so they are the other process's
+    (not 0); its rollout_corr/* metrics, judged before the rejection (all 8 of its tokens rejected), keep their
+    weight, and so does its entropy."""
     path, tokenizer = tiny
     loss = rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
     trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
@@ -401,7 +403,7 @@ def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_t
 
     def gather(local):
         fake = torch.full_like(local, 0.9)
-        fake[..., -1] = 10.0  # the last column: the counted tokens
+        fake[..., -2:] = 10.0  # the last columns: completion tokens, counted tokens
         other.append(fake)
         return torch.cat([local, fake])
 
@@ -412,6 +414,9 @@ def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_t
     logged = trainer._metrics["eval"]
     assert logged["ratio/min"][-1] == pytest.approx(0.9)
     assert logged["ratio/mean"][-1] == pytest.approx(0.9)
+    rejected = [k for k in logged if k.startswith("rollout_corr/") and k.endswith("masked_fraction")]
+    assert rejected and all(logged[k][-1] == pytest.approx((8 * 1.0 + 10 * 0.9) / 18) for k in rejected), {
+        k: logged[k] for k in rejected}
 
 
 # ------------------------------------------------------------- fields TRL does not return, and the counted tokens
