@@ -417,13 +417,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _selects_a_subset(pytest_args: Sequence[str]) -> bool:
-    """Whether pytest arguments select part of the suite (``-k``, ``-m``, a file, a node id, ``--lf``, ...)."""
-    selecting = ("-k", "-m", "--lf", "--last-failed", "--ff", "--sw", "--stepwise", "--deselect", "--ignore",
-                 "--ignore-glob")
+    """Whether pytest arguments select part of the suite (``-k``, ``-m``, also combined as ``-vk``, ``--lf``,
+    ``--deselect``, ...). A file or node id does not: ``benchmarks/`` itself is collected too."""
+    selecting = ("--lf", "--last-failed", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip", "--deselect",
+                 "--ignore", "--ignore-glob")
+
     def picks(arg: str) -> bool:
-        if arg.startswith("-"):
-            return arg.split("=", 1)[0] in selecting or (arg[:2] in ("-k", "-m") and len(arg) > 2)
-        return "::" in arg or arg.endswith(".py") or "/" in arg  # a file or a test's node id
+        if arg.startswith("--"):
+            return arg.split("=", 1)[0] in selecting
+        for letter in arg[1:] if arg.startswith("-") else "":  # short flags, combined (-vk EXPR) or -kEXPR
+            if letter in "km":
+                return True
+            if not letter.isalpha():  # a value began
+                return False
+        return False
 
     return any(picks(a) for a in pytest_args)
 
@@ -453,7 +460,7 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlzoo bench", description="Run benchmarks/, save the JSON, render the docs; "
                                      "other arguments go to pytest (e.g. -k fused)")
     parser.add_argument("--output", type=Path, help="results JSON (default benchmarks/results/{cpu,cuda}.json: the "
-                        "committed results, replaced by a successful full run; a subset needs --output)")
+                        "committed results, replaced by a successful full run; a selection by -k / -m needs --output)")
     parser.add_argument("--docs", type=Path, default=root / "docs" / "benchmarks.md",
                         help="rendered page (its plot goes next to it as .png)")
     parser.add_argument("--no-render", action="store_true", help="save the JSON only")

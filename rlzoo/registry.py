@@ -226,8 +226,9 @@ def _from_jsonable(value: Any) -> Any:
     return value
 
 
-# Option annotations whose values Component checks before ``check`` (a part defined in a notebook gets the same
-# "must be a number" as the built-in parts): what each accepts (a bool is never a number).
+# Option annotations whose values Component checks before ``check`` for a part defined outside rlzoo (a part written
+# in a notebook gets the same "must be a number" as the built-in parts, which check their own options): what each
+# accepts (a bool is never a number). A field's default is not checked (``x: float = None`` is the user's choice).
 _SIMPLE = {float: ("a number", numbers.Real), int: ("an integer", numbers.Integral), bool: ("a bool", bool),
            str: ("a string", str)}
 
@@ -301,7 +302,9 @@ class Component:
             registry = field.metadata.get("registry")
             value = getattr(self, field.name)
             if registry is None:
-                _check_simple_type(owner, field.name, value, _simple_types(type(self)).get(field.name))
+                if not type(self).__module__.startswith("rlzoo.") and value is not field.default:
+                    # a part of the user's (the built-in parts check their options with their own messages)
+                    _check_simple_type(owner, field.name, value, _simple_types(type(self)).get(field.name))
             elif not (value is None and field.metadata.get("allow_none")):
                 check_choice(owner, field.name, value, registry.names())
         self.check()

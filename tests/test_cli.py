@@ -151,8 +151,8 @@ def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capsys
     assert f"`{shown}`" in page and "## Results: CPU" in page and "#### PolicyLoss: eager vs torch.compile" in page
 
 
-@pytest.mark.parametrize("selection", [["-k", "dapo"], ["-kdapo"], ["-m", "slow"], ["--lf"],
-                                       ["benchmarks/test_bench_losses.py"], ["benchmarks/test_bench_losses.py::test_x"]])
+@pytest.mark.parametrize("selection", [["-k", "dapo"], ["-kdapo"], ["-vk", "dapo"], ["-m", "slow"], ["--lf"],
+                                       ["--sw-skip"], ["--deselect=benchmarks/x.py::y"]])
 def test_bench_refuses_a_subset_over_the_committed_results(selection, monkeypatch):
     """`rlzoo bench -k dapo` replaced the committed full benchmarks/results/cpu.json with one case: a selection
     needs --output (refused before pytest starts)."""
@@ -161,6 +161,15 @@ def test_bench_refuses_a_subset_over_the_committed_results(selection, monkeypatc
     monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("pytest started"))
     with pytest.raises(ValueError, match=r"a subset of the suite would replace the committed full results.*--output"):
         main(["bench", *selection])
+
+
+def test_bench_arguments_that_select_nothing_are_not_refused():
+    """A file or node id (benchmarks/ is collected as well), option values with '/' and plain flags select nothing."""
+    from rlzoo.cli import _selects_a_subset
+
+    for args in (["benchmarks/test_bench_losses.py"], ["--basetemp", "/tmp/x"], ["-o", "cache_dir=/x"], ["-q", "-x"],
+                 ["--benchmark-min-rounds", "5"], ["-v"]):
+        assert not _selects_a_subset(args), args
 
 
 def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monkeypatch, capsys):

@@ -346,7 +346,7 @@ class GRPOTrainer(trl.GRPOTrainer):
                 UserWarning,
                 stacklevel=2,
             )
-        elif policy.counts_is_weights and not self._counts_is_weights and self.args.gradient_accumulation_steps > 1:
+        elif policy.counts_is_weights and not self._counts_is_weights and self.args.steps_per_generation > 1:
             warnings.warn(
                 f"loss {policy.name or 'the loss'!r} normalises its IS weights over the batch "
                 "(rollout_is_batch_normalize), but TRL computes no old log-probs under this GRPOConfig, so the weights "

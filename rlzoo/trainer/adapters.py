@@ -62,6 +62,10 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         from peft import LoraConfig
     except ImportError as err:
         raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
+    if options.get("peft_type") not in (None, "LORA"):  # recorded for a peft_config object of another method
+        raise ValueError(f"peft: the run's adapter is a {options['peft_type']} adapter (a peft_config object), which "
+                         "--peft options cannot rebuild: resume from Python with the same object "
+                         "(Trainer(resume_config(RUN), peft_config=...))")
     fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
     unknown = sorted(set(options) - set(fields))
     if unknown:
@@ -372,12 +376,16 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
     target = output.resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
         raise ValueError(f"export: OUTPUT {str(output)!r} is the current directory or holds it; name a new directory")
-    if target == source.resolve() or target in source.resolve().parents:
+    if source.exists() and (target == source.resolve() or target in source.resolve().parents):  # (not a hub id)
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
                          "write it to a new directory")
-    if (target / "checkpoints").is_dir() or (target / "metrics.jsonl").is_file():
-        raise ValueError(f"export: OUTPUT {str(output)!r} is a training run's directory, which the export would "
-                         f"replace; write it to a new directory (e.g. {str(output / 'final')!r})")
+    from rlzoo.trainer.run_dir import RunDirectory  # run_dir -> checkpoint -> parallel imports this module
+
+    runs = [d for d in (target, *(target.iterdir() if target.is_dir() else ())) if RunDirectory(d).holds_run()]
+    if runs:
+        raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if runs[0] == target else 'holds'} a training run's "
+                         f"directory, which the export would replace; write it to a new directory (e.g. "
+                         f"{str(output / 'final')!r} for a run's)")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FileExistsError(f"export: OUTPUT {str(output)!r} exists and is not empty; choose a new directory, or "
                               "give --overwrite to replace it (everything in it is deleted)")

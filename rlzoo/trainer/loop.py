@@ -52,6 +52,7 @@ from rlzoo.trainer.resume import (
     compare_settings,
     find_checkpoint,
     loss_summary,
+    saved_settings,
 )
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
@@ -347,7 +348,7 @@ class Trainer:
                 (unless ``reward_weights`` weighed it: the weights then no longer match the functions and
                 the Trainer refused to build, naming both lists).
         """
-        saved = absolute_paths(self.checkpointer.settings(path))  # paths recorded relative by older versions
+        saved = saved_settings(path, self.config)  # paths recorded relative by older versions, ...
         changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
         if saved.get(PYTHON_LOSS) is not None and not self._python_loss and \
                 self.loss_fn.to_config() != saved[PYTHON_LOSS]:  # the algorithm's own loss is that loss: honoured

@@ -34,7 +34,8 @@ from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 
 __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_resume", "check_run_length",
-           "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config"]
+           "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config",
+           "saved_settings"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -105,10 +106,12 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         else:
             saved["per_device_train_batch_size"] = f"{old} per rank x {saved_world} ranks"
             now["per_device_train_batch_size"] = f"{new} per rank x {world_size} ranks"
-            keep = (f"give --per-device-train-batch-size {old * saved_world // world_size} (the global batch of "
-                    f"{old * saved_world} on {world_size} rank{'s' if world_size > 1 else ''})"
-                    if old * saved_world % world_size == 0 else
-                    f"resume on a number of ranks that divides the global batch of {old * saved_world}")
+            per_rank, whole = divmod(old * saved_world, world_size)
+            groups = per_rank * config.effective_steps_per_generation % config.num_generations == 0
+            keep = (f"give --per-device-train-batch-size {per_rank} (the global batch of {old * saved_world} on "
+                    f"{world_size} rank{'s' if world_size > 1 else ''})" if not whole and groups else
+                    f"resume on a number of ranks over which the global batch of {old * saved_world} splits into whole "
+                    f"groups of num_generations ({config.num_generations})")
     saved["world_size"] = saved_world
     changes: dict[str, tuple[Any, Any]] = {}
     for name, new in now.items():
@@ -162,7 +165,22 @@ def check_resume(checkpoints: Path, config: TrainConfig, *, world_size: int = 1)
     step = step_of(path)
     if step is not None and config.max_steps < step:
         check_run_length(config.max_steps, step, path)
-    compare_settings(absolute_paths(Checkpointer.settings(path)), config, world_size=world_size, log_changes=False)
+    compare_settings(saved_settings(path, config), config, world_size=world_size, log_changes=False)
+
+
+def saved_settings(path: str | os.PathLike[str], config: TrainConfig) -> dict[str, Any]:
+    """The settings the checkpoint ``path`` was written with, as :func:`compare_settings` compares them with
+    ``config``'s: local paths absolute (older versions recorded them relative), and for a checkpoint that holds an
+    adapter but recorded no ``peft`` (a ``peft_config`` object, before rlzoo recorded its options) the options
+    given now, which cannot be compared with anything recorded.
+
+    Raises:
+        FileNotFoundError: not an rlzoo checkpoint.
+    """
+    saved = absolute_paths(Checkpointer.settings(path))
+    if saved.get("peft") is None and config.peft is not None and (Path(path) / "model" / "adapter_config.json").is_file():
+        saved["peft"] = config.peft
+    return saved
 
 
 def find_checkpoint(checkpointer: Checkpointer, resume: str | None) -> Path | None:

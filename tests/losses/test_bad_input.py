@@ -525,3 +525,13 @@ def test_a_custom_parts_simply_typed_options_are_checked_like_the_built_in_ones(
         with pytest.raises(ValueError, match=re.escape(message)):
             Scaled(**options)
     assert Scaled(scale=2, steps=None, spec="lower_upper").scale == 2  # an int is a number; a union with str: free
+
+    class Unset(Surrogate):  # a default outside the annotation is the author's choice: not checked
+        scale: float = None  # type: ignore[assignment]
+
+        def __call__(self, x):  # pragma: no cover - never called
+            raise AssertionError
+
+    assert Unset().scale is None
+    with pytest.raises(ValueError, match="must be True or False"):  # a built-in part keeps its own message
+        rlzoo.get_advantage("gae", whiten=1)

@@ -110,6 +110,14 @@ def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     assert console_main() == 0
     assert (mine / "model.safetensors").is_file() and not (mine / "thesis.txt").exists()
     assert export_model(source, tmp_path / "new") == tmp_path / "new"  # a new directory needs no flag
+    runs = tmp_path / "runs"  # a directory holding runs (a run of only its config.json too)
+    (runs / "a").mkdir(parents=True)
+    (runs / "a" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds a training run's directory"):
+        export_model(source, runs, overwrite=True)
+    with pytest.raises(ValueError, match=r"is a training run's directory"):
+        export_model(source, runs / "a", overwrite=True)
+    assert (runs / "a" / "config.json").is_file()
 
 
 def test_fused_logprobs_through_the_peft_wrapper_equal_its_own_forward():
@@ -302,6 +310,14 @@ def test_a_peft_config_object_is_what_its_run_records_and_resumes(tmp_path):
     with pytest.raises(ValueError, match=r"either as peft_config or as --peft options, not both"):
         Trainer(TrainConfig(**{**common, "peft": {"r": 8}}, output_dir=str(tmp_path / "both")),
                 peft_config=LoraConfig(**lora))
+    state = run / "checkpoints" / "step-000001" / "trainer_state.json"  # as written before the options were recorded
+    old = json.loads(state.read_text())
+    state.write_text(json.dumps({**old, "settings": {**old["settings"], "peft": None}}))
+    got = Trainer(_elsewhere(resume_config(run, first), tmp_path / "older"), peft_config=LoraConfig(**lora),
+                  reward_funcs=[digit_fraction]).train()
+    assert got[-1]["loss"] == want[-1]["loss"]
+    with pytest.raises(ValueError, match=r"^peft: the run's adapter is a LOHA adapter .* same object"):
+        lora_config({"peft_type": "LOHA", "r": 4})
 
 
 def _elsewhere(config: TrainConfig, output_dir) -> TrainConfig:
