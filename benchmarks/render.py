@@ -329,7 +329,7 @@ python benchmarks/render.py            # every benchmarks/results/*.json -> docs
 
 except that the JSON is written to `FILE.partial` first and moved into place only when every case ran
 (a failed run keeps its partial results there and renders nothing). A subset selected with pytest
-arguments (`-k`, `-m`, a file or a node id) needs `--output` (it would replace the committed full results).
+arguments (`-k`, `-m`, `--lf`, `--deselect`, ...) needs `--output` (it would replace the committed full results).
 
 The committed CPU results were taken with `RLZOO_BENCH_THREADS=1` (see Method). Other knobs: `-k fused`
 (select cases), `RLZOO_BENCH_ROUNDS` (timed rounds of slow cases; default 3 on CPU, 10 on CUDA),
