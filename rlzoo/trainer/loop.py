@@ -179,15 +179,14 @@ class Trainer:
             while self.step < self.config.max_steps and not self.dist.any(interrupt.requested):
                 started = time.perf_counter()
                 batch = self.rollouts.next_optimizer_step()
-                fields, counted, normalizer, losses = self._step_counts(batch)
+                fields, normalizer, losses = self._step_counts(batch)
                 generated = time.perf_counter()
-                for (micro_batch, loss_mask, extra, last), counted_mask in zip(batch.micro_steps(fields), counted,
-                                                                                 strict=True):
+                for micro_batch, loss_mask, extra, last in batch.micro_steps(fields):
                     with self.policy.accumulating(sync=last):  # DDP all-reduces once, after the last
                         out = self.loss_fn(self.scorer.policy_batch(self.policy.module, micro_batch, loss_mask,
                                                                     **extra), normalizer=normalizer)
                         self.policy.backward(out.loss)
-                    losses.add(out, loss_mask, counted_mask)
+                    losses.add(out, loss_mask)
                 row = self.optimizer.step(self.policy.module, loss=losses.reduce(self.dist), step=self.step + 1)
                 self.rollouts.sync_weights()
                 self.step += 1
@@ -217,18 +216,17 @@ class Trainer:
             if evaluated is not None or not final:
                 self.logger.write(row | (evaluated or {}))
 
-    def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], list[torch.Tensor], Normalizer,
-                                                                LossMetrics]:
-        """The step's loss fields and counted tokens per micro-batch, its :class:`~rlzoo.Normalizer` over every rank
-        (the tokens the loss counts: minus its rollout rejection) and the metrics accumulator (with the tokens before
-        the rejection, which the rollout correction's metrics are over: one more all-reduce when the loss rejects)."""
+    def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
+        """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
+        loss counts: minus its rollout rejection) and the metrics accumulator (shares of the tokens before the
+        rejection: one more all-reduce when the loss rejects)."""
         fields = batch.loss_fields(self.required, world_size=self.dist.world_size)
         counted = batch.counted_masks(self.loss_fn, fields)
         normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
         if not self._drops_tokens:  # a config-level choice: every rank takes the same collectives
-            return fields, counted, normalizer, LossMetrics(normalizer)
+            return fields, normalizer, LossMetrics(normalizer)
         before = self.dist.reduce_floats({"tokens": float(sum(m.sum() for m in batch.loss_masks))})["tokens"]
-        return fields, counted, normalizer, LossMetrics(normalizer, num_tokens=before)
+        return fields, normalizer, LossMetrics(normalizer, num_tokens=before)
 
     def _step_metrics(self, batch: OptimizerStepBatch, losses: LossMetrics, row: dict[str, float], started: float,
                       generated: float) -> dict[str, Any]:

@@ -31,20 +31,18 @@ class LossMetrics:
 
     ``loss`` is the sum of the micro-batch losses (each normalised by the whole step's ``normalizer``, so the
     sum is the full-batch loss). Metrics ending in ``/min`` or ``_min`` and ``/max`` or ``_max`` (verl's
-    ``rollout_corr/rollout_is_max``) are merged by min / max over the micro-batches and ranks with a token the
-    metric is taken over (0 when none has one, as a loss reports them), the others weighted by each micro-batch's
-    share of those tokens: the tokens the loss counts (``normalizer``) for the policy term's metrics, the tokens
-    before a rollout rejection for the rollout correction's (``rollout_corr/*``, judged before it).
+    ``rollout_corr/rollout_is_max``) are merged by min / max over the micro-batches and ranks with a counted token
+    (0 when none has one, as a loss reports them), the others weighted by each micro-batch's share of the step's
+    counted tokens.
 
     Args:
         normalizer: the counts of the whole optimizer-step batch.
-        num_tokens: the step's tokens before a rollout rejection over every rank (default
-            ``normalizer.num_tokens``), so that a micro-batch whose tokens were all rejected still reports its
-            rejection metrics (and nothing for the policy term's).
+        num_tokens: the step's tokens over every rank that the shares are taken of (default
+            ``normalizer.num_tokens``); under a rollout rejection, the tokens before it (the masks :meth:`add` gets),
+            so that a micro-batch whose tokens were all rejected still reports its rejection metrics.
     """
 
     def __init__(self, normalizer: Normalizer, *, num_tokens: float | None = None) -> None:
-        self.num_counted = max(1.0, float(normalizer.num_tokens))
         self.num_tokens = max(1.0, float(normalizer.num_tokens if num_tokens is None else num_tokens))
         self.loss = 0.0
         self.metrics: dict[str, float] = {}
@@ -67,18 +65,14 @@ class LossMetrics:
                                      for k, v in dist.reduce_floats(mine, op).items()})
         return self.loss
 
-    def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"],
-            counted_mask: Bool[Tensor, "N C"] | None = None) -> None:
-        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its tokens before a rollout
-        rejection, as counted in ``num_tokens``; ``counted_mask``: those the loss counts, default ``loss_mask``)."""
+    def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
+        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its tokens, as counted in
+        ``num_tokens``)."""
         self.loss += float(out.loss.detach())
-        before = float(loss_mask.sum())
-        after = before if counted_mask is None else float(counted_mask.sum())
+        counted = float(loss_mask.sum())
+        share = counted / self.num_tokens
         for key, value in out.metrics.items():
             value = float(value)
-            correction = key.startswith("rollout_corr/")
-            counted = before if correction else after
-            share = counted / (self.num_tokens if correction else self.num_counted)
             if key.endswith(_MIN + _MAX) and not counted:  # no token: its extremes are placeholders (0)
                 self.metrics.setdefault(key, value)
             elif key.endswith(_MIN + _MAX) and key not in self._extremes:  # the first counted micro-batch's

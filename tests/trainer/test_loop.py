@@ -364,23 +364,6 @@ def test_merged_metrics_take_min_and_max_across_micro_batches():
                                             "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 3.0})
 
 
-def test_a_micro_batch_whose_tokens_were_all_rejected_adds_only_its_rejection_metrics():
-    """Under a rollout rejection the policy term's metrics are over the tokens the loss counts, the rollout
-    correction's over those before it: a micro-batch whose 2 tokens were all rejected reports placeholder 0s for
-    the ratio (no weight, no extreme: ratio/min and ratio/mean are the other micro-batch's) and its rejected
-    fraction 1 (weighted by its 2 of 4 tokens)."""
-    from rlzoo.batch import LossOutput, Normalizer
-    from rlzoo.trainer.metrics import LossMetrics
-
-    losses = LossMetrics(Normalizer(num_tokens=2, num_sequences=1), num_tokens=4)  # 2 counted of 4 before
-    for ratio, fraction, counted in ((0.0, 1.0, False), (0.9, 0.0, True)):
-        metrics = {"ratio/mean": ratio, "ratio/min": ratio, "rollout_corr/rollout_rs_masked_fraction": fraction}
-        out = LossOutput(loss=torch.tensor(0.0), metrics={k: torch.tensor(v) for k, v in metrics.items()})
-        losses.add(out, torch.ones(1, 2, dtype=torch.bool), torch.full((1, 2), counted))
-    assert losses.metrics == pytest.approx({"ratio/mean": 0.9, "ratio/min": 0.9,
-                                            "rollout_corr/rollout_rs_masked_fraction": 0.5})
-
-
 def _recorded(other: list[dict] | None = None):
     """One rank of two for LossMetrics.reduce: its reduce_floats sends ``values`` and combines them with what the
     other rank sent in the same call (``other``: that rank's calls, in order; None: record this rank's)."""
