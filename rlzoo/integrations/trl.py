@@ -580,11 +580,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         aux_loss: Tensor | None,
         accumulation: int,
     ) -> None:
-        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, each
-        metric weighted by the tokens it is taken over, extremes over the processes that have one: the completion
-        tokens (``mask``) for ``entropy`` (as TRL logs it) and the rollout correction's ``rollout_corr/*`` (judged
-        before the rejection), the tokens the loss counts (``counted_mask``: ``mask`` minus a rollout rejection's
-        tokens) for the policy term's (a process whose tokens were all rejected reports placeholder 0s there)."""
+        """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, means
+        weighted by each process's completion tokens (``mask``; ``entropy`` over them, as TRL logs it), extremes
+        over the processes that have a token the extreme is taken over: any completion token for the rollout
+        correction's (``rollout_corr/*``, judged before the rejection), a token the loss counts (``counted_mask``:
+        ``mask`` minus a rollout rejection's tokens) for the others, the policy term's (a process whose tokens
+        were all rejected reports placeholder 0s there)."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
         # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
@@ -603,15 +604,14 @@ class GRPOTrainer(trl.GRPOTrainer):
                                 + [tokens.float(), counted_mask.sum().float()])
             rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 2]
             values, weight, counted = rows[:, :-2], rows[:, -2:-1], rows[:, -1:]
-            before = torch.tensor([name.startswith("rollout_corr/") or name == "entropy" for name in names],
-                                  device=values.device)
-            weight = torch.where(before, weight, counted)  # [P, metrics]: the tokens each metric is taken over
-            # a process without a token for the metric reports placeholders (0): no weight, no extreme (as nanmin)
-            has = weight > 0
+            before = torch.tensor([name.startswith("rollout_corr/") for name in names], device=values.device)
+            # a process without a token for an extreme reports a placeholder (0): skipped, as nanmin. The policy
+            # term's extremes are over the tokens the loss counts, the rollout correction's over every token
+            has = torch.where(before, weight > 0, counted > 0)
             highest = torch.where(has, values, -torch.inf).amax(0)
             lowest = torch.where(has, values, torch.inf).amin(0)
             reductions = torch.stack([
-                (values * weight).sum(0) / weight.sum(0).clamp(min=1),  # token-weighted mean (TRL's global mean)
+                (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
                 torch.where(has.any(0), highest, 0.0),
                 torch.where(has.any(0), lowest, 0.0),
                 values.sum(0) * share,  # policy_loss as TRL logs it for the loss type
