@@ -49,7 +49,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.batch import BatchError, LossOutput, Normalizer, PolicyBatch
@@ -64,6 +64,7 @@ __all__ = [
     "VLLM_IS_MODES",
     "TRLGRPOLoss",
     "batch_from_trl_inputs",
+    "completion_mask_from_trl_inputs",
     "loss_from_grpo_config",
 ]
 
@@ -514,6 +515,19 @@ def loss_from_grpo_config(cfg: Any) -> TRLGRPOLoss:
     )
 
 
+def completion_mask_from_trl_inputs(inputs: Mapping[str, Any]) -> Bool[Tensor, "B T"]:
+    """The completion tokens of TRL 1.16 ``GRPOTrainer``'s inputs dict: ``completion_mask`` times ``tool_mask``
+    (environment tokens of a ``rollout_func``'s ``env_mask``) when present, as bool (what TRL's loss counts).
+
+    Raises:
+        KeyError: no ``completion_mask``.
+    """
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    return mask.bool()
+
+
 def batch_from_trl_inputs(
     inputs: Mapping[str, Any],
     per_token_logps: Float[Tensor, "B T"],
@@ -546,13 +560,10 @@ def batch_from_trl_inputs(
     for key in ("completion_mask", "advantages"):
         if key not in inputs:
             raise BatchError(f"the TRL inputs dict has no {key!r}")
-    mask = inputs["completion_mask"]
-    if inputs.get("tool_mask") is not None:
-        mask = mask * inputs["tool_mask"]
     return PolicyBatch(
         logprobs=per_token_logps,
         advantages=inputs["advantages"],
-        completion_mask=mask.bool(),
+        completion_mask=completion_mask_from_trl_inputs(inputs),
         old_logprobs=inputs.get("old_per_token_logps"),
         ref_logprobs=inputs.get("ref_per_token_logps"),
         rollout_logprobs=inputs.get("sampling_per_token_logps"),

@@ -68,7 +68,13 @@ except ImportError as err:  # pragma: no cover - TRL is a test dependency
     raise ImportError("rlzoo.integrations.trl needs TRL 1.16: pip install trl==1.16.0") from err
 
 from rlzoo.batch import LossOutput, Normalizer
-from rlzoo.compat.trl import GRPO_LOSS_DEFAULTS, TRLGRPOLoss, batch_from_trl_inputs, loss_from_grpo_config
+from rlzoo.compat.trl import (
+    GRPO_LOSS_DEFAULTS,
+    TRLGRPOLoss,
+    batch_from_trl_inputs,
+    completion_mask_from_trl_inputs,
+    loss_from_grpo_config,
+)
 from rlzoo.losses import PolicyLoss, get_loss
 
 __all__ = ["GRPOTrainer", "resolve_loss"]
@@ -439,7 +445,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         for inputs in slices:
             old = inputs["old_per_token_logps"]
             sampling = _without_nan_sampling(inputs, old).get("sampling_per_token_logps")
-            local.append(policy.is_weight_sums(_completion_mask(inputs), old_logprobs=old, rollout_logprobs=sampling))
+            local.append(policy.is_weight_sums(completion_mask_from_trl_inputs(inputs), old_logprobs=old,
+                                               rollout_logprobs=sampling))
         return self.accelerator.reduce(torch.stack(local).sum(0), reduction="sum")
 
     def _count_slices(self, slices: list[Mapping[str, Any]]) -> Tensor:
@@ -459,7 +466,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _local_counts(self, inputs: Mapping[str, Any], num_groups: int | None) -> Tensor:
         """This process's counts of one micro-batch, over the tokens the loss counts (:meth:`_counted_mask`):
         ``[tokens, rows, rows with a counted token, tokens of rows with reward > 0, tokens of prompt 0, ...]``."""
-        lengths = self._counted_mask(inputs, _completion_mask(inputs)).sum(-1)
+        lengths = self._counted_mask(inputs, completion_mask_from_trl_inputs(inputs)).sum(-1)
         rewards = inputs.get(_REWARDS_KEY)
         positive = lengths.new_zeros(()) if rewards is None else torch.where(rewards > 0, lengths, 0).sum()
         rows = torch.full((), lengths.shape[0], dtype=lengths.dtype, device=lengths.device)
@@ -628,14 +635,6 @@ class GRPOTrainer(trl.GRPOTrainer):
             and self.accelerator.sync_gradients
         ):
             self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
-
-
-def _completion_mask(inputs: Mapping[str, Any]) -> Tensor:
-    """``Bool[B, T]``: TRL's ``completion_mask`` times its ``tool_mask`` (as :func:`batch_from_trl_inputs`)."""
-    mask = inputs["completion_mask"]
-    if inputs.get("tool_mask") is not None:
-        mask = mask * inputs["tool_mask"]
-    return mask.bool()
 
 
 def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor) -> Mapping[str, Any]:
