@@ -4,6 +4,7 @@
 
     rlzoo list                          presets (with papers), advantage estimators, parts
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
+    rlzoo explain dapo --loss.beta 0.04 ... and the components those loss options build
     rlzoo explain --all --markdown      docs/algorithms.md
     rlzoo plot dapo [--output FILE] [--loss.OPTION VALUE]   a PNG of the objective and its gradient vs. the ratio
     rlzoo plot --all --output-dir docs/pictures --dpi 72    every preset's picture (docs/algorithms.md shows them)
@@ -246,8 +247,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from rlzoo.advantages import advantage_estimators
-    from rlzoo.losses import algorithms_markdown, presets
+    from rlzoo.losses import algorithms_markdown, get_loss, presets
 
+    if args.loss_options and (args.all or not args.name):
+        raise ValueError("rlzoo explain: --loss.NAME VALUE options go with one preset name (rlzoo list)")
     if args.all:
         if args.markdown:
             sys.stdout.write(algorithms_markdown())
@@ -261,6 +264,12 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     from rlzoo.losses.policy_loss import SLOTS
 
+    if args.loss_options:  # the preset's card, then the loss these options build
+        loss = get_loss(args.name, **args.loss_options)  # an unknown preset or option: did-you-mean
+        given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())
+        print(presets.get(args.name).card())
+        print(f"\ncomponents (with {given}):\n" + "\n".join("  " + line for line in loss.describe().splitlines()))
+        return 0
     if args.name in presets:
         print(presets.get(args.name).card())
         return 0
@@ -276,6 +285,32 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             return 0
     print(presets.get(args.name).card())  # any case (DAPO); else UnknownNameError with a did-you-mean
     return 0
+
+
+def _loss_options(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, Any]]:
+    """``(the other arguments, {OPTION: value})`` of ``--loss.OPTION VALUE`` (or ``=VALUE``) flags in ``argv``,
+    values read as YAML scalars, as ``rlzoo train`` takes them.
+
+    Raises:
+        ValueError: another dotted option (``--task.x``), or ``--loss.OPTION`` without a value (names ``prog``).
+    """
+    rest, overrides = [], {}
+    i, argv = 0, list(argv)
+    while i < len(argv):
+        match = _DOTTED.match(argv[i])
+        if not match:
+            rest.append(argv[i])
+        elif match.group(1) != "loss":
+            raise ValueError(f"{prog} takes loss options only (--loss.NAME VALUE), got {argv[i]}")
+        else:
+            value = match.group(3)
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{prog}: {argv[i]} needs a value")
+                value, i = argv[i + 1], i + 1
+            overrides[match.group(2).replace("-", "_")] = _scalar(value)
+        i += 1
+    return rest, overrides
 
 
 def _cmd_plot(argv: Sequence[str]) -> int:
@@ -296,22 +331,7 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     parser.add_argument("--old-prob", type=float, default=0.2, help="p_old of the token (default 0.2)")
     parser.add_argument("--r-max", type=float, help="largest ratio drawn (default 3 or beyond the loss's caps)")
     parser.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100; docs/pictures uses 72)")
-    rest, overrides = [], {}
-    i, argv = 0, list(argv)
-    while i < len(argv):
-        match = _DOTTED.match(argv[i])
-        if not match:
-            rest.append(argv[i])
-        elif match.group(1) != "loss":
-            raise ValueError(f"rlzoo plot takes loss options only (--loss.NAME VALUE), got {argv[i]}")
-        else:
-            value = match.group(3)
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise SystemExit(f"rlzoo plot: {argv[i]} needs a value")
-                value, i = argv[i + 1], i + 1
-            overrides[match.group(2).replace("-", "_")] = _scalar(value)
-        i += 1
+    rest, overrides = _loss_options(argv, "rlzoo plot")
     args = parser.parse_args(rest)
     options = {"advantage": args.advantage_magnitude, "old_prob": args.old_prob, "r_max": args.r_max, "dpi": args.dpi}
     if args.all:
@@ -594,7 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("bench", "the pytest-benchmark suite"),
                        ("plot", "a picture of a loss: objective and gradient vs. the ratio (rlzoo plot --help)")):
         sub.add_parser(name, help=text)
-    args = parser.parse_args(argv)
+    rest, overrides = _loss_options(argv, "rlzoo explain") if argv and argv[0] == "explain" else (argv, {})
+    args = parser.parse_args(rest)
+    args.loss_options = overrides
     return {"list": _cmd_list, "explain": _cmd_explain, "tasks": _cmd_tasks, "export": _cmd_export}[args.command](args)
 
 

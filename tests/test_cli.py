@@ -504,3 +504,18 @@ def test_a_misspelt_config_key_or_task_gets_a_did_you_mean():
     for name in ("chain_sun", "Chain_Sum"):
         with pytest.raises(UnknownNameError, match=rf"unknown task {name!r}: .* did you mean 'chain_sum'\?; available"):
             load_task(name)
+
+
+def test_explain_takes_loss_options_as_plot_and_train_do(capsys):
+    """`rlzoo explain dapo --loss.epsilon_high 0.3` failed ("unrecognized arguments") while `rlzoo plot` and
+    `rlzoo train` take --loss.*: it prints the card and the components the options build."""
+    assert main(["explain", "DAPO", "--loss.epsilon_high", "0.3", "--loss.beta=0.04"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dapo: ") and "components (with --loss.epsilon_high 0.3 --loss.beta 0.04):" in out
+    assert "ppo_clip(epsilon_low=0.2, epsilon_high=0.3" in out and "kl(beta=0.04" in out
+    with pytest.raises(ValueError, match="did you mean 'epsilon_high'"):
+        main(["explain", "dapo", "--loss.epsilon_hihg", "0.3"])
+    with pytest.raises(ValueError, match="go with one preset name"):
+        main(["explain", "--all", "--loss.beta", "0.1"])
+    with pytest.raises(ValueError, match="takes loss options only"):
+        main(["explain", "dapo", "--task.max_terms", "3"])
