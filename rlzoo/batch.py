@@ -548,7 +548,14 @@ class LossOutput:
             when an entropy term is used).
         metrics: detached 0-d tensors keyed by TRL's metric names (``clip_ratio/low_mean``, ``kl``,
             ``entropy``, ``ratio/mean``, ...). No ``.item()`` happens inside a loss: call it when logging.
+        metric_tokens: for the metrics taken over other tokens than the batch's ``completion_mask``, the number of
+            those tokens (0-d tensors; empty by default: every metric is over the completion tokens). Under a
+            rollout rejection the policy term's metrics (``ratio/*``, ``clip_ratio/*``, ...) are over the tokens it
+            keeps, the rejection's and the IS correction's (``rollout_corr/*``) over every completion token. Who
+            merges the metrics of several micro-batches weights a mean by these counts and skips a micro-batch's
+            extremes where its count is 0 (the loss reports a placeholder 0 there), as ``rlzoo train`` does.
     """
 
     loss: Float[Tensor, ""]
     metrics: Mapping[str, Tensor]
+    metric_tokens: Mapping[str, Tensor] = dataclasses.field(default_factory=dict)

@@ -574,25 +574,22 @@ class GRPOTrainer(trl.GRPOTrainer):
         accumulation = self.current_gradient_accumulation_steps if training else 1
         if self.aux_loss_enabled:  # as TRL: scaled for accumulation only (DDP averages it over processes)
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-        counted = self._counted_mask(inputs, batch.completion_mask)  # the tokens the loss's metrics are over
-        self._log_loss_metrics(out, batch.completion_mask, counted, entropies, aux_loss, accumulation)
+        self._log_loss_metrics(out, batch.completion_mask, entropies, aux_loss, accumulation)
         return loss
 
     def _log_loss_metrics(
         self,
         out: LossOutput,
         mask: Tensor,
-        counted_mask: Tensor,
         entropies: Tensor,
         aux_loss: Tensor | None,
         accumulation: int,
     ) -> None:
         """Append the loss's metrics to TRL's ``_metrics`` (one gather, one device sync): over processes, means
-        weighted by each process's completion tokens (``mask``; ``entropy`` over them, as TRL logs it), extremes
-        over the processes that have a token the extreme is taken over: any completion token for the rollout
-        correction's (``rollout_corr/*``, judged before the rejection), a token the loss counts (``counted_mask``:
-        ``mask`` minus a rollout rejection's tokens) for the others, the policy term's (a process whose tokens
-        were all rejected reports placeholder 0s there)."""
+        weighted by each process's tokens of the metric (its completion tokens, ``mask``, or the loss's count in
+        ``out.metric_tokens``: under a rollout rejection the policy term's metrics are over the kept tokens;
+        ``entropy`` over every completion token, as TRL logs it), extremes over the processes that have such a
+        token (a process whose tokens were all rejected reports placeholder 0s for the policy term's)."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
         # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
@@ -604,21 +601,20 @@ class GRPOTrainer(trl.GRPOTrainer):
             tokens = mask.sum()
             # TRL logs the entropy of every completion token whatever the loss (its fused LM head returns it).
             metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / tokens.clamp(min=1)
+            own_tokens = {k: v for k, v in out.metric_tokens.items() if k != "entropy"}  # entropy: TRL's, above
             if aux_loss is not None:
                 metrics["aux_loss"] = aux_loss.detach()
             names = sorted(metrics)
             local = torch.stack([metrics[k].to(torch.float32).reshape(()) for k in names]
-                                + [tokens.float(), counted_mask.sum().float()])
-            rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, len(names) + 2]
-            values, weight, counted = rows[:, :-2], rows[:, -2:-1], rows[:, -1:]
-            before = torch.tensor([name.startswith("rollout_corr/") for name in names], device=values.device)
-            # a process without a token for an extreme reports a placeholder (0): skipped, as nanmin. The policy
-            # term's extremes are over the tokens the loss counts, the rollout correction's over every token
-            has = torch.where(before, weight > 0, counted > 0)
+                                + [own_tokens.get(k, tokens).to(torch.float32).reshape(()) for k in names])
+            rows = self.accelerator.gather(local.unsqueeze(0))  # [num_processes, 2 * len(names)]
+            values, weight = rows[:, : len(names)], rows[:, len(names) :]
+            # a process without a token for an extreme reports a placeholder (0): skipped, as nanmin
+            has = weight > 0
             highest = torch.where(has, values, -torch.inf).amax(0)
             lowest = torch.where(has, values, torch.inf).amin(0)
             reductions = torch.stack([
-                (values * weight).sum(0) / weight.sum().clamp(min=1),  # token-weighted mean (TRL's global mean)
+                (values * weight).sum(0) / weight.sum(0).clamp(min=1),  # token-weighted mean (TRL's global mean)
                 torch.where(has.any(0), highest, 0.0),
                 torch.where(has.any(0), lowest, 0.0),
                 values.sum(0) * share,  # policy_loss as TRL logs it for the loss type

@@ -239,5 +239,13 @@ def policy_loss(loss: "PolicyLoss", batch: PolicyBatch, normalizer: Normalizer |
     else:
         total = (loss.aggregation(per_token, x_policy.mask, normalizer, mcl, groups)
                  + loss.aggregation(penalty, x.mask, normalizer, mcl, groups))
+    judged_before = {*metrics, *is_metrics}  # over every completion token: judged before the rejection
     metrics = {**metrics, **ratio_metrics, **is_metrics, **policy_metrics, **penalty_metrics}
-    return loss.loss_output(total + own, metrics, log_weight, policy=x_policy, terms=x)
+    out = loss.loss_output(total + own, metrics, log_weight, policy=x_policy, terms=x)
+    if keep is None:
+        return out
+    # the others are over the tokens of their stage: the penalties' and the entropy over every term's, the rest
+    # (the ratio, the policy term) over the policy term's
+    terms, policy_tokens, term_tokens = {*penalty_metrics, "entropy"}, x_policy.mask.sum(), x.mask.sum()
+    tokens = {k: term_tokens if k in terms else policy_tokens for k in out.metrics if k not in judged_before}
+    return dataclasses.replace(out, metric_tokens=tokens)

@@ -55,12 +55,10 @@ completed before each batch's generation / before the newest one's); a loss that
 
 
 def check_loss_inputs(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
-                      precision: Precision) -> tuple[bool, bool]:
-    """Refuse, before the model loads, what the run cannot give the loss; returns ``(score_old, drops_tokens)``:
-    whether the generation batch is scored for old log-probs (when the data can be stale, and for a rejection's
-    counts or the IS weights' batch mean; never when the loss takes its old policy from the sampler: bypass mode,
-    the log-linear proximal policy), and whether the loss's rejection removes tokens from the counts (not in bypass
-    mode).
+                      precision: Precision) -> bool:
+    """Refuse, before the model loads, what the run cannot give the loss; returns whether the generation batch is
+    scored for old log-probs (when the data can be stale, and for a rejection's counts or the IS weights' batch
+    mean; never when the loss takes its old policy from the sampler: bypass mode, the log-linear proximal policy).
 
     Raises:
         ValueError: a field the trainer does not provide (names it and those it provides), a rollout rejection
@@ -90,8 +88,7 @@ def check_loss_inputs(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distrib
                          f"generation batch) for the adaptive KL controller, got {config.kl_horizon}: a smaller "
                          "horizon can drive beta to 0 or below")
     # a rejection's counts and the IS weights' batch mean are taken before the step's forward passes
-    score_old = (rollout_config.old_logprobs_needed or rejects or loss_fn.counts_is_weights) and not sampler_is_old
-    return score_old, rejects and not loss_fn.bypass_mode
+    return (rollout_config.old_logprobs_needed or rejects or loss_fn.counts_is_weights) and not sampler_is_old
 
 
 @dataclasses.dataclass(frozen=True)

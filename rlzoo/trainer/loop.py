@@ -120,7 +120,7 @@ class Trainer:
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
-        score_old, self._drops_tokens = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
+        score_old = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
         output_dir = config.output_dir or dist.broadcast_object(self._default_output_dir(train_dataset))
         self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
@@ -218,15 +218,11 @@ class Trainer:
 
     def _step_counts(self, batch: OptimizerStepBatch) -> tuple[list[dict[str, Any]], Normalizer, LossMetrics]:
         """The step's loss fields per micro-batch, its :class:`~rlzoo.Normalizer` over every rank (the tokens the
-        loss counts: minus its rollout rejection) and the metrics accumulator (shares of the tokens before the
-        rejection: one more all-reduce when the loss rejects)."""
+        loss counts: minus its rollout rejection) and the metrics accumulator."""
         fields = batch.loss_fields(self.required, world_size=self.dist.world_size)
         counted = batch.counted_masks(self.loss_fn, fields)
         normalizer = self.dist.normalizer(batch.normalizer(fields, counted, world_size=self.dist.world_size))
-        if not self._drops_tokens:  # a config-level choice: every rank takes the same collectives
-            return fields, normalizer, LossMetrics(normalizer)
-        before = self.dist.reduce_floats({"tokens": float(sum(m.sum() for m in batch.loss_masks))})["tokens"]
-        return fields, normalizer, LossMetrics(normalizer, num_tokens=before)
+        return fields, normalizer, LossMetrics()
 
     def _step_metrics(self, batch: OptimizerStepBatch, losses: LossMetrics, row: dict[str, float], started: float,
                       generated: float) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from jaxtyping import Bool
 from torch import Tensor
 
-from rlzoo.batch import LossOutput, Normalizer
+from rlzoo.batch import LossOutput
 from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import append_line, atomic_write_text, json_row
 from rlzoo.trainer.plots import plot_metrics
@@ -27,63 +27,57 @@ _MIN, _MAX = ("/min", "_min"), ("/max", "_max")  # suffixes of metrics merged by
 
 
 class LossMetrics:
-    """The loss and loss metrics of one optimizer step, accumulated over its micro-batches.
+    """The loss and loss metrics of one optimizer step, accumulated over its micro-batches (:meth:`add`) and merged
+    over them and the ranks (:meth:`reduce`, after which :attr:`metrics` holds them).
 
     ``loss`` is the sum of the micro-batch losses (each normalised by the whole step's ``normalizer``, so the
-    sum is the full-batch loss). Metrics ending in ``/min`` or ``_min`` and ``/max`` or ``_max`` (verl's
-    ``rollout_corr/rollout_is_max``) are merged by min / max over the micro-batches and ranks with a counted token
+    sum is the full-batch loss). Each metric is taken over some tokens of a micro-batch: its completion tokens, or
+    the count the loss gives in :attr:`~rlzoo.LossOutput.metric_tokens` (under a rollout rejection, the policy
+    term's are over the kept tokens). Metrics ending in ``/min`` or ``_min`` and ``/max`` or ``_max`` (verl's
+    ``rollout_corr/rollout_is_max``) are merged by min / max over the micro-batches and ranks with such a token
     (0 when none has one, as a loss reports them), the others weighted by each micro-batch's share of the step's
-    counted tokens.
-
-    Args:
-        normalizer: the counts of the whole optimizer-step batch.
-        num_tokens: the step's tokens over every rank that the shares are taken of (default
-            ``normalizer.num_tokens``); under a rollout rejection, the tokens before it (the masks :meth:`add` gets),
-            so that a micro-batch whose tokens were all rejected still reports its rejection metrics.
+    tokens of that metric.
     """
 
-    def __init__(self, normalizer: Normalizer, *, num_tokens: float | None = None) -> None:
-        self.num_tokens = max(1.0, float(normalizer.num_tokens if num_tokens is None else num_tokens))
+    def __init__(self) -> None:
         self.loss = 0.0
         self.metrics: dict[str, float] = {}
-        self._extremes: set[str] = set()  # min / max metrics taken from a micro-batch with counted tokens
-
-    def reduce(self, dist: Distributed) -> float:
-        """Sum the loss and merge the metrics over the ranks (in place; each rank's loss is already divided by
-        the global counts, so the sum is the global loss); returns the loss."""
-        if dist.enabled:
-            extremes = [k for k in self.metrics if k.endswith(_MIN + _MAX)]
-            ranks = dist.reduce_floats({"loss": self.loss, **{f"ranks:{k}": float(k in self._extremes)
-                                                                for k in extremes}})  # and the ranks with a token
-            self.loss = ranks["loss"]
-            for op, keep, none in (("min", lambda k: k.endswith(_MIN), math.inf),
-                                   ("max", lambda k: k.endswith(_MAX), -math.inf),
-                                   ("sum", lambda k: not k.endswith(_MIN + _MAX), 0.0)):
-                # a rank without a counted token sends the identity; no rank with one: 0, as one process reports
-                mine = {k: v if op == "sum" or k in self._extremes else none for k, v in self.metrics.items() if keep(k)}
-                self.metrics.update({k: v if op == "sum" or ranks[f"ranks:{k}"] else 0.0
-                                     for k, v in dist.reduce_floats(mine, op).items()})
-        return self.loss
+        self._seen: dict[str, list[tuple[float, float]]] = {}  # per metric: (tokens, value) of each micro-batch
 
     def add(self, out: LossOutput, loss_mask: Bool[Tensor, "N C"]) -> None:
-        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its tokens, as counted in
-        ``num_tokens``)."""
+        """Fold one micro-batch's :class:`~rlzoo.LossOutput` in (``loss_mask``: its completion tokens)."""
         self.loss += float(out.loss.detach())
-        counted = float(loss_mask.sum())
-        share = counted / self.num_tokens
+        completion_tokens = float(loss_mask.sum())
         for key, value in out.metrics.items():
-            value = float(value)
-            if key.endswith(_MIN + _MAX) and not counted:  # no token: its extremes are placeholders (0)
-                self.metrics.setdefault(key, value)
-            elif key.endswith(_MIN + _MAX) and key not in self._extremes:  # the first counted micro-batch's
-                self.metrics[key] = value
-                self._extremes.add(key)
-            elif key.endswith(_MIN):
-                self.metrics[key] = min(self.metrics[key], value)
+            tokens = out.metric_tokens.get(key)
+            self._seen.setdefault(key, []).append((completion_tokens if tokens is None else float(tokens),
+                                                   float(value)))
+
+    def reduce(self, dist: Distributed) -> float:
+        """Merge the metrics over the micro-batches and ranks into :attr:`metrics` and sum the loss over the ranks
+        (each rank's loss is already divided by the global counts, so the sum is the global loss); returns it."""
+        totals = {f"tokens:{k}": sum(tokens for tokens, _ in seen) for k, seen in self._seen.items()}
+        if dist.enabled:
+            totals = dist.reduce_floats({"loss": self.loss, **totals})
+            self.loss = totals["loss"]
+        merged: dict[str, dict[str, float]] = {"sum": {}, "min": {}, "max": {}}
+        for key, seen in self._seen.items():
+            counted = [value for tokens, value in seen if tokens]  # a micro-batch without a token: placeholders
+            if key.endswith(_MIN):
+                merged["min"][key] = min(counted, default=math.inf)
             elif key.endswith(_MAX):
-                self.metrics[key] = max(self.metrics[key], value)
+                merged["max"][key] = max(counted, default=-math.inf)
             else:
-                self.metrics[key] = self.metrics.get(key, 0.0) + share * value
+                total, mean = max(1.0, totals[f"tokens:{key}"]), 0.0
+                for tokens, value in seen:
+                    mean += tokens / total * value
+                merged["sum"][key] = mean
+        for op, values in merged.items():
+            if dist.enabled:
+                values = dist.reduce_floats(values, op)
+            # no micro-batch of any rank with a token for an extreme: 0, as one process reports it
+            self.metrics.update({k: v if op == "sum" or totals[f"tokens:{k}"] else 0.0 for k, v in values.items()})
+        return self.loss
 
 
 def read_metrics(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:

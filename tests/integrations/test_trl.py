@@ -380,8 +380,8 @@ def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_correcte
 
 
 def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_the_others(tiny, tmp_path):
-    """A micro-batch whose every token a rollout rejection drops reports placeholder policy extremes (0) and no
-    counted token: over processes (a second one faked in the gather, with 10 completion tokens, all counted, and
+    """A micro-batch whose every token a rollout rejection drops reports placeholder policy extremes (0) over no
+    token (LossOutput.metric_tokens): over processes (a second one faked in the gather, with 10 completion tokens, all counted, and
     every metric 0.9) its ratio/min is skipped, so it is the other process's (not 0); its rollout_corr/* metrics,
     judged before the rejection (all 8 of its tokens rejected), keep their weight."""
     path, tokenizer = tiny
@@ -402,7 +402,7 @@ def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_t
 
     def gather(local):
         fake = torch.full_like(local, 0.9)
-        fake[..., -2:] = 10.0  # the last columns: completion tokens, counted tokens
+        fake[..., local.shape[-1] // 2 :] = 10.0  # the second half: each metric's tokens
         other.append(fake)
         return torch.cat([local, fake])
 

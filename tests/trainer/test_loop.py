@@ -7,6 +7,7 @@ import pytest
 import torch
 from tolerances import tol
 
+import rlzoo
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.rewards import RewardFunctionError
@@ -349,17 +350,18 @@ def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path, monkeyp
 def test_merged_metrics_take_min_and_max_across_micro_batches():
     """Means are token-weighted across micro-batches (shares 1/4 and 3/4 here), mins and maxes are merged (TRL's
     ``/min`` ``/max`` and verl's ``rollout_corr/rollout_is_min`` ``_max`` spellings)."""
-    from rlzoo.batch import LossOutput, Normalizer
+    from rlzoo.batch import LossOutput
+    from rlzoo.trainer.distributed import Distributed
     from rlzoo.trainer.metrics import LossMetrics
 
-    losses = LossMetrics(Normalizer(num_tokens=4, num_sequences=2))
+    losses = LossMetrics()
     for loss, metrics, tokens in ((0.5, {"ratio/mean": 1.0, "ratio/min": 0.9, "ratio/max": 1.1,
                                          "rollout_corr/rollout_is_min": 0.8, "rollout_corr/rollout_is_max": 3.0}, 1),
                                   (0.25, {"ratio/mean": 2.0, "ratio/min": 0.5, "ratio/max": 1.05,
                                           "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 1.5}, 3)):
         out = LossOutput(loss=torch.tensor(loss), metrics={k: torch.tensor(v) for k, v in metrics.items()})
         losses.add(out, torch.arange(4)[None, :] < tokens)
-    assert losses.loss == 0.75
+    assert losses.reduce(Distributed()) == 0.75
     assert losses.metrics == pytest.approx({"ratio/mean": 1.75, "ratio/min": 0.5, "ratio/max": 1.1,
                                             "rollout_corr/rollout_is_min": 0.6, "rollout_corr/rollout_is_max": 3.0})
 
@@ -387,12 +389,13 @@ def _recorded(other: list[dict] | None = None):
 
 def test_extremes_merge_over_ranks_skipping_ranks_without_tokens_and_keeping_inf():
     """Over ranks the min / max come from the ranks with a counted token (a rank without one sends the identity),
-    a real inf stays inf, and a metric no rank has a token for is 0, as one process reports it."""
-    from rlzoo.batch import LossOutput, Normalizer
+    a real inf stays inf, and a metric no rank has a token for is 0, as one process reports it; a mean is weighted
+    by the ranks' tokens."""
+    from rlzoo.batch import LossOutput
     from rlzoo.trainer.metrics import LossMetrics
 
     def rank(low_min: float, high_max: float, counted: bool, dist) -> dict:
-        losses = LossMetrics(Normalizer(num_tokens=4, num_sequences=2))
+        losses = LossMetrics()
         metrics = {"clip_ratio/low_min": torch.tensor(low_min), "ratio/max": torch.tensor(high_max),
                    "ratio/mean": torch.tensor(1.0)}
         losses.add(LossOutput(loss=torch.tensor(0.5), metrics=metrics), torch.full((1, 2), counted))
@@ -402,7 +405,7 @@ def test_extremes_merge_over_ranks_skipping_ranks_without_tokens_and_keeping_inf
     first = _recorded()
     rank(0.0, 0.0, False, first)  # no token: placeholders
     assert rank(0.25, math.inf, True, _recorded(first.sent)) == {
-        "clip_ratio/low_min": 0.25, "ratio/max": math.inf, "ratio/mean": 0.5 + 0.0}
+        "clip_ratio/low_min": 0.25, "ratio/max": math.inf, "ratio/mean": 1.0}  # the 2 tokens are rank 1's
     nobody = _recorded()
     rank(0.0, 0.0, False, nobody)
     assert rank(0.0, 0.0, False, _recorded(nobody.sent)) == {"clip_ratio/low_min": 0.0, "ratio/max": 0.0,
@@ -413,7 +416,8 @@ def test_a_micro_batch_without_counted_tokens_does_not_set_the_extremes():
     """A micro-batch whose completions are all masked (mask_truncated_completions) reports 0 for its extremes
     (clip_ratio/low_min, ratio/min: masked_min's placeholder); the merge skips it, before or after the others, as
     TRL's nanmin skips a sequence without tokens. When no micro-batch has a token, the placeholder stays."""
-    from rlzoo.batch import LossOutput, Normalizer
+    from rlzoo.batch import LossOutput
+    from rlzoo.trainer.distributed import Distributed
     from rlzoo.trainer.metrics import LossMetrics
 
     def out(low_min: float, high_max: float) -> LossOutput:
@@ -422,13 +426,51 @@ def test_a_micro_batch_without_counted_tokens_does_not_set_the_extremes():
 
     none, some = torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)
     for order in ((none, some), (some, none)):
-        losses = LossMetrics(Normalizer(num_tokens=6, num_sequences=2))
+        losses = LossMetrics()
         for mask in order:
             losses.add(out(0.25, 0.5) if mask.any() else out(0.0, 0.0), mask)
+        losses.reduce(Distributed())
         assert losses.metrics == {"clip_ratio/low_min": 0.25, "clip_ratio/high_max": 0.5}
-    empty = LossMetrics(Normalizer(num_tokens=0, num_sequences=0))
+    empty = LossMetrics()
     empty.add(out(0.0, 0.0), none)
+    empty.reduce(Distributed())
     assert empty.metrics == {"clip_ratio/low_min": 0.0, "clip_ratio/high_max": 0.0}
+
+
+def test_metrics_under_a_rollout_rejection_are_over_the_tokens_of_their_stage():
+    """Under a rollout rejection the policy term's metrics (ratio/*) are over the tokens the loss keeps
+    (LossOutput.metric_tokens) and the rejection's (rollout_corr/*) over every completion token: a micro-batch
+    whose tokens were all rejected puts neither its placeholder 0 into ratio/min nor weight on ratio/mean, and the
+    merged token-level metrics equal those of the whole batch in one call."""
+    from rlzoo.trainer.distributed import Distributed
+    from rlzoo.trainer.metrics import LossMetrics
+
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    logprobs = -torch.rand(4, 5, generator=g, dtype=torch.float64) - 0.1
+    old = logprobs - 0.05 * torch.rand(4, 5, generator=g, dtype=torch.float64)
+    rollout = old.clone()
+    rollout[:2] -= 1.0  # the first micro-batch's sampler is far off: every one of its tokens is rejected
+    batch = rlzoo.PolicyBatch(logprobs=logprobs, old_logprobs=old, rollout_logprobs=rollout,
+                              advantages=torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64),
+                              completion_mask=mask)
+    loss_fn = rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
+    kept = loss_fn.loss_mask(mask, old_logprobs=old, rollout_logprobs=rollout)
+    assert not kept[:2].any() and kept[2:].all()
+    normalizer = rlzoo.Normalizer.from_batch(batch, loss=loss_fn)
+    losses = LossMetrics()
+    for micro_batch in batch.split(2):
+        out = loss_fn(micro_batch, normalizer=normalizer)
+        assert set(out.metric_tokens) >= {"ratio/mean", "ratio/min", "clip_ratio/low_mean"}
+        assert not any(k.startswith("rollout_corr/") for k in out.metric_tokens)
+        losses.add(out, micro_batch.completion_mask)
+    losses.reduce(Distributed())
+    whole = {k: float(v) for k, v in loss_fn(batch).metrics.items()}
+    assert losses.metrics["ratio/min"] == whole["ratio/min"] > 0.9
+    tokens = {k: v for k, v in whole.items() if "_seq_" not in k}  # a per-sequence mean is merged per token
+    assert len(tokens) >= 8 and any(k.startswith("rollout_corr/") for k in tokens)
+    assert {k: losses.metrics[k] for k in tokens} == pytest.approx(tokens, rel=1e-12, abs=1e-12)
 
 
 def test_reward_functions_receive_completion_ids(tmp_path):
