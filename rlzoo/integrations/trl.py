@@ -14,7 +14,8 @@ Field map (TRL's ``_generate_and_score_completions`` output -> ``PolicyBatch``, 
 ``advantages``; ``completion_mask * tool_mask`` -> ``completion_mask``; ``old_per_token_logps`` ->
 ``old_logprobs`` (absent: on-policy); ``ref_per_token_logps`` -> ``ref_logprobs`` (TRL computes it when
 ``GRPOConfig.beta != 0``); ``sampling_per_token_logps`` -> ``rollout_logprobs`` (vLLM; NaN tokens, which vLLM
-could not score, take ``old_logprobs`` there, i.e. no correction, as TRL); the entropies TRL's fused LM head
+could not score, take ``old_logprobs`` there, i.e. no correction, as TRL, or the current log-probs when only the
+off-policy sequence mask reads them, i.e. no drift, as TRL; both at once: see :func:`_without_nan_sampling`); the entropies TRL's fused LM head
 returns -> ``entropies`` (when the loss needs them). Two fields are added to TRL's generation batch, only when
 the loss needs them, before TRL shuffles and splits it into micro-batches (so they travel with their rows):
 ``group_index`` (for ``aggregation="prompt-mean"``), each completion's prompt as TRL groups them for the
@@ -75,7 +76,7 @@ from rlzoo.compat.trl import (
     completion_mask_from_trl_inputs,
     loss_from_grpo_config,
 )
-from rlzoo.losses import PolicyLoss, get_loss
+from rlzoo.losses import OffPolicySequenceMask, PolicyLoss, get_loss
 
 __all__ = ["GRPOTrainer", "resolve_loss"]
 
@@ -558,8 +559,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             **{key: inputs.get(key) for key in _FORWARD_KEYS},
         )
         needed = self.loss_fn.required_fields()
-        source = _without_nan_sampling(inputs, logps)
         policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        source = _without_nan_sampling(inputs, logps, policy)
         if policy.bypass_mode and "old_per_token_logps" in source:  # the sampler's log-probs are the old policy
             source = {key: value for key, value in source.items() if key != "old_per_token_logps"}
         extra = {field: inputs[key] for field, key in (("group_index", _GROUP_INDEX_KEY), ("rewards", _REWARDS_KEY))
@@ -633,16 +634,28 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
 
 
-def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor) -> Mapping[str, Any]:
-    """``inputs`` with NaN sampler log-probs (tokens vLLM could not score) replaced by the old log-probs.
+def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor, loss: PolicyLoss | None = None) -> Mapping[str, Any]:
+    """``inputs`` with NaN sampler log-probs (tokens vLLM could not score) replaced by the old log-probs, or by the
+    current ones (``logps``, detached) when only ``loss``'s off-policy sequence mask reads the sampler's.
 
-    TRL gives those tokens an IS ratio of 1 (no correction); with the old log-probs there (the current ones,
-    detached, when TRL computed none: on-policy) rlzoo's ratio ``exp(old - sampler)`` is 1 too. (TRL's off-policy
-    sequence mask also counts no drift at those tokens; here they count ``old - current``.)
+    TRL takes no evidence from those tokens: an IS ratio of 1 (no correction) and no drift in its off-policy
+    sequence mask. With the old log-probs there (the current ones when TRL computed none: on-policy) rlzoo's IS
+    ratio ``exp(old - sampler)`` is 1 too; with the current ones the mask's drift ``sampler - current`` is 0. A
+    loss with both (``vllm_importance_sampling_correction`` and ``off_policy_mask_threshold``) gets the old
+    log-probs: its mask counts the drift ``old - current`` at those tokens, which TRL counts as 0 (different only
+    after the first iteration over a generation batch).
     """
     sampling = inputs.get("sampling_per_token_logps")
     if sampling is None:
         return inputs
     old = inputs.get("old_per_token_logps")
-    fill = old if old is not None else logps.detach()
-    return {**inputs, "sampling_per_token_logps": torch.where(torch.isnan(sampling), fill, sampling)}
+    fill = old if old is not None and not (loss is not None and _only_the_mask_reads_the_sampler(loss)) else logps
+    return {**inputs, "sampling_per_token_logps": torch.where(torch.isnan(sampling), fill.detach(), sampling)}
+
+
+def _only_the_mask_reads_the_sampler(loss: PolicyLoss) -> bool:
+    """The sampler's log-probs reach ``loss`` only through its off-policy sequence mask (no IS correction,
+    rejection, bypass mode or proximal policy reads them)."""
+    parts = loss.parts()
+    return (any(isinstance(p, OffPolicySequenceMask) for p in parts) and not loss.off_policy
+            and not any("rollout_logprobs" in p.required_fields() for p in parts))

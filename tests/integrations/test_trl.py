@@ -379,6 +379,43 @@ def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_correcte
     assert abs(float(got) - float(without)) > 1e-4  # the correction acts on the other tokens
 
 
+def test_nan_sampler_logprobs_carry_no_drift_into_the_off_policy_sequence_mask(tiny, tmp_path):
+    """As TRL's get_off_policy_mask (NaN -> no KL evidence): with only the off-policy sequence mask reading the
+    sampler's log-probs, a NaN one counts no drift, i.e. reads as the current log-prob, not the old one (here the
+    old-minus-current drift there would drop the sequence)."""
+    path, tokenizer = tiny
+    loss = rlzoo.get_loss("dapo", off_policy_mask_threshold=0.1)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
+                          rollout_func=lambda prompts, trainer: None)  # never called here
+    trainer.model.eval()
+    g = torch.Generator().manual_seed(1)
+    b, p, t = 2, 3, 2
+    mask = torch.ones(b, t, dtype=torch.long)
+    with torch.no_grad():
+        completion_ids = torch.randint(3, 200, (b, t), generator=g)
+        prompt_ids = torch.randint(3, 200, (b, p), generator=g)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1), torch.ones(b, p + t, dtype=torch.long), t)
+    old = logps + 0.25  # the policy moved since generation: old - current = 0.25 per token
+    nan = logps.clone()  # the sampler agrees with the current policy at the first token ...
+    nan[:, 1] = float("nan")  # ... and could not score the second
+    inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones(b, p, dtype=torch.long),
+              "completion_ids": completion_ids, "completion_mask": mask, "advantages": torch.tensor([-1.0, -1.0]),
+              "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    current = torch.where(torch.isnan(nan), logps, nan)
+    threshold = 0.1  # the drift 0.25 / 2 at the NaN token read as old would exceed it
+    adv = inputs["advantages"][:, None]
+    trl_mask = trl.GRPOTrainer.get_off_policy_mask(adv, logps, nan, mask, threshold)
+    assert torch.equal(trl_mask, trl.GRPOTrainer.get_off_policy_mask(adv, logps, current, mask, threshold))
+    assert not torch.equal(trl_mask, trl.GRPOTrainer.get_off_policy_mask(
+        adv, logps, torch.where(torch.isnan(nan), old, nan), mask, threshold))  # the old ones would drop it
+    with torch.no_grad():
+        got = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": nan})
+        want = trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": current})
+    assert float(got) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0) and float(got) != 0.0
+
+
 def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_the_others(tiny, tmp_path):
     """A micro-batch whose every token a rollout rejection drops reports placeholder policy extremes (0) over no
     token (LossOutput.metric_tokens): over processes (a second one faked in the gather, with 10 completion tokens, all counted, and
