@@ -251,3 +251,33 @@ def test_slots_are_typed():
             PolicyLoss(surrogate=KLPenalty(beta=0.1))
         with pytest.raises(TypeError, match="penalties must be a Penalty"):
             PolicyLoss(surrogate="ppo_clip", penalties=(PPOClip(),))
+
+
+def test_an_option_two_optional_parts_declare_adds_neither_and_names_both():
+    """A user penalty with a ``beta`` (as the built-in KL penalty's): ``get_loss("dapo", beta=...)`` cannot know
+    which to add, so it refuses naming both (before: the KL penalty was added silently); the user's part is added
+    as a part; a loss already holding the KL penalty still routes ``beta`` to it."""
+    from rlzoo.losses import KLPenalty, Penalty, penalties
+
+    with penalties.scoped():
+
+        class MyKL(Penalty, name="my_kl"):
+            """beta * (logp - ref)^2 per token (a test part)."""
+
+            beta: float = 0.0
+
+            @property
+            def active(self) -> bool:
+                return self.beta != 0.0
+
+            def __call__(self, x):
+                return PartOutput(self.beta * x.logprobs.square(), {})
+
+        with pytest.raises(ValueError, match=r"'beta' .* several optional parts.*KLPenalty.*MyKL.*MyKL\(beta=\.\.\.\)"):
+            rlzoo.get_loss("dapo", beta=0.1)
+        dapo = rlzoo.get_loss("dapo")
+        mine = dataclasses.replace(dapo, penalties=(*dapo.penalties, MyKL(beta=0.1)))
+        assert [type(p) for p in mine.parts() if isinstance(p, Penalty)] == [MyKL]
+        grpo = rlzoo.get_loss("grpo", beta=0.5)
+        assert [p.beta for p in grpo.parts() if isinstance(p, KLPenalty)] == [0.5]
+    assert rlzoo.get_loss("dapo", beta=0.1).required_fields() == frozenset({"ref_logprobs"})

@@ -66,21 +66,23 @@ def _resolve(value: Any, slot: Slot) -> Part:
     if isinstance(value, str):
         return slot.base.registry.get(value)()
     if not isinstance(value, slot.base):
+        article = "an" if slot.base.__name__[0] in "AEIOU" else "a"
         raise TypeError(
-            f"PolicyLoss.{slot.field} must be a {slot.base.__name__} (a registered part or its name), got "
-            f"{type(value).__name__}"
+            f"PolicyLoss.{slot.field} must be {article} {slot.base.__name__} part or one of the registered names "
+            f"{', '.join(slot.base.registry.names())}; got {type(value).__name__}"
         )
     return value
 
 
-def _optional_owners() -> dict[str, tuple[Slot, type[Part]]]:
-    """Option name -> (slot, member class) for every registered member of an optional slot (first wins)."""
-    owners: dict[str, tuple[Slot, type[Part]]] = {}
+def _optional_owners() -> dict[str, list[tuple[Slot, type[Part]]]]:
+    """Option name -> the (slot, member class) of every registered member of an optional slot declaring it (more
+    than one only when a part registered outside rlzoo reuses an option name)."""
+    owners: dict[str, list[tuple[Slot, type[Part]]]] = {}
     for slot in SLOTS:
         if slot.optional:
             for cls in slot.base.registry.values():
                 for option in cls.option_names():
-                    owners.setdefault(option, (slot, cls))
+                    owners.setdefault(option, []).append((slot, cls))
     return owners
 
 
@@ -143,7 +145,7 @@ def options(loss: "PolicyLoss") -> dict[str, Any]:
     for part in loss.all_parts():
         if part is not loss.aggregation:
             opts.update(part.options())
-    for option, (_, cls) in _optional_owners().items():
+    for option, [(_, cls), *_] in _optional_owners().items():
         if option not in opts:
             opts[option] = getattr(cls(), option)
     return opts
@@ -191,7 +193,18 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
                 f"unknown option {option!r} for loss {loss.name or type(loss.surrogate).__name__!r}; {meant}"
                 f"valid options: {', '.join(sorted(loss.options()))}"
             )
-        slot, cls = owners[option]
+        if len(owners[option]) > 1:
+            declared = ", ".join(f"{cls.__name__} ({cls.registered_name()!r}, slot {slot.field})"
+                                 for slot, cls in owners[option])
+            slot, cls = owners[option][-1]
+            part = f"{cls.__name__}({option}=...)"
+            raise ValueError(
+                f"option {option!r} of loss {loss.name or type(loss.surrogate).__name__!r} is declared by several "
+                f"optional parts, which it would add: {declared}; add the one you mean as a part, e.g. "
+                f"dataclasses.replace(loss, {slot.field}="
+                + (f"(*loss.{slot.field}, {part}))" if slot.many else f"{part})")
+            )
+        [(slot, cls)] = owners[option]
         new_parts.setdefault(cls, (slot, {}))[1][option] = value
     for cls, (slot, kwargs) in new_parts.items():
         part = cls(**kwargs)

@@ -378,7 +378,8 @@ class PolicyLoss:
             UnknownNameError: an option no part of this loss accepts; lists the valid options.
             ValueError: an invalid value (from the part's own validation); or options of two different parts
                 of a one-part slot (TRL's ``is_correction`` and verl's ``rollout_is`` both configure the IS
-                correction), given together or one while the other is configured.
+                correction), given together or one while the other is configured; an option no part of this
+                loss has that several registered optional parts declare (a part of your own reusing a name).
         """
         return composition.with_options(self, overrides)
 
