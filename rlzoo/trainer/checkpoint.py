@@ -180,9 +180,12 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         path = self.path(step)
+        pristine = not optimizer.state  # no optimizer step yet (a step-0 checkpoint): see below
         with _staging(path, dist) as tmp:  # the trained parameters: a LoRA run's adapter, not its frozen base
             state = {"model": _trained_state(policy.module),
                      "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
+            if pristine:  # DCP made a state with a zero-gradient step (AdamW's step count 1): not this run's
+                optimizer.state.clear()
             with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
                 dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
             full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
@@ -244,6 +247,8 @@ class Checkpointer:
             dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.initialized)
         set_model_state_dict(policy.module, state["model"], options=_trained_only())
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
+        if int(trainer_state["step"]) == 0:  # no optimizer step taken: no state, as the uninterrupted run's
+            optimizer.state.clear()  # (the saved one is DCP's zero-gradient initialisation: step count 1)
         world_size = int(trainer_state.get("world_size", 1))
         rank = dist.rank if world_size == dist.world_size else 0
         states = {}

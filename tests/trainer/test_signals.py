@@ -86,9 +86,14 @@ def test_a_row_torn_by_a_kill_after_the_final_evaluation_is_rewritten_identicall
 
 def test_a_step0_checkpoint_after_the_step0_evaluation_does_not_log_it_twice(tmp_path):
     """A signal right after the step-0 evaluation checkpoints step 0 (nothing trained); its resume does not
-    evaluate step 0 again (one row per step)."""
+    evaluate step 0 again (one row per step), and trains as the uninterrupted run, bit for bit: the checkpoint
+    holds no optimizer state (DCP's state dict of an optimizer without one is a zero-gradient step's, whose AdamW
+    step count 1 shifted the resumed run's bias correction)."""
+    import torch
+
+    config = dict(TINY, learning_rate=1e-3)  # a visible update: AdamW's first step moves every weight by ~lr
     run = tmp_path / "run"
-    trainer = Trainer(TrainConfig(**TINY, output_dir=str(run)))
+    trainer = Trainer(TrainConfig(**config, output_dir=str(run)))
     write = trainer.logger.write
 
     def then_signal(row):
@@ -100,8 +105,16 @@ def test_a_step0_checkpoint_after_the_step0_evaluation_does_not_log_it_twice(tmp
     with pytest.raises(RunInterrupted, match="after step 0"):
         trainer.train()
     assert _checkpoints(run) == ["step-000000"]
-    Trainer(TrainConfig(**TINY, output_dir=str(run), resume="latest")).train()
+    assert not trainer.optimizer.optimizer.state  # the checkpoint left the live optimizer as it was
+    resumed = Trainer(TrainConfig(**config, output_dir=str(run), resume="latest"))
+    resumed.train()
     assert [r["step"] for r in _rows(run)] == [0, 1, 2]
+    whole = Trainer(TrainConfig(**config, output_dir=str(tmp_path / "whole")))
+    whole.train()
+    timeless = [{k: v for k, v in r.items() if k not in TIMING} for r in _rows(run)]
+    assert timeless == [{k: v for k, v in r.items() if k not in TIMING} for r in _rows(tmp_path / "whole")]
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 # ------------------------------------------------------------------------------------- repeated signals
