@@ -15,6 +15,7 @@ a function is a reward model id).
 """
 
 import importlib
+import importlib.machinery
 import importlib.util
 import re
 import sys
@@ -26,7 +27,7 @@ import torch
 from rlzoo.registry import WrongTypeError
 from rlzoo.trainer.reward_functions import RewardFunctionError
 
-__all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function"]
+__all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function", "recorded_module_reward"]
 
 TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
 """Names TRL's ``grpo`` script resolves to functions of ``trl.rewards`` without a module path."""
@@ -70,20 +71,113 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
                      "a reward model (directory or hub id) or one of TRL's names: " + ", ".join(TRL_REWARD_NAMES))
 
 
+def recorded_module_reward(spec: str) -> str:
+    """``spec`` as a run's ``config.json`` records it, so that the config works from any directory: a module found
+    in the working directory (or ``sys.path[0]``, the script's directory) as its absolute file
+    (``myrewards.len_reward`` -> ``/abs/dir/myrewards.py:len_reward``; a module of a package there,
+    ``pkg.mod:fn`` -> ``/abs/dir/pkg/mod.py:fn``, which :func:`load_reward_function` imports as ``pkg.mod``).
+
+    Everything else is returned as given: installed modules (``trl.rewards.accuracy_reward``, ``pkg.module.fn``,
+    an editable install in the working directory), other spellings, and modules that cannot be found (left for
+    the loader to report). Nothing is imported (except the parents of a package module imported already).
+    """
+    if spec in TRL_REWARD_NAMES:
+        return spec
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep:
+        if Path(spec).is_dir() or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):
+            return spec
+        module_name, _, attr = spec.rpartition(".")
+    if module_name.endswith(".py") or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module_name):
+        return spec
+    path = _local_module_file(module_name)
+    return f"{path}:{attr}" if path is not None else spec
+
+
+def _local_dirs() -> list[Path]:
+    """The directories a module "typed by the user" is imported from: the working directory, ``sys.path[0]``."""
+    dirs = [Path.cwd().resolve()]
+    if sys.path and sys.path[0]:
+        dirs.append(Path(sys.path[0]).resolve())
+    return dirs
+
+
+def _local_module_file(module_name: str) -> Path | None:
+    """The absolute source file of module ``module_name`` when its top-level module or package lies in one of
+    :func:`_local_dirs` and is not installed (importable without them); else None."""
+    local = _local_dirs()
+    top = module_name.partition(".")[0]
+    found = importlib.machinery.PathFinder.find_spec(top, [str(d) for d in local])
+    if found is None:
+        return None
+    others = [p for p in sys.path if p and Path(p).resolve() not in local]
+    if importlib.machinery.PathFinder.find_spec(top, others) is not None:
+        return None
+    for finder in sys.meta_path:  # an editable install's finder, built-in and frozen modules
+        if finder is not importlib.machinery.PathFinder and hasattr(finder, "find_spec"):
+            try:
+                if finder.find_spec(top, None) is not None:
+                    return None
+            except (ImportError, TypeError, ValueError, AttributeError):  # a finder that cannot answer: installed
+                return None
+    loaded = sys.modules.get(top)
+    if loaded is not None and (getattr(loaded, "__file__", None) is None
+                               or Path(loaded.__file__).resolve() != Path(str(found.origin)).resolve()):
+        return None  # imported already, from elsewhere
+    parts = module_name.split(".")
+    for i in range(1, len(parts)):
+        if found is None or found.submodule_search_locations is None:
+            return None
+        found = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]),
+                                                         list(found.submodule_search_locations))
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    return Path(found.origin).resolve()
+
+
+def _import_file(spec: str, path: Path, shown: str) -> Any:
+    """Import the Python file ``path`` of reward ``spec``: a file of a package (its directory has an
+    ``__init__.py``) as that package's module, with the package's parent directory on ``sys.path``; another file
+    as a module of its own, with its directory on ``sys.path`` (appended), as when Python runs a script, so that
+    it can import the modules beside it. ``shown``: the file as ``spec`` names it (for errors)."""
+    path = path.resolve()
+    parts = [] if path.stem == "__init__" else [path.stem]
+    root = path.parent
+    while (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    if str(root) not in sys.path:
+        sys.path.append(str(root))
+    if len(parts) > 1 or path.stem == "__init__":
+        dotted = ".".join(parts)
+        try:
+            module = importlib.import_module(dotted)
+        except Exception as err:
+            raise ImportError(f"reward function {spec!r}: importing {dotted!r} (from {str(path)!r}) failed: "
+                              f"{err!r}") from err
+        origin = getattr(module, "__file__", None)
+        if origin is None or Path(origin).resolve() != path:
+            raise ImportError(f"reward function {spec!r}: importing {dotted!r} gives {origin!r}, not {str(path)!r} "
+                              "(another package of that name comes first on sys.path)")
+        return module
+    mod_spec = importlib.util.spec_from_file_location(f"rlzoo_reward_{path.stem}", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(mod_spec.name, None)
+        raise ImportError(f"reward function {spec!r}: importing {shown!r} failed: {err!r}") from err
+    return module
+
+
 def _attribute(spec: str, module_name: str, attr: str) -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
             raise ImportError(f"reward function {spec!r}: file {module_name!r} does not exist")
-        mod_spec = importlib.util.spec_from_file_location(f"rlzoo_reward_{path.stem}", path)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        try:
-            mod_spec.loader.exec_module(module)
-        except Exception as err:
-            sys.modules.pop(mod_spec.name, None)
-            raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
+        module = _import_file(spec, path, module_name)
     else:
         if "" not in sys.path and str(Path.cwd()) not in sys.path:  # TRL's script imports from the working dir
             sys.path.append(str(Path.cwd()))

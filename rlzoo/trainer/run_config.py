@@ -113,8 +113,10 @@ def absolute_paths(settings: Mapping[str, Any]) -> dict[str, Any]:
 
     Made absolute: ``model`` and ``teacher`` (an existing directory or ``.gguf`` file; not a built-in name),
     ``task`` (an existing data file or directory; not a reasoning-gym name), and in ``reward_funcs`` the file of
-    ``file.py:function`` and a reward model directory. Everything else, hub ids, registered names and paths that
-    do not exist (left for the loaders to report), is kept as given; so is a path that is absolute already.
+    ``file.py:function``, a reward model directory and a module of the working directory (as its file:
+    :func:`~rlzoo.trainer.reward_loading.recorded_module_reward`). Everything else, hub ids, registered names,
+    installed modules and paths that do not exist (left for the loaders to report), is kept as given; so is a
+    path that is absolute already.
     """
     out = dict(settings)
     for key in ("model", "teacher"):
@@ -137,9 +139,10 @@ def absolute_paths(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _absolute_reward(spec: Any) -> Any:
-    """A reward spec with its local file (``file.py:function``) or reward model directory made absolute."""
+    """A reward spec with its local file (``file.py:function``), reward model directory or module of the working
+    directory made absolute."""
     from rlzoo.trainer.reward_functions import BUILTIN_REWARDS
-    from rlzoo.trainer.reward_loading import TRL_REWARD_NAMES
+    from rlzoo.trainer.reward_loading import TRL_REWARD_NAMES, recorded_module_reward
 
     if not isinstance(spec, str) or spec in BUILTIN_REWARDS or spec in TRL_REWARD_NAMES:
         return spec
@@ -148,4 +151,4 @@ def _absolute_reward(spec: Any) -> Any:
         return f"{os.path.abspath(module)}:{function}"
     if not sep and Path(spec).is_dir():
         return os.path.abspath(spec)
-    return spec
+    return recorded_module_reward(spec)

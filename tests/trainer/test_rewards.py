@@ -305,3 +305,41 @@ def test_trls_soft_overlong_punishment_name_is_built_as_trls_script_builds_it():
     out = rewards(["p", "p"], ["a", "b"], completion_ids=[[1] * 1100, [1] * 5])
     assert rewards.names == ("soft_overlong_punishment_reward",)  # TRL's metric name
     assert out.per_function[:, 0].tolist() == [-0.296875, 0.0]
+
+
+def test_a_module_of_the_working_directory_is_recorded_as_its_file(tmp_path, monkeypatch, request):
+    """`--reward-funcs myrewards.len_reward` imported from the working directory used to be recorded as typed, so
+    `--config RUN/config.json` from another directory failed with "no module named 'myrewards'". config.json now
+    holds the module's absolute file (a package's module imports as that module, relative imports work); installed
+    modules stay as typed."""
+    import sys
+
+    from rlzoo.trainer.run_config import absolute_paths
+
+    modules = ("wd_rewards", "wd_helper", "wd_pkg", "wd_pkg.scores", "wd_pkg.base", "rlzoo_reward_wd_rewards")
+    request.addfinalizer(lambda: [sys.modules.pop(name, None) for name in modules])
+    work = tmp_path / "work"
+    (work / "wd_pkg").mkdir(parents=True)
+    (work / "wd_rewards.py").write_text("import wd_helper\n\ndef len_reward(prompts, completions, **kw):\n"
+                                        "    return [float(wd_helper.size(c)) for c in completions]\n")
+    (work / "wd_helper.py").write_text("def size(c):\n    return len(c)\n")
+    (work / "wd_pkg" / "__init__.py").write_text("")
+    (work / "wd_pkg" / "scores.py").write_text("from . import base\n\ndef fn(prompts, completions, **kw):\n"
+                                               "    return [base.VALUE] * len(completions)\n")
+    (work / "wd_pkg" / "base.py").write_text("VALUE = 2.0\n")
+    monkeypatch.chdir(work)
+    typed = ["wd_rewards.len_reward", "wd_pkg.scores:fn", "trl.rewards.think_format_reward",
+             "rlzoo.trainer.reward_functions.format_reward", "accuracy", "no_such_module.f"]
+    recorded = absolute_paths({"reward_funcs": typed})["reward_funcs"]
+    assert recorded == [f"{work.resolve()}/wd_rewards.py:len_reward", f"{work.resolve()}/wd_pkg/scores.py:fn",
+                        *typed[2:]]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p and p != str(work)])  # the new directory's path
+    for name in modules:
+        sys.modules.pop(name, None)
+    rewards = RewardSet(recorded[:2])
+    assert rewards.names == ("len_reward", "fn")
+    assert rewards(["p"], ["abc"]).per_function.tolist() == [[3.0, 2.0]]
+    assert absolute_paths({"reward_funcs": recorded})["reward_funcs"] == recorded
