@@ -37,7 +37,7 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "no_checkpoint_message", "rank_states", "rng_state", "run_of", "set_rng_state",
+__all__ = ["Checkpoint", "Checkpointer", "is_run_config", "no_checkpoint_message", "rank_states", "rng_state", "run_of", "set_rng_state",
            "step_of"]
 
 log = logging.getLogger("rlzoo.train")
@@ -88,11 +88,24 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_run_config(path: Path) -> bool:
+    """Whether ``path`` is an rlzoo run's ``config.json`` (a JSON object with the run's ``max_steps`` or
+    ``segments``), not a Hugging Face model's (``model_type``, ``architectures``, ...). A file that is not JSON
+    counts as a run's: what is unknown is not overwritten."""
+    if not path.is_file():
+        return False
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return True
+    return not isinstance(config, dict) or "segments" in config or "max_steps" in config
+
+
 def no_checkpoint_message(checkpoints: Path) -> str:
     """The refusal of ``--resume latest`` where ``checkpoints`` (``RUN/checkpoints``) holds no checkpoint: what to
     do instead, ``--overwrite`` only where the directory holds a run to delete."""
     run = checkpoints.parent
-    holds_run = any((run / name).exists() for name in ("config.json", "metrics.jsonl"))
+    holds_run = (run / "metrics.jsonl").exists() or is_run_config(run / "config.json")
     instead = ("start over with --overwrite" if holds_run else
                f"drop --resume to start a new run{' there' if run.exists() else ''}")
     return (f"--resume latest: no checkpoint under {checkpoints}; pass --output-dir of the run, give --resume auto "

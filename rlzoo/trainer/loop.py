@@ -40,7 +40,7 @@ from rlzoo.trainer.config import (
 from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, evaluate
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
-from rlzoo.trainer.metrics import LossMetrics, has_row, read_metrics
+from rlzoo.trainer.metrics import LossMetrics, has_row
 from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import (
@@ -55,7 +55,7 @@ from rlzoo.trainer.resume import (
     saved_settings,
 )
 from rlzoo.trainer.run_config import absolute_paths
-from rlzoo.trainer.run_dir import RunDirectory
+from rlzoo.trainer.run_dir import RunDirectory, RunLockedError, timeline_rows
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import check_python_dataset, recorded_task
 from rlzoo.trainer.trackers import Trackers
@@ -236,7 +236,15 @@ class Trainer:
     def _session(self) -> Iterator[GracefulInterrupt]:
         """The run around the loop: lock the directory, start or resume, evaluate at step 0; at the end plot,
         and after a signal checkpoint the last completed step and raise :class:`RunInterrupted`."""
-        lock = self.run_dir.lock() if self.dist.is_main else contextlib.nullcontext()
+        lock, refusal = contextlib.ExitStack(), None
+        if self.dist.is_main:
+            try:
+                lock.enter_context(self.run_dir.lock())
+            except RunLockedError as err:
+                refusal = err
+        refusal = self.dist.broadcast_object(refusal)  # every rank stops with it: none waits in a collective
+        if refusal is not None:
+            raise refusal
         with lock, GracefulInterrupt() as interrupt:
             self.evaluator.should_stop = lambda: interrupt.requested  # a signal abandons a running evaluation
             try:
@@ -266,9 +274,8 @@ class Trainer:
             if main and source_run == self.run_dir.path.resolve():
                 self.run_dir.abandon_after(self.step)
         if main:
-            previous = read_metrics(source_run / "metrics.jsonl")[0] if source_run else []
-            self.logger.open(self.step, previous=[r for r in previous if r.get("step", 0) <= self.step],
-                             row_due=self._pending_row is not None)
+            previous = timeline_rows(source_run, self.step) if source_run else []
+            self.logger.open(self.step, previous=previous, row_due=self._pending_row is not None)
             if checkpoint is None or self.step < self.config.max_steps:  # else --resume auto of a complete run
                 self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
                                           resumed_from=str(checkpoint) if checkpoint else None, changes=changes,

@@ -21,6 +21,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -29,11 +30,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import no_checkpoint_message, step_of
+from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, step_of
 from rlzoo.trainer.io import atomic_write_text, recover_interrupted_writes, umask_mode
 from rlzoo.trainer.metrics import read_metrics, write_metrics
 
-__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError"]
+__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError", "timeline_rows"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -93,8 +94,20 @@ class RunDirectory:
         return self.checkpoints.resolve() in Path(self.resume).resolve().parents
 
     def holds_run(self) -> bool:
-        """Whether a run has written into the directory (config, metrics or checkpoints)."""
-        return any((self.path / name).exists() for name in ("config.json", "metrics.jsonl", "checkpoints"))
+        """Whether a run has written into the directory (its config, metrics or checkpoints; a Hugging Face
+        model's ``config.json`` is not a run's, :func:`~rlzoo.trainer.checkpoint.is_run_config`)."""
+        return (any((self.path / name).exists() for name in ("metrics.jsonl", "checkpoints"))
+                or is_run_config(self.path / "config.json"))
+
+    def _resume_inside(self) -> bool:
+        """Whether ``resume`` is a path inside this directory (``--overwrite`` would delete it)."""
+        if self.resume in (None, "latest", "auto"):
+            return False
+        return self.path.resolve() in Path(self.resume).resolve().parents
+
+    def _resumes_abandoned(self) -> bool:
+        """Whether ``resume`` is a checkpoint of a timeline of this directory's run that a resume abandoned."""
+        return self._resume_inside() and (self.path / "abandoned").resolve() in Path(self.resume).resolve().parents
 
     def check(self) -> None:
         """Fail fast, before anything heavy is loaded: the directory must be writable, and a fresh run must not
@@ -105,9 +118,13 @@ class RunDirectory:
             FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite).
             ValueError: ``--overwrite`` with a resume of this directory's run (names both).
         """
-        if self.overwrite and self.resumes_own_run:
+        if self.overwrite and (self.resumes_own_run or self._resume_inside()):
             raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
                              f"in {self.path}, --overwrite would delete it; drop one of them")
+        if self._resumes_abandoned():
+            raise ValueError(f"--resume {self.resume} is a checkpoint of a timeline of the run in {self.path} that a "
+                             "resume from an earlier step abandoned; continue it as a new run in another directory: "
+                             f"--output-dir NEW --resume {self.resume} (its metrics up to that step are copied)")
         if self.resume == "latest" and not self._may_hold_a_checkpoint():  # (a moved-aside one is put back later)
             raise FileNotFoundError(no_checkpoint_message(self.checkpoints))
         existing = next(p for p in (self.path, *self.path.absolute().parents) if p.exists())
@@ -118,6 +135,10 @@ class RunDirectory:
                 pass
         except OSError as err:
             raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
+        config = self.path / "config.json"
+        if config.is_file() and not is_run_config(config):
+            raise FileExistsError(f"output directory {self.path} holds a config.json that is not an rlzoo run's (a "
+                                  "model's?), which the run would replace; choose another --output-dir")
         if self.starts_fresh and not self.overwrite and self.resume != "auto" and self.holds_run():
             if not any(self.checkpoints.glob("step-*")):  # nothing to continue: --resume latest would fail
                 auto = "" if self.resume is not None else "--resume auto (keeps its files under abandoned/) or "
@@ -238,6 +259,23 @@ class RunDirectory:
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         payload = {**settings, **resolved, "segments": segments}
         atomic_write_text(self.path / "config.json", json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def timeline_rows(run: Path, step: int) -> list[dict[str, Any]]:
+    """The metrics rows up to ``step`` of the timeline whose checkpoint a run forks from, ``run`` being where that
+    checkpoint's run keeps them (:func:`~rlzoo.trainer.checkpoint.run_of`). For a checkpoint of an abandoned
+    timeline (``RUN/abandoned/after-step-N-TIME/``, :meth:`RunDirectory.abandon_after`) the rows up to step N are
+    in ``RUN/metrics.jsonl`` and the later ones beside the checkpoint."""
+    rows, _ = read_metrics(run / "metrics.jsonl")
+    branch = _ABANDONED.match(run.name)
+    if run.parent.name == "abandoned" and branch:
+        start = int(branch.group(1))
+        shared, _ = read_metrics(run.parent.parent / "metrics.jsonl")
+        rows = [r for r in shared if r.get("step", 0) <= start] + [r for r in rows if r.get("step", 0) > start]
+    return [r for r in rows if r.get("step", 0) <= step]
+
+
+_ABANDONED = re.compile(r"after-step-(\d+)-")
 
 
 def _read_lock(fd: int) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     assert export_model(source, tmp_path / "new") == tmp_path / "new"  # a new directory needs no flag
     runs = tmp_path / "runs"  # a directory holding runs (a run of only its config.json too)
     (runs / "a").mkdir(parents=True)
-    (runs / "a" / "config.json").write_text("{}")
+    (runs / "a" / "config.json").write_text('{"max_steps": 1, "segments": []}')  # an rlzoo run's
     with pytest.raises(ValueError, match=r"holds a training run's directory"):
         export_model(source, runs, overwrite=True)
     with pytest.raises(ValueError, match=r"is a training run's directory"):

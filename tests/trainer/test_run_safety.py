@@ -136,6 +136,26 @@ def test_a_fresh_run_refuses_a_directory_holding_a_run_and_overwrite_starts_clea
     assert len(json.loads((run / "config.json").read_text())["segments"]) == 1
 
 
+def test_a_models_directory_is_not_a_run_and_is_never_written_over(tmp_path, monkeypatch, capsys):
+    """A Hugging Face model's config.json is not a run's: an export can replace an earlier export with
+    --overwrite (it was refused as "a training run's directory"), and a run into a model's directory is refused
+    before the model loads, --overwrite or not (--overwrite replaced the model's config.json with the run's)."""
+    model = tmp_path / "model"
+    tiny, tokenizer = build_tiny_random(TinyRandomSpec())
+    tiny.save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    for overwrite in (False, True):
+        monkeypatch.setattr("rlzoo.trainer.models.load_model", _no_model)
+        with pytest.raises(FileExistsError, match="config.json that is not an rlzoo run's"):
+            Trainer(_config(model, max_steps=1, overwrite=overwrite))
+    monkeypatch.undo()
+    assert "model_type" in json.loads((model / "config.json").read_text())
+    assert _cli(monkeypatch, capsys, "export", model, tmp_path / "out")[0] == 0
+    assert _cli(monkeypatch, capsys, "export", model, tmp_path / "out", "--overwrite")[0] == 0
+    code, err = _cli(monkeypatch, capsys, "export", model, tmp_path / "out")
+    assert code == 2 and "--overwrite" in _error_line(err)
+
+
 def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
     """A path that does not exist (a checkpoint pruned by save_total_limit) was "not an rlzoo checkpoint (no
     trainer_state.json)"; it names the checkpoints there are."""
@@ -157,7 +177,7 @@ def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
     continue. It is told to use --resume auto or --overwrite, and --resume auto starts fresh."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text('{"max_steps": 1, "segments": []}')
     (run / "metrics.jsonl").write_text("")
     with pytest.raises(FileExistsError, match=r"holds a start that wrote no checkpoint .* --resume auto .* --overwrite"):
         Trainer(_config(run, max_steps=1))
@@ -184,6 +204,18 @@ def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     trainer, history = _train(run, max_steps=3, resume="latest", **common)
     assert [r["step"] for r in history] == [1, 2, 3] and trainer.checkpointer.find("latest").name == "step-000003"
     assert (abandoned / "checkpoints" / "step-000003").is_dir()  # never picked again
+    # an abandoned checkpoint is not resumed in place, and --overwrite beside it deletes nothing (it deleted the
+    # whole run, that checkpoint included); forked into another directory, its whole timeline's rows come along
+    old = abandoned / "checkpoints" / "step-000003"
+    with pytest.raises(ValueError, match=r"abandoned; continue it as a new run in another directory: --output-dir NEW"):
+        RunDirectory(run, resume=str(old)).check()
+    with pytest.raises(ValueError, match="--overwrite and --resume .* contradict"):
+        RunDirectory(run, resume=str(old), overwrite=True).check()
+    assert old.is_dir() and (run / "checkpoints" / "step-000003").is_dir()
+    _train(tmp_path / "fork", max_steps=4, resume=str(old), **common)
+    assert [r["step"] for r in _rows(tmp_path / "fork" / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert _rows(tmp_path / "fork" / "metrics.jsonl")[:2] == [_rows(run / "metrics.jsonl")[0],
+                                                              _rows(abandoned / "metrics.jsonl")[0]]
 
 
 def test_checkpoints_order_by_step_number_and_ignore_temporaries(tmp_path):
@@ -411,3 +443,4 @@ def test_the_saved_tokenizer_is_the_configured_one(tmp_path):
 # ------------------------------------------------------------------------------------------------ structure
 def test_the_training_loop_reads_in_one_screen():
     assert len(inspect.getsource(Trainer.train).splitlines()) <= 25
+
