@@ -543,7 +543,8 @@ def console_main() -> int:
     try:
         return main()
     except RunInterrupted as stop:
-        print(f"rlzoo: {stop}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # the same line on every rank under torchrun: rank 0's
+            print(f"rlzoo: {stop}", file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:
         print("rlzoo: interrupted", file=sys.stderr)

@@ -115,7 +115,8 @@ class EvaluationAbandoned(Exception):
 def _progress_bar(total: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="eval", unit="problem", dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc="eval", unit="problem", dynamic_ncols=True, leave=False,
+                disable=None)  # on a terminal only: not into a log file (a Slurm log)
 
 
 class Evaluator:

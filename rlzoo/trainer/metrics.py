@@ -130,7 +130,7 @@ class MetricsLogger:
     Args:
         output_dir: the run directory.
         max_steps: the run's length (for the log line and the bar).
-        progress: show a live progress bar (tqdm).
+        progress: show a live progress bar (tqdm) when stderr is a terminal (not into a file or pipe).
         writes: this process writes the file, log, bar and trackers (rank 0 under torchrun; the others only keep
             the history in memory).
         trackers: the live trackers every row also goes to (``--report-to``), or None.
@@ -175,7 +175,7 @@ class MetricsLogger:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=self.max_steps, initial=step - row_due, desc="train", unit="step",
-                             dynamic_ncols=True)
+                             dynamic_ncols=True, disable=None)  # on a terminal only: not into a log file
             self._redirect = contextlib.ExitStack()
             self._redirect.enter_context(logging_redirect_tqdm())  # records print once, above the bar
 

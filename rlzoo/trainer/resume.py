@@ -104,8 +104,8 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         if old * saved_world == new * world_size:
             saved["per_device_train_batch_size"] = new
         else:
-            saved["per_device_train_batch_size"] = f"{old} per rank x {saved_world} ranks"
-            now["per_device_train_batch_size"] = f"{new} per rank x {world_size} ranks"
+            saved["per_device_train_batch_size"] = f"{old} per rank x {_ranks(saved_world)}"
+            now["per_device_train_batch_size"] = f"{new} per rank x {_ranks(world_size)}"
             per_rank, whole = divmod(old * saved_world, world_size)
             groups = per_rank * config.effective_steps_per_generation % config.num_generations == 0
             keep = (f"give --per-device-train-batch-size {per_rank} (the global batch of {old * saved_world} on "
@@ -348,3 +348,7 @@ def _normal(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _normal(v) for k, v in value.items()}
     return value
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"

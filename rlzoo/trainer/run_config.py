@@ -62,7 +62,7 @@ class RunConfig(Section):
     overwrite: bool = False
     """Start a fresh run in an output dir that already holds one, deleting it (without it, such a start is refused)."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show a live progress bar (on a terminal; never into a log file or pipe, e.g. a Slurm log)."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
         return [("max_steps", self.max_steps >= 0, ">= 0"), *super().checks()]

@@ -444,3 +444,21 @@ def test_the_saved_tokenizer_is_the_configured_one(tmp_path):
 def test_the_training_loop_reads_in_one_screen():
     assert len(inspect.getsource(Trainer.train).splitlines()) <= 25
 
+
+def test_the_progress_bar_stays_out_of_log_files(tmp_path, monkeypatch):
+    """The default progress bar (on) draws on a terminal only: into a file (a Slurm log) it wrote a line per
+    redraw."""
+    import io
+
+    from rlzoo.trainer.metrics import MetricsLogger
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr("sys.stderr", stream)
+        logger = MetricsLogger(tmp_path / f"run-{drawn}", max_steps=3, progress=True)
+        logger.open(0)
+        logger.close()
+        assert ("train:" in stream.getvalue()) is drawn, stream.getvalue()
