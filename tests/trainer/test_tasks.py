@@ -19,6 +19,7 @@ from rlzoo.trainer.tasks import (
     prompt_messages,
 )
 from rlzoo.trainer.tasks.base import TRAIN_CHUNK
+from rlzoo.trainer.tasks.rows import RowOrigin
 
 ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 # many distinct problems: a repeated question means a repeated RNG state, not chance
@@ -163,14 +164,70 @@ def test_jsonl_bad_json_line_number(tmp_path):
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"prompt": 3, "answer": "1"}', "'prompt' must be a string or a list of"),
-        ('{"prompt": "x", "answer": null}', "the answer column 'answer' is empty"),
+        ('{"prompt": 3, "answer": "1"}', (r"the prompt column 'prompt' is 3 \(int\); every row needs a prompt: a string "
+                                         r"or a list of \{'role', 'content'\} messages")),
+        ('{"prompt": [], "answer": "1"}', r"the prompt column 'prompt' is \[\] \(list\)"),
     ],
 )
 def test_jsonl_bad_rows(tmp_path, line, message):
     path = _write_jsonl(tmp_path / "t.jsonl", [line, line])
-    with pytest.raises(ValueError, match=message):
-        next(load_task(path, eval_size=0).train_items())
+    with pytest.raises(ValueError, match=rf"t.jsonl' row 0 \(line 1\): {message}"):
+        load_task(path, eval_size=0)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": " ", "answer": "1"}', "the prompt column 'prompt' is empty; every row needs a prompt"),
+        ('{"answer": "1"}', r"the prompt column 'prompt' is missing \(the row has no 'prompt' key\)"),
+        ('{"prompt": null, "answer": "1"}', r"the prompt column 'prompt' is missing \(null\)"),
+        ('{"prompt": "x", "answer": null}', (r"the answer column 'answer' is missing \(null\); every row needs an "
+                                            r"answer \(a string or a number\) for the accuracy: fix or remove the row$")),
+        ('{"prompt": "x"}', r"the answer column 'answer' is missing \(the row has no 'answer' key\)"),
+        ('{"prompt": "x", "answer": ""}', "the answer column 'answer' is empty"),
+    ],
+)
+def test_a_bad_row_is_refused_at_load_naming_its_file_row_and_line(tmp_path, line, message):
+    """A bad row used to fail only when the shuffled training stream reached it (after some steps, and at the same
+    row again after a resume), named by its stream position ("row 5" for the file's row 7): every row is checked
+    when the task loads, named as the file numbers it (0-based row; its line, blank lines counted)."""
+    good = [{"prompt": f"q{i}", "answer": str(i)} for i in range(19)]
+    path = _write_jsonl(tmp_path / "t.jsonl", [*good[:3], "", *good[3:7], line, *good[7:]])
+    with pytest.raises(ValueError, match=rf"^task file '.*t.jsonl' row 7 \(line 9\): {message}"):
+        load_task(path, eval_size=4)
+
+
+def test_a_csv_cell_that_pandas_reads_as_missing_is_named_as_such(tmp_path):
+    """pandas reads NA, null, None, ... as missing: the error said "is empty" of a cell that held text."""
+    for cell, what in (("NA", (r"'NA', which the CSV reader \(pandas\) reads as missing \(a .jsonl or .parquet file "
+                              r"keeps such a value as text\)")),
+                       ("null", "'null', which the CSV reader"), ("None", "'None', which the CSV reader"),
+                       ("", r"empty \(an empty cell\)")):
+        path = tmp_path / "t.csv"
+        path.write_text("prompt,answer\n" + "".join(f"q{i},{i}\n" for i in range(5)) + f"q5,{cell}\n"
+                        + "".join(f"q{i},{i}\n" for i in range(6, 10)))
+        with pytest.raises(ValueError, match=rf"^task file '.*t.csv' row 5 \(line 7\): the answer column 'answer' is "
+                                             rf"{what}"):
+            load_task(str(path), eval_size=2)
+
+
+def test_a_bad_row_of_a_python_data_set_or_stream_is_named_by_its_row():
+    """A Dataset is checked whole at construction (its held-out set too); a stream as it is read, named by the
+    stream's row (held-out rows skipped at its head counted), not the position in the training stream."""
+    import datasets
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)]
+    bad = datasets.Dataset.from_list([*rows[:6], {"prompt": "q6", "answer": None}, *rows[7:]])
+    with pytest.raises(ValueError, match=r"^train_x row 6: the answer column 'answer' is missing \(null\)"):
+        DatasetTask(name="x", dataset=bad, eval_size=0, origin=RowOrigin("train_x"))
+    with pytest.raises(ValueError, match=r"^data set 'x' \(held out\) row 6: the answer column"):
+        DatasetTask(name="x", dataset=datasets.Dataset.from_list(rows), eval_dataset=bad, eval_size=8)
+    DatasetTask(name="x", dataset=datasets.Dataset.from_list(rows), eval_dataset=bad, eval_size=6)  # rows unused
+    task = DatasetTask(name="x", dataset=bad.to_iterable_dataset(), eval_size=2)
+    items = task.train_items()
+    assert [next(items).question for _ in range(4)] == ["q2", "q3", "q4", "q5"]
+    with pytest.raises(ValueError, match=r"^data set 'x' row 6: the answer column 'answer' is missing \(null\)"):
+        next(items)
 
 
 def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):

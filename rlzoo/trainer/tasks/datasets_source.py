@@ -23,8 +23,9 @@ from typing import Any
 
 from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
 from rlzoo.trainer.tasks.extraction import normalized_match
+from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, describe, row_problem
 
-__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_source"]
+__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_source", "row_origins"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -116,6 +117,17 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
     return _split(loaded, split, spec), (_split(loaded, eval_split, spec) if eval_split else None)
 
 
+def row_origins(spec: str, *, split: str = "train", eval_split: str | None = None) -> tuple[RowOrigin, RowOrigin | None]:
+    """How errors name the rows of :func:`load_dataset_source`'s ``(training, held-out)`` data sets: a data file's
+    rows as the file numbers them (``task file 'd.jsonl' row 7 (line 8)``), a directory's or hub id's by split."""
+    path = Path(spec)
+    if path.is_file():
+        return (RowOrigin(f"task file {spec!r}", path=spec),
+                None if eval_split is None else RowOrigin(f"task file {spec!r}", path=spec))
+    return (RowOrigin(f"data set {spec!r} split {split!r}"),
+            None if eval_split is None else RowOrigin(f"data set {spec!r} split {eval_split!r}"))
+
+
 def _check_utf8(path: Path) -> bytes:
     """The content of ``path``; raise naming the line and column of its first byte that is not UTF-8."""
     data = path.read_bytes()
@@ -184,11 +196,18 @@ class DatasetTask(Task):
         dataset, eval_dataset: the training data and the held-out data (or None).
         prompt_column, answer_column: see the module docstring (``answer_column`` None: no accuracy).
         kwargs: the ``--task.NAME`` options the data set was loaded with (part of the stream's identity).
+        origin, eval_origin: where the training and held-out rows come from, for errors (:class:`RowOrigin`;
+            None: ``data set NAME`` and ``data set NAME (held out)``, rows numbered from 0).
+
+    Every row of a ``Dataset`` (and the held-out rows used) is checked at construction (:func:`check_rows`), so
+    that a bad row is refused before training rather than when the stream reaches it; an ``IterableDataset``'s
+    training rows are checked as they are read (the error names the stream's row).
 
     Raises (at construction):
-        ValueError: a missing prompt or answer column (names the columns present and the option), a prompt that
-            is neither a string nor a list of messages, ``eval_size`` < 0, or no row left for training (an empty
-            training stream too).
+        ValueError: a missing prompt or answer column (names the columns present and the option), a row whose
+            prompt is missing, empty or neither a string nor a list of messages, or whose answer is missing or
+            empty (names the row as its file numbers it, the column and the value), ``eval_size`` < 0, or no row
+            left for training (an empty training stream too).
     """
 
     name: str
@@ -197,6 +216,8 @@ class DatasetTask(Task):
     prompt_column: str = "prompt"
     answer_column: str | None = "answer"
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    origin: RowOrigin | None = None
+    eval_origin: RowOrigin | None = None
     train_seed: int = 1
     eval_seed: int = 1000
     eval_size: int = 200
@@ -208,13 +229,19 @@ class DatasetTask(Task):
         for data, what in ((self.dataset, "training"), (self.eval_dataset, "held-out")):
             if data is not None:
                 self._check_columns(data, what)
+        if self.origin is None:
+            object.__setattr__(self, "origin", RowOrigin(f"data set {self.name!r}"))
+        if self.eval_origin is None:
+            object.__setattr__(self, "eval_origin", RowOrigin(f"data set {self.name!r} (held out)"))
         wanted = self.eval_size if self.answer_column is not None else 0  # nothing to score without answers
         if self._streaming:
             self._hold_out_stream(wanted)
             return
+        self._check_rows(self.dataset, self.origin)
         n = len(self.dataset)
         order = list(range(n))
         if self.eval_dataset is not None:
+            self._check_rows(self.eval_dataset, self.eval_origin, limit=wanted)
             eval_rows = [self.eval_dataset[i] for i in range(min(wanted, len(self.eval_dataset)))]
         else:
             random.Random(self.eval_seed).shuffle(order)
@@ -244,10 +271,12 @@ class DatasetTask(Task):
         sooner is small); an empty training stream is an error now, before the model loads."""
         if self.eval_dataset is not None:
             eval_rows, skip, left = self._first_rows(self.eval_dataset, wanted), 0, self._first_rows(self.dataset, 1)
+            self._check_row_list(eval_rows, self.eval_origin)
         else:
             head = self._first_rows(self.dataset, max(1, math.ceil(wanted / MAX_EVAL_FRACTION)))
             skip = wanted if len(head) >= wanted / MAX_EVAL_FRACTION else self._capped(wanted, len(head))
             eval_rows, left = head[:skip], head[skip:]
+            self._check_row_list(eval_rows, self.origin)
         if not left:
             raise ValueError(f"task {self.name!r}: the training stream has no row left for training (held out: "
                              f"{skip}); pass eval_dataset or a smaller eval_size")
@@ -272,6 +301,21 @@ class DatasetTask(Task):
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
 
+    def _check_rows(self, data: Any, origin: RowOrigin, limit: int | None = None) -> None:
+        """:func:`check_rows` of a ``Dataset`` with this task's columns."""
+        check_rows(data, origin, prompt_column=self.prompt_column, answer_column=self.answer_column, limit=limit)
+
+    def _check_row_list(self, rows: list[Mapping[str, Any]], origin: RowOrigin, start: int = 0) -> None:
+        """:func:`row_problem` of rows read from a stream (``start``: the stream's row of the first)."""
+        for i, row in enumerate(rows):
+            self._check_row(row, origin, start + i)
+
+    def _check_row(self, row: Mapping[str, Any], origin: RowOrigin, position: int) -> None:
+        problem = row_problem(row, self.prompt_column, self.answer_column)
+        if problem is not None:
+            column, what = problem
+            raise ValueError(f"{origin.where(position)}: {describe(column, self.prompt_column, what)}")
+
     @staticmethod
     def _first_rows(data: Any, k: int) -> list[dict[str, Any]]:
         return list(data.take(k)) if k else []
@@ -288,21 +332,16 @@ class DatasetTask(Task):
         return not isinstance(first[self.prompt_column], str)
 
     def _item(self, row: Mapping[str, Any], index: int) -> TaskItem:
+        """The item of a checked row (:meth:`_check_row`) at stream position ``index``."""
         prompt = row[self.prompt_column]
         if isinstance(prompt, str):
             question = prompt
-        elif isinstance(prompt, list) and prompt and all(isinstance(m, Mapping) and "role" in m and "content" in m
-                                                         for m in prompt):
+        else:
             prompt = [dict(m) for m in prompt]
             question = next((str(m["content"]) for m in reversed(prompt) if m["role"] == "user"),
                             str(prompt[-1]["content"]))
-        else:
-            raise ValueError(f"task {self.name!r} row {index}: column {self.prompt_column!r} must be a string or a "
-                             f"list of {{'role', 'content'}} messages, got {prompt!r:.100}")
         columns = {k: v for k, v in row.items()  # TRL 1.16 hands reward functions neither completion column
                    if k != self.prompt_column and (k not in ("completion", "completion_ids") or k == self.answer_column)}
-        if self.answer_column is not None and row[self.answer_column] is None:
-            raise ValueError(f"task {self.name!r} row {index}: the answer column {self.answer_column!r} is empty")
         answer = "" if self.answer_column is None else str(row[self.answer_column])
         return TaskItem(question=question, answer=answer, columns=columns, index=index, prompt=prompt)
 
@@ -325,9 +364,10 @@ class DatasetTask(Task):
     def _stream_items(self, start: int) -> Iterator[TaskItem]:
         skip, index, produced = self.__dict__["_skip"], 0, False
         while True:
-            for row in self.dataset.skip(skip):
+            for row_in_pass, row in enumerate(self.dataset.skip(skip), start=skip):
                 produced = True
                 if index >= start:
+                    self._check_row(row, self.origin, row_in_pass)  # a stream is checked as it is read
                     yield self._item(row, index)
                 index += 1
             if not produced:

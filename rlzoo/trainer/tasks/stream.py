@@ -16,10 +16,12 @@ from rlzoo.trainer.tasks.datasets_source import (
     DatasetTask,
     is_dataset_spec,
     load_dataset_source,
+    row_origins,
 )
 from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer
 from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
 from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
+from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
            "dataset_task_name", "load_task", "make_task", "recorded_task"]
@@ -89,8 +91,10 @@ def load_task(
                              f"{', '.join(DATASET_OPTIONS)}")
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         train, held_out = load_dataset_source(name_or_path, **{k: v for k, v in options.items() if k not in columns})
-        return DatasetTask(name=name_or_path, dataset=train, eval_dataset=held_out, kwargs=options, **columns,
-                           **common)
+        origin, eval_origin = row_origins(name_or_path, split=options.get("split") or "train",
+                                          eval_split=options.get("eval_split"))
+        return DatasetTask(name=name_or_path, dataset=train, eval_dataset=held_out, kwargs=options, origin=origin,
+                           eval_origin=eval_origin, **columns, **common)
     return ReasoningGymTask(
         name=name_or_path,
         kwargs=dict(kwargs or {}),
@@ -277,8 +281,8 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
-                                 eval_dataset=eval_dataset, kwargs=options,
-                                 **columns, **common)
+                                 eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
+                                 eval_origin=RowOrigin("eval_dataset"), **columns, **common)
     elif eval_dataset is not None:
         raise ValueError("eval_dataset needs a train_dataset")
     else:

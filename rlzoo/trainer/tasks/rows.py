@@ -1,0 +1,215 @@
+"""Row checks of a data set task: every row's prompt and answer, looked at before training starts.
+
+A row with a missing or empty prompt or answer, or a prompt in neither of TRL's formats, used to fail only when
+the training stream reached it (after some steps, and again at the same row after a resume). :func:`check_rows`
+looks at every row of a ``datasets.Dataset`` at once (column by column, in Arrow batches) and refuses the first bad
+one, naming it as the data file numbers it (:class:`RowOrigin`: the file, its 0-based row, the line of a JSON
+lines or CSV file, and whether the value is absent, null, empty or a CSV cell that pandas reads as missing). A
+stream (``IterableDataset``) is checked row by row as it is read (:func:`row_problem`).
+"""
+
+import csv
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RowOrigin", "check_rows", "row_problem"]
+
+_BATCH = 8192
+"""Rows per Arrow batch in :func:`check_rows`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RowOrigin:
+    """Where a data set's rows come from, so that an error names the row as its source numbers it.
+
+    Attributes:
+        label: what holds the rows, as errors name it (``task file 'd.jsonl'``, ``data set 'dir' split 'test'``,
+            ``train_dataset``).
+        path: the data file the rows were read from, or None; the raw text of a ``.jsonl`` / ``.json`` / ``.csv``
+            file tells an absent value from a null or empty one and gives the line.
+        ranges: the rows of the file or split that the data set holds, in order (a split slice such as
+            ``train[:10]``); None: all of them, from row 0.
+    """
+
+    label: str
+    path: str | None = None
+    ranges: tuple[range, ...] | None = None
+
+    def source_row(self, position: int) -> int:
+        """The 0-based row of the file or split at ``position`` in the data set."""
+        if self.ranges is None:
+            return position
+        offset = position
+        for part in self.ranges:
+            if offset < len(part):
+                return part[offset]
+            offset -= len(part)
+        raise IndexError(f"position {position} is past the {sum(map(len, self.ranges))} rows of {self.label}")
+
+    def where(self, position: int) -> str:
+        """``LABEL row N`` (0-based, as the file or split numbers it), with ``(line L)`` for JSON lines and CSV."""
+        row = self.source_row(position)
+        line = self._raw(row)[0]
+        return f"{self.label} row {row}" + (f" (line {line})" if line else "")
+
+    def missing(self, position: int, column: str) -> str:
+        """What a null value of ``column`` at ``position`` is in the file: absent, null, an empty CSV cell, or a
+        CSV cell that pandas reads as missing."""
+        _, raw = self._raw(self.source_row(position))
+        if isinstance(raw, dict):
+            if column not in raw:
+                return f"missing (the row has no {column!r} key)"
+            if raw[column] is None:
+                return "missing (null)"
+        if isinstance(raw, list) and self.path is not None:  # a CSV record: header, then cells
+            header, cells = raw
+            if column in header and header.index(column) < len(cells):
+                cell = cells[header.index(column)]
+                if not cell.strip():
+                    return "empty (an empty cell)"
+                return (f"{cell!r}, which the CSV reader (pandas) reads as missing (a .jsonl or .parquet file keeps "
+                        "such a value as text)")
+        return "missing (null)"
+
+    def _raw(self, row: int) -> tuple[int | None, Any]:
+        """The line and the raw record of ``row`` in a JSON lines, JSON or CSV data file: ``(line, dict)`` for JSON,
+        ``(line, [header, cells])`` for CSV; ``(None, None)`` when there is no such file or it cannot be read."""
+        if self.path is None:
+            return None, None
+        path = Path(self.path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".csv":
+                return _csv_record(text, row)
+            if path.suffix == ".json":
+                try:
+                    whole = json.loads(text)
+                except json.JSONDecodeError:
+                    whole = None  # JSON lines in a .json file
+                if isinstance(whole, list):
+                    return None, whole[row] if row < len(whole) else None
+                if whole is not None:
+                    return None, None
+            if path.suffix in (".jsonl", ".json"):
+                lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+                if row < len(lines):
+                    return lines[row][0], json.loads(lines[row][1])
+        except (OSError, ValueError, csv.Error):
+            pass
+        return None, None
+
+
+def _csv_record(text: str, row: int) -> tuple[int | None, Any]:
+    reader = csv.reader(text.splitlines(keepends=True))
+    header: list[str] | None = None
+    seen = 0
+    for cells in reader:
+        if not any(cell.strip() for cell in cells):  # pandas skips blank lines
+            continue
+        if header is None:
+            header = cells
+            continue
+        if seen == row:
+            return reader.line_num, [header, cells]
+        seen += 1
+    return None, None
+
+
+def _prompt_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        return None if value.strip() else "empty"
+    if (isinstance(value, list) and value
+            and all(isinstance(m, Mapping) and m.get("role") is not None and m.get("content") is not None
+                    for m in value)):
+        return None
+    return f"{value!r:.100} ({type(value).__name__})"
+
+
+def _answer_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        return None if value.strip() else "empty"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return None
+
+
+def row_problem(row: Mapping[str, Any], prompt_column: str, answer_column: str | None) -> tuple[str, str] | None:
+    """What is wrong with one row, as ``(column, what)`` (None: nothing): a prompt that is missing, empty or in
+    neither of TRL's formats; an answer that is missing, empty or NaN."""
+    prompt = row.get(prompt_column)
+    if prompt is None:
+        return prompt_column, "missing (null)"
+    problem = _prompt_problem(prompt)
+    if problem:
+        return prompt_column, problem
+    if answer_column is not None:
+        answer = row.get(answer_column)
+        if answer is None:
+            return answer_column, "missing (null)"
+        problem = _answer_problem(answer)
+        if problem:
+            return answer_column, problem
+    return None
+
+
+def describe(column: str, prompt_column: str, what: str) -> str:
+    """The error text for ``column`` being ``what`` (the prompt's or the answer's rule)."""
+    role = "prompt" if column == prompt_column else "answer"
+    fix = ("every row needs a prompt: a string or a list of {'role', 'content'} messages" if role == "prompt"
+           else "every row needs an answer (a string or a number) for the accuracy")
+    return f"the {role} column {column!r} is {what}; {fix}: fix or remove the row"
+
+
+def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_column: str | None,
+               limit: int | None = None) -> None:
+    """Refuse the first of ``data``'s rows (its first ``limit``; None: all) whose prompt or answer cannot be used.
+
+    Args:
+        data: a ``datasets.Dataset``.
+        origin: where its rows come from (names the row in the error).
+        prompt_column, answer_column: the columns (``answer_column`` None: prompts only).
+        limit: check only the first rows (a held-out set's).
+
+    Raises:
+        ValueError: ``ORIGIN row N (line L): the prompt|answer column 'C' is WHAT; ...``: missing (absent, null, a
+            CSV cell read as missing), empty, NaN, or a prompt in neither of TRL's formats.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if limit is not None:
+        data = data.select(range(min(limit, len(data))))
+    columns = [c for c in (prompt_column, answer_column) if c is not None]
+    position = 0
+    for batch in data.select_columns(columns).with_format("arrow").iter(batch_size=_BATCH):
+        bad: list[tuple[int, str, str]] = []
+        for column in columns:
+            values = batch.column(column)
+            kind = values.type
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+                blank = pc.or_kleene(pc.is_null(values), pc.equal(pc.utf8_trim_whitespace(values), ""))
+            elif pa.types.is_floating(kind):
+                blank = pc.or_kleene(pc.is_null(values), pc.is_nan(values))
+            elif column == answer_column:
+                blank = pc.is_null(values)
+            else:  # a prompt of chat messages: the rule in Python
+                first = next((i for i, v in enumerate(values.to_pylist()) if v is None or _prompt_problem(v)), -1)
+                if first >= 0:
+                    value = values[first].as_py()
+                    bad.append((first, column, "" if value is None else str(_prompt_problem(value))))
+                continue
+            first = pc.index(pc.fill_null(blank, True), True).as_py()
+            if first >= 0:
+                value = values[first].as_py()
+                what = "" if value is None else ("NaN" if isinstance(value, float) else "empty")
+                bad.append((first, column, what))
+        if bad:
+            index, column, what = min(bad)
+            row = position + index
+            what = what or origin.missing(row, column)
+            raise ValueError(f"{origin.where(row)}: {describe(column, prompt_column, what)}")
+        position += batch.num_rows
