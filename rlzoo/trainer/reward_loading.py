@@ -198,6 +198,25 @@ def _attribute(spec: str, module_name: str, attr: str) -> Any:
     return fn
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "sentencepiece.bpe.model")
+"""The files a tokenizer is loaded from (``AutoTokenizer.from_pretrained``): a reward model directory with none
+of them has no tokenizer."""
+
+
+def _offline(local: bool) -> str:
+    """Why a hub id could not be loaded when offline (never said of a local directory)."""
+    import huggingface_hub.constants
+
+    return " (HF_HUB_OFFLINE is set and it is not cached)" if huggingface_hub.constants.HF_HUB_OFFLINE and not local else ""
+
+
+def _one_line(err: Exception) -> str:
+    """``err``'s message on one line (transformers' messages run over several; a long one is shortened)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 class RewardModel:
     """A sequence-classification model used as a reward function, as TRL 1.16 uses reward models.
 
@@ -218,7 +237,8 @@ class RewardModel:
             reward models.
 
     Raises:
-        OSError: the model or its tokenizer cannot be loaded (names it; offline without a cached copy says so).
+        OSError: the model or its tokenizer cannot be loaded (names it; a hub id offline without a cached copy says
+            so), or a directory has no tokenizer files (names the files looked for and how to give a tokenizer).
         WrongTypeError: (a ``TypeError`` and ``ValueError``) a model object that is not a ``PreTrainedModel``.
 
     Source: ``GRPOTrainer._calculate_rewards`` (the ``nn.Module`` branch) and ``GRPOTrainer.__init__``.
@@ -234,17 +254,29 @@ class RewardModel:
         else:
             raise WrongTypeError(f"a reward model must be a directory, a hub id or a PreTrainedModel, got "
                             f"{type(model).__name__}")
+        local = Path(name).is_dir()
+        give = (f"copy the tokenizer files of the model it was trained from into {name!r} "
+                f"(tokenizer.save_pretrained({name!r})), or give the tokenizer from Python: Trainer(config, "
+                f"reward_funcs=[RewardModel({'model' if not isinstance(model, str) else repr(name)}, tokenizer=tok)])")
+        if isinstance(model, str) and local and not (Path(name) / "config.json").is_file():
+            raise OSError(f"cannot load reward model {name!r}: the directory has no config.json (a reward model is a "
+                          "sequence-classification checkpoint: config.json, weights and tokenizer files)")
+        if tokenizer is None and local and not any((Path(name) / f).is_file() for f in _TOKENIZER_FILES):
+            raise OSError(f"reward model {name!r} has no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)}): "
+                          f"{give}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name) if tokenizer is None else tokenizer
-            if isinstance(model, str):
-                model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)
         except (OSError, ValueError) as err:
-            import huggingface_hub.constants
-
-            what = "reward model" if isinstance(model, str) else "the tokenizer of reward model"
-            offline = " (HF_HUB_OFFLINE is set and it is not cached)" if huggingface_hub.constants.HF_HUB_OFFLINE else ""
-            hint = "" if isinstance(model, str) else " (pass its tokenizer as well)"
-            raise OSError(f"cannot load {what} {name!r}{offline}: {str(err).splitlines()[0]}{hint}") from err
+            how = give if local else ("pass its tokenizer as well: RewardModel(model, tokenizer=tok)"
+                                      if not isinstance(model, str) else "")
+            what = "the tokenizer of reward model" if local or not isinstance(model, str) else "reward model"
+            raise OSError(f"cannot load {what} {name!r}{_offline(local)}: {_one_line(err)}"
+                          + (f" ({how})" if how else "")) from err
+        if isinstance(model, str):
+            try:
+                model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)
+            except (OSError, ValueError) as err:
+                raise OSError(f"cannot load reward model {name!r}{_offline(local)}: {_one_line(err)}") from err
         self.model = model
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -343,3 +343,33 @@ def test_a_module_of_the_working_directory_is_recorded_as_its_file(tmp_path, mon
     assert rewards.names == ("len_reward", "fn")
     assert rewards(["p"], ["abc"]).per_function.tolist() == [[3.0, 2.0]]
     assert absolute_paths({"reward_funcs": recorded})["reward_funcs"] == recorded
+
+
+def test_a_reward_model_directory_without_tokenizer_says_so(tmp_path, monkeypatch):
+    """A reward-model directory without tokenizer files failed with "(HF_HUB_OFFLINE is set and it is not cached):
+    Couldn't instantiate the backend tokenizer from one of:" (cut off, blaming offline mode for a local directory).
+    It now names the files looked for and how to give a tokenizer; offline mode is blamed for hub ids only."""
+    import huggingface_hub.constants
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlzoo.trainer.rewards import RewardModel
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    model = LlamaForSequenceClassification(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=2,
+                                                       num_key_value_heads=2, num_labels=1, pad_token_id=2))
+    model.save_pretrained(tmp_path / "rm_notok")
+    path = str(tmp_path / "rm_notok")
+    for spec in (path, LlamaForSequenceClassification.from_pretrained(path)):
+        with pytest.raises(OSError) as err:
+            RewardSet([spec])
+        message = str(err.value)
+        assert message.startswith(f"reward model {path!r} has no tokenizer files (looked for tokenizer.json, "
+                                  "tokenizer_config.json, ")
+        assert "HF_HUB_OFFLINE" not in message and "\n" not in message
+        assert "tokenizer.save_pretrained" in message and "tokenizer=tok)" in message
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OSError, match="'.*empty': the directory has no config.json"):
+        RewardModel(str(tmp_path / "empty"))
+    with pytest.raises(OSError, match=r"^cannot load reward model 'no-such-org/no-such-rm' \(HF_HUB_OFFLINE is set"):
+        RewardModel("no-such-org/no-such-rm")
