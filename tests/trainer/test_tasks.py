@@ -182,7 +182,7 @@ def test_jsonl_bad_rows(tmp_path, line, message):
         ('{"answer": "1"}', r"the prompt column 'prompt' is missing \(the row has no 'prompt' key\)"),
         ('{"prompt": null, "answer": "1"}', r"the prompt column 'prompt' is missing \(null\)"),
         ('{"prompt": "x", "answer": null}', (r"the answer column 'answer' is missing \(null\); every row needs an "
-                                            r"answer \(a string or a number\) for the accuracy: fix or remove the row$")),
+                                            r"answer \(a string, a number or a bool\) for the accuracy: fix or remove the row$")),
         ('{"prompt": "x"}', r"the answer column 'answer' is missing \(the row has no 'answer' key\)"),
         ('{"prompt": "x", "answer": ""}', "the answer column 'answer' is empty"),
     ],
@@ -195,6 +195,29 @@ def test_a_bad_row_is_refused_at_load_naming_its_file_row_and_line(tmp_path, lin
     path = _write_jsonl(tmp_path / "t.jsonl", [*good[:3], "", *good[3:7], line, *good[7:]])
     with pytest.raises(ValueError, match=rf"^task file '.*t.jsonl' row 7 \(line 9\): {message}"):
         load_task(path, eval_size=4)
+
+
+def test_a_list_or_dict_answer_is_refused_and_a_bool_is_scored_as_its_text(tmp_path):
+    """A list-valued answer column was compared as its Python text ("['0', 'n0']"), so the accuracy was always 0:
+    refused when the task loads (a file, a Dataset, a stream), naming the column, the row and the type. Strings,
+    numbers and bools are compared as their text (a bool casefolded: a completion "True" or "true" matches)."""
+    import datasets
+
+    rows = [{"prompt": f"q{i}", "answer": [str(i), f"n{i}"]} for i in range(10)]
+    path = _write_jsonl(tmp_path / "t.jsonl", rows)
+    with pytest.raises(ValueError, match=r"^task file '.*t.jsonl' row 0 \(line 1\): the answer column 'answer' "
+                                         r"holds a list \(\['0', 'n0'\]\), not a string, a number or a bool"):
+        load_task(path, eval_size=2)
+    nested = datasets.Dataset.from_list([{"prompt": "q", "answer": None}, {"prompt": "q", "answer": {"value": 1}}])
+    with pytest.raises(ValueError, match=r"^data set 'x' row 1: the answer column 'answer' holds a dict"):
+        DatasetTask(name="x", dataset=nested, eval_size=0)
+    stream = datasets.Dataset.from_list(rows).to_iterable_dataset()
+    with pytest.raises(ValueError, match=r"^data set 'x' row 0: the answer column 'answer' holds a list"):
+        DatasetTask(name="x", dataset=stream, eval_size=0)
+    flags = DatasetTask(name="x", dataset=datasets.Dataset.from_list([{"prompt": f"q{i}", "answer": i % 2 == 0}
+                                                                      for i in range(10)]), eval_size=2)
+    item = flags.eval_items()[0]
+    assert flags.score("True" if item.columns["answer"] else "false", item.columns) == 1.0
 
 
 def test_a_csv_cell_that_pandas_reads_as_missing_is_named_as_such(tmp_path):
@@ -223,10 +246,12 @@ def test_a_bad_row_of_a_python_data_set_or_stream_is_named_by_its_row():
     with pytest.raises(ValueError, match=r"^data set 'x' \(held out\) row 6: the answer column"):
         DatasetTask(name="x", dataset=datasets.Dataset.from_list(rows), eval_dataset=bad, eval_size=8)
     DatasetTask(name="x", dataset=datasets.Dataset.from_list(rows), eval_dataset=bad, eval_size=6)  # rows unused
-    task = DatasetTask(name="x", dataset=bad.to_iterable_dataset(), eval_size=2)
-    items = task.train_items()
-    assert [next(items).question for _ in range(4)] == ["q2", "q3", "q4", "q5"]
-    with pytest.raises(ValueError, match=r"^data set 'x' row 6: the answer column 'answer' is missing \(null\)"):
+    longer = [*rows, *({"prompt": f"q{i}", "answer": str(i)} for i in range(10, 20))]
+    longer[15]["answer"] = None
+    task = DatasetTask(name="x", dataset=datasets.Dataset.from_list(longer).to_iterable_dataset(), eval_size=2)
+    items = task.train_items()  # the stream's head (10 rows, read for the held-out set) was checked: good
+    assert [next(items).question for _ in range(13)][-1] == "q14"
+    with pytest.raises(ValueError, match=r"^data set 'x' row 15: the answer column 'answer' is missing \(null\)"):
         next(items)
 
 

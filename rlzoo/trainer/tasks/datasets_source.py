@@ -280,6 +280,7 @@ class DatasetTask(Task):
         if not left:
             raise ValueError(f"task {self.name!r}: the training stream has no row left for training (held out: "
                              f"{skip}); pass eval_dataset or a smaller eval_size")
+        self._check_row_list(left, self.origin, skip)  # a column's type (a list answer) shows in its first row
         object.__setattr__(self, "_eval_rows", eval_rows)
         object.__setattr__(self, "_skip", skip)
 

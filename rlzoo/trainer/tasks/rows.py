@@ -10,6 +10,7 @@ stream (``IterableDataset``) is checked row by row as it is read (:func:`row_pro
 
 import csv
 import dataclasses
+import decimal
 import json
 import math
 from collections.abc import Mapping
@@ -134,12 +135,29 @@ def _answer_problem(value: Any) -> str | None:
         return None if value.strip() else "empty"
     if isinstance(value, float) and math.isnan(value):
         return "NaN"
-    return None
+    if isinstance(value, (bool, int, float, decimal.Decimal)):
+        return None
+    return _not_scalar(value)
+
+
+def _not_scalar(value: Any) -> str:
+    return f"a {type(value).__name__} ({value!r:.80})"  # "a ...": describe() gives the non-scalar answer's fix
+
+
+def _is_scalar(kind: Any) -> bool:
+    """Whether an Arrow type holds answers the scorer compares as text: strings, numbers and bools (their
+    ``str``: ``normalized_match`` compares numbers as numbers and casefolds ``True`` to ``true``)."""
+    import pyarrow as pa
+
+    return any(test(kind) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer,
+                                       pa.types.is_floating, pa.types.is_boolean, pa.types.is_decimal,
+                                       pa.types.is_null))
 
 
 def row_problem(row: Mapping[str, Any], prompt_column: str, answer_column: str | None) -> tuple[str, str] | None:
     """What is wrong with one row, as ``(column, what)`` (None: nothing): a prompt that is missing, empty or in
-    neither of TRL's formats; an answer that is missing, empty or NaN."""
+    neither of TRL's formats; an answer that is missing, empty, NaN or not a string, number or bool (a list, a
+    dict, ...)."""
     prompt = row.get(prompt_column)
     if prompt is None:
         return prompt_column, "missing (null)"
@@ -157,11 +175,16 @@ def row_problem(row: Mapping[str, Any], prompt_column: str, answer_column: str |
 
 
 def describe(column: str, prompt_column: str, what: str) -> str:
-    """The error text for ``column`` being ``what`` (the prompt's or the answer's rule)."""
-    role = "prompt" if column == prompt_column else "answer"
-    fix = ("every row needs a prompt: a string or a list of {'role', 'content'} messages" if role == "prompt"
-           else "every row needs an answer (a string or a number) for the accuracy")
-    return f"the {role} column {column!r} is {what}; {fix}: fix or remove the row"
+    """The error text for ``column`` being ``what`` (a problem of :func:`row_problem`), with what to do."""
+    if column == prompt_column:
+        return (f"the prompt column {column!r} is {what}; every row needs a prompt: a string or a list of "
+                "{'role', 'content'} messages: fix or remove the row")
+    if what.startswith("a "):  # a list, a dict, ...: the column's type
+        return (f"the answer column {column!r} holds {what}, not a string, a number or a bool: the accuracy compares "
+                "one answer text with the completion's, and this one would be its Python text, which no completion "
+                "matches; keep one answer per row (e.g. Dataset.map) or choose another --task.answer_column")
+    return (f"the answer column {column!r} is {what}; every row needs an answer (a string, a number or a bool) for "
+            "the accuracy: fix or remove the row")
 
 
 def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_column: str | None,
@@ -176,7 +199,8 @@ def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_colum
 
     Raises:
         ValueError: ``ORIGIN row N (line L): the prompt|answer column 'C' is WHAT; ...``: missing (absent, null, a
-            CSV cell read as missing), empty, NaN, or a prompt in neither of TRL's formats.
+            CSV cell read as missing), empty, NaN, a prompt in neither of TRL's formats, or an answer that is a
+            list, a dict or another value that is not a string, a number or a bool (named with its type).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -190,6 +214,12 @@ def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_colum
         for column in columns:
             values = batch.column(column)
             kind = values.type
+            if column == answer_column and not _is_scalar(kind):
+                present = pc.index(pc.is_valid(values), True).as_py()
+                if present >= 0:  # Arrow columns have one type: every row's answer is one of these
+                    value = values[present].as_py()
+                    bad.append((present, column, _not_scalar(value)))
+                    continue
             if pa.types.is_string(kind) or pa.types.is_large_string(kind):
                 blank = pc.or_kleene(pc.is_null(values), pc.equal(pc.utf8_trim_whitespace(values), ""))
             elif pa.types.is_floating(kind):
