@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
-from rlzoo.trainer.tasks import check_loadable_task
+from rlzoo.trainer.tasks import check_loadable_task, evaluation_only
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
 
@@ -128,7 +128,10 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     from rlzoo.trainer.io import atomic_write_text
 
     config, checkpoint = eval_config(args)
-    result = evaluate(config)
+    # nothing trains: a data set's held-out set is not capped to keep training rows, but for a run's own task,
+    # whose held-out set is the one it was trained with
+    with evaluation_only(args.run is None or args.task is not None):
+        result = evaluate(config)
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
            "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
            "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,

@@ -235,6 +235,22 @@ def test_config_json_of_a_data_set_run_records_the_columns(tmp_path):
     assert saved["task"] == str(path) and saved["report_to"] == "none"
 
 
+def test_rlzoo_eval_of_a_file_evaluates_eval_size_rows_and_a_run_its_own_held_out_set(tmp_path, capsys, caplog):
+    """rlzoo eval --task d.jsonl --eval-size 20 on a 20-row file evaluated n=4: the cap that keeps training rows
+    applied though nothing trains. It evaluates all 20 now, without the warning; `--run RUN` on the run's own task
+    still evaluates the held-out set the run was trained with (capped: the other rows were trained on)."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"What is {i}+1?", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        assert main(["eval", "--model", "tiny-random", "--task", str(path), "--eval-size", "20",
+                     "--max-completion-length", "2", "--output", str(tmp_path / "all.json")]) == 0
+    assert json.loads((tmp_path / "all.json").read_text())["n"] == 20 and "capped" not in caplog.text
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**{**TINY, "eval_size": 200}, task=str(path), max_steps=1, output_dir=str(run))).train()
+    assert main(["eval", "--run", str(run), "--max-completion-length", "2", "--output", str(tmp_path / "run.json")]) == 0
+    assert json.loads((tmp_path / "run.json").read_text())["n"] == 4  # the run's held-out set: 20 % of the rows
+
+
 def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
     """A run of Trainer(config, train_dataset=...) used to record the default task (chain_sum): `rlzoo eval --run`
     evaluated on chain_sum, `--config RUN/config.json` trained on it, and a resume failed inside the task stream."""

@@ -255,6 +255,23 @@ def test_a_bad_row_of_a_python_data_set_or_stream_is_named_by_its_row():
         next(items)
 
 
+def test_a_task_only_evaluated_holds_out_eval_size_rows_without_the_cap(tmp_path, caplog):
+    """evaluation_only (rlzoo eval): nothing trains, so the held-out set takes up to eval_size rows, all of a small
+    file; the seeded order is the training task's, so its capped held-out set is a prefix. A stream alike."""
+    import datasets
+
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)])
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        task = load_task(path, eval_size=200, evaluation_only=True)
+        assert len(load_task(path, eval_size=15, evaluation_only=True).eval_items()) == 15
+    assert len(task.eval_items()) == 20 and not caplog.text
+    assert _questions(task.eval_items())[:4] == _questions(load_task(path, eval_size=200).eval_items())
+    with pytest.raises(ValueError, match="is only evaluated.*none is left for training"):
+        next(task.train_items())
+    stream = datasets.Dataset.from_list([{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]).to_iterable_dataset()
+    assert len(DatasetTask(name="s", dataset=stream, eval_size=200, evaluation_only=True).eval_items()) == 20
+
+
 def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):
     path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)])
     with caplog.at_level("WARNING", logger="rlzoo.train"):

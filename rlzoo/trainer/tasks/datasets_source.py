@@ -198,6 +198,9 @@ class DatasetTask(Task):
         kwargs: the ``--task.NAME`` options the data set was loaded with (part of the stream's identity).
         origin, eval_origin: where the training and held-out rows come from, for errors (:class:`RowOrigin`;
             None: ``data set NAME`` and ``data set NAME (held out)``, rows numbered from 0).
+        evaluation_only: the task is only evaluated (``rlzoo eval``), nothing trains on it: the held-out set cut
+            from the training rows takes up to ``eval_size`` of them, without the :data:`MAX_EVAL_FRACTION` cap
+            (its training stream may be empty, and is an error when read).
 
     Every row of a ``Dataset`` (and the held-out rows used) is checked at construction (:func:`check_rows`), so
     that a bad row is refused before training rather than when the stream reaches it; an ``IterableDataset``'s
@@ -218,6 +221,7 @@ class DatasetTask(Task):
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     origin: RowOrigin | None = None
     eval_origin: RowOrigin | None = None
+    evaluation_only: bool = False
     train_seed: int = 1
     eval_seed: int = 1000
     eval_size: int = 200
@@ -245,10 +249,10 @@ class DatasetTask(Task):
             eval_rows = [self.eval_dataset[i] for i in range(min(wanted, len(self.eval_dataset)))]
         else:
             random.Random(self.eval_seed).shuffle(order)
-            k = self._capped(wanted, n)
+            k = min(wanted, n) if self.evaluation_only else self._capped(wanted, n)
             eval_rows = [self.dataset[j] for j in order[:k]]
             order = order[k:]
-        if not order:
+        if not order and not self.evaluation_only:
             raise ValueError(f"task {self.name!r} has {n} rows; none is left for training")
         object.__setattr__(self, "_eval_rows", eval_rows)
         object.__setattr__(self, "_pool", order)
@@ -272,6 +276,12 @@ class DatasetTask(Task):
         if self.eval_dataset is not None:
             eval_rows, skip, left = self._first_rows(self.eval_dataset, wanted), 0, self._first_rows(self.dataset, 1)
             self._check_row_list(eval_rows, self.eval_origin)
+        elif self.evaluation_only:  # nothing trains on it: no cap, and no row need be left
+            eval_rows = self._first_rows(self.dataset, wanted)
+            self._check_row_list(eval_rows, self.origin)
+            object.__setattr__(self, "_eval_rows", eval_rows)
+            object.__setattr__(self, "_skip", len(eval_rows))
+            return
         else:
             head = self._first_rows(self.dataset, max(1, math.ceil(wanted / MAX_EVAL_FRACTION)))
             skip = wanted if len(head) >= wanted / MAX_EVAL_FRACTION else self._capped(wanted, len(head))
@@ -354,6 +364,9 @@ class DatasetTask(Task):
             yield from self._stream_items(start)
             return
         pool: list[int] = self.__dict__["_pool"]
+        if not pool:
+            raise ValueError(f"task {self.name!r} is only evaluated (evaluation_only): all its rows are held out, none "
+                             "is left for training")
         epoch, offset = divmod(start, len(pool))
         while True:
             order = list(pool)

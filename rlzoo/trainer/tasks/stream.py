@@ -1,5 +1,7 @@
 """The trainer's view of a task: a training cursor, the held-out set, prompts and completion scores."""
 
+import contextlib
+import contextvars
 import itertools
 import json
 import os
@@ -24,11 +26,27 @@ from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reas
 from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
-           "dataset_task_name", "load_task", "make_task", "recorded_task"]
+           "dataset_task_name", "evaluation_only", "load_task", "make_task", "recorded_task"]
 
 PYTHON_DATASET = "train_dataset:"
 """How a data set given from Python (``Trainer(config, train_dataset=...)``) is named: ``train_dataset:`` and its
 ``datasets`` fingerprint. A run records this name as its ``task``; it cannot be loaded by name."""
+
+
+_EVALUATION_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("rlzoo_evaluation_only", default=False)
+
+
+@contextlib.contextmanager
+def evaluation_only(enabled: bool = True) -> Iterator[None]:
+    """Within it (``enabled``), :func:`build_task` builds tasks that are only evaluated (``rlzoo eval``): a data
+    set's held-out set is up to ``eval_size`` of its rows, without the cap that keeps rows for training
+    (:attr:`DatasetTask.evaluation_only`). ``rlzoo eval --run RUN`` on the run's own task leaves it off, so that it
+    evaluates the held-out set the run was trained with."""
+    token = _EVALUATION_ONLY.set(enabled)
+    try:
+        yield
+    finally:
+        _EVALUATION_ONLY.reset(token)
 
 
 def dataset_task_name(train_dataset: Any) -> str:
@@ -71,9 +89,11 @@ def load_task(
     eval_seed: int = 1000,
     eval_size: int = 200,
     exclude_eval_questions: bool = False,
+    evaluation_only: bool = False,
 ) -> Task:
     """A task from a reasoning-gym data set name (with its config ``kwargs``), or a data set that ``datasets``
-    loads: a data file, a ``save_to_disk`` or hub-style directory, a hub id (``kwargs``: :data:`DATASET_OPTIONS`).
+    loads: a data file, a ``save_to_disk`` or hub-style directory, a hub id (``kwargs``: :data:`DATASET_OPTIONS`;
+    ``evaluation_only``: :attr:`DatasetTask.evaluation_only`).
 
     Raises:
         UnknownNameError: neither a data set nor a reasoning-gym name (lists the available names).
@@ -94,7 +114,7 @@ def load_task(
         origin, eval_origin = row_origins(name_or_path, split=options.get("split") or "train",
                                           eval_split=options.get("eval_split"))
         return DatasetTask(name=name_or_path, dataset=train, eval_dataset=held_out, kwargs=options, origin=origin,
-                           eval_origin=eval_origin, **columns, **common)
+                           eval_origin=eval_origin, evaluation_only=evaluation_only, **columns, **common)
     return ReasoningGymTask(
         name=name_or_path,
         kwargs=dict(kwargs or {}),
@@ -263,7 +283,8 @@ def check_python_dataset(name: str, data: Any) -> None:
 
 def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
     """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
-    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``).
+    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``); only
+    evaluated within :func:`evaluation_only`.
 
     Raises:
         WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
@@ -282,12 +303,14 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
                                  eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
-                                 eval_origin=RowOrigin("eval_dataset"), **columns, **common)
+                                 eval_origin=RowOrigin("eval_dataset"), evaluation_only=_EVALUATION_ONLY.get(),
+                                 **columns, **common)
     elif eval_dataset is not None:
         raise ValueError("eval_dataset needs a train_dataset")
     else:
         check_loadable_task(config.task)
-        task = load_task(config.task, kwargs=config.resolved_task_kwargs, **common)
+        task = load_task(config.task, kwargs=config.resolved_task_kwargs, evaluation_only=_EVALUATION_ONLY.get(),
+                         **common)
     if config.system_prompt is not None and isinstance(task, DatasetTask) and not task.conversational:
         raise ValueError("system_prompt applies to conversational prompts (lists of messages); this data set's "
                          "prompts are strings (TRL's standard format, used as they are)")
