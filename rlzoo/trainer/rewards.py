@@ -14,7 +14,10 @@ A reward function is called as TRL 1.16's GRPOTrainer calls it (``_calculate_rew
 - ``completion_ids``: the completion token ids (lists, EOS included, no padding).
 - ``trainer_state``: a ``transformers.TrainerState`` whose ``global_step`` is the optimizer steps taken and
   ``max_steps`` the run's length (for curricula).
-- ``log_extra(column, values)``: adds a column to the completions table (``--log-completions``);
+- ``log_extra(column, values)``: adds a column to the completions table (``--log-completions``), one value per
+  completion (a function may log a column in several calls, as TRL extends it; another count is an error naming
+  the function, the column and the counts, where TRL would misalign the table); when several functions log the
+  same column the last one logged is kept, as TRL keeps it (a warning when the values differ);
   ``log_metric(name, value)``: a scalar averaged over the step and logged with the step's metrics.
 - ``columns``: every other column of the item (:attr:`rlzoo.trainer.tasks.TaskItem.columns`), one entry per
   completion (TRL repeats each prompt's columns over its ``G`` completions). Write functions with ``**kwargs``.
@@ -30,11 +33,12 @@ import collections
 import dataclasses
 import functools
 import inspect
+import logging
 import math
 import numbers
 import threading
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +62,8 @@ from rlzoo.trainer.reward_functions import (
 )
 from rlzoo.trainer.reward_loading import RewardModel, load_reward_function
 from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, Task, TaskItem, TaskStream, is_conversational
+
+log = logging.getLogger("rlzoo.train")
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -208,6 +214,8 @@ class RewardSet:
         self.trainer_state = TrainerState(max_steps=max_steps)
         self._task = base_task  # whose columns the functions get (named in their errors)
         self.extra_columns: dict[str, list[Any]] = collections.defaultdict(list)
+        self._extra_rows = 0  # completions scored since the extra columns were last taken (aligns the columns)
+        self._warned_extra: set[tuple[str, tuple[str, ...]]] = set()
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -215,7 +223,10 @@ class RewardSet:
         return f"RewardSet(names={self.names}, weights={self.weights})"
 
     def log_extra(self, column: str, values: Sequence[Any]) -> None:
-        """TRL's ``log_extra``: add ``values`` (one per completion) to the completions table's ``column``."""
+        """TRL's ``log_extra``: add ``values`` (one per completion) to the completions table's ``column``.
+
+        Reward functions called by the set get a ``log_extra`` of their own that checks the count (see
+        :meth:`__call__`); this one, for calls outside of the set's, appends as given."""
         self.extra_columns[column].extend(values)
 
     def log_metric(self, name: str, value: float) -> None:
@@ -227,7 +238,59 @@ class RewardSet:
         the trainer can attach each call's values to the completions it scored)."""
         extra = dict(self.extra_columns)
         self.extra_columns.clear()
+        self._extra_rows = 0
         return extra
+
+    def _extra_logger(self, name: str, logged: dict[str, dict[str, list[Any]]]) -> Callable[[str, Sequence[Any]], None]:
+        """The ``log_extra`` given to reward function ``name`` in one call: collects its values per column in
+        ``logged`` (column -> function -> values; the function that logged a column last comes last), extending
+        them when it logs a column again, as TRL's ``_log_completion_extra``."""
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+                raise RewardFunctionError(f"reward function {name!r} logged {type(values).__name__} for column "
+                                          f"{column!r} with log_extra; expected a list, one value per completion")
+            by_function = logged.setdefault(column, {})
+            by_function[name] = [*by_function.pop(name, []), *values]
+
+        return log_extra
+
+    def _record_extra(self, logged: Mapping[str, Mapping[str, list[Any]]], n: int) -> None:
+        """Add one call's ``log_extra`` columns (``n`` completions) to :attr:`extra_columns`, aligned: a column not
+        logged by this call (or only by later ones) is None for its completions.
+
+        As TRL 1.16 (``_log_completion_extra`` extends the batch's list; the table keeps the generation batch's last
+        values), a column several functions logged keeps the values of the one that logged it last (a warning,
+        once, when their values differ). A count other than ``n`` is an error, where TRL would misalign the table.
+
+        Raises:
+            RewardFunctionError: a function logged a column with a count other than ``n`` (names it, the column and
+                both counts).
+        """
+        for column, by_function in logged.items():
+            for name, values in by_function.items():
+                if len(values) != n:
+                    raise RewardFunctionError(
+                        f"reward function {name!r} logged {len(values)} values for column {column!r} with log_extra, "
+                        f"but {n} completions were scored (one value per completion; TRL would misalign the "
+                        "completions table)")
+        for column, by_function in logged.items():
+            names = tuple(by_function)
+            if len(names) > 1 and (column, names) not in self._warned_extra:
+                first = next(iter(by_function.values()))
+                try:
+                    same = all(bool(values == first) for values in by_function.values())
+                except (ValueError, TypeError):  # values whose == is not a bool (arrays)
+                    same = False
+                if not same:
+                    self._warned_extra.add((column, names))
+                    log.warning("reward functions %s all log the column %r with log_extra; the completions table "
+                                "keeps the values of %r (the last logged, as TRL)", ", ".join(map(repr, names)), column,
+                                names[-1])
+        for column in [*self.extra_columns, *(c for c in logged if c not in self.extra_columns)]:
+            values = list(logged[column].values())[-1] if column in logged else [None] * n
+            self.extra_columns[column] = [*self.extra_columns.get(column, [None] * self._extra_rows), *values]
+        self._extra_rows += n
 
     def take_logged(self, dist: Distributed = ONE_PROCESS) -> tuple[dict[str, float], dict[str, list[Any]]]:
         """The metrics and extra columns logged since the last call, which forgets them. A metric is the mean of every
@@ -288,7 +351,8 @@ class RewardSet:
             ValueError: ``prompts``, ``completions``, ``completion_ids`` or a column of different lengths, or
                 a column named like a reward-function argument.
             RewardFunctionError: a function raised (chained), returned a non-sequence, the wrong number of
-                values, a non-number (str, list...), or NaN/inf; the message names the function.
+                values, a non-number (str, list...), or NaN/inf, or logged a ``log_extra`` column with a count
+                other than ``N`` (see :meth:`_record_extra`); the message names the function.
         """
         n = len(completions)
         columns = dict(columns or {})
@@ -308,18 +372,21 @@ class RewardSet:
         call = {"prompts": list(prompts), "completions": list(completions), **kwargs}
         table = torch.empty(n, len(self.functions), dtype=torch.float32)
         pending = []
+        logged: dict[str, dict[str, list[Any]]] = {}
         for k, (fn, name) in enumerate(zip(self.functions, self.names, strict=True)):
+            own = {**call, "log_extra": self._extra_logger(name, logged)}
             if _is_async(fn):
-                pending.append((k, fn, name))
+                pending.append((k, fn, name, own))
                 continue
             try:
-                values = fn(**call)
+                values = fn(**own)
             except Exception as err:
                 raise reward_error(name, fn, err, call, self._task) from err
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
-        for (k, _, name), values in zip(pending, self._gather([(fn, name) for _, fn, name in pending], call),
-                                        strict=True):
+        for (k, _, name, _), values in zip(pending, self._gather([(fn, name, own) for _, fn, name, own in pending]),
+                                           strict=True):
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
+        self._record_extra(logged, n)
         weights = torch.tensor(self.weights, dtype=torch.float32)
         unscorable = torch.isnan(table).all(dim=1)
         total = (table * weights).nansum(dim=1)
@@ -332,22 +399,23 @@ class RewardSet:
         metrics["reward_std"] = float(nanstd(total))
         return RewardOutput(per_function=table, total=total, metrics=metrics)
 
-    def _gather(self, functions: list[tuple[Any, str]], call: Mapping[str, Any]) -> list[Any]:
-        """Await the async functions together on the set's event loop (started on first use, in a daemon thread)."""
+    def _gather(self, functions: list[tuple[Any, str, Mapping[str, Any]]]) -> list[Any]:
+        """Await the async functions (each with its call's arguments) together on the set's event loop (started on
+        first use, in a daemon thread)."""
         if not functions:
             return []
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="rlzoo-rewards", daemon=True).start()
 
-        async def one(fn: Any, name: str) -> Any:
+        async def one(fn: Any, name: str, call: Mapping[str, Any]) -> Any:
             try:
                 return await fn(**call)
             except Exception as err:
                 raise reward_error(name, fn, err, call, self._task) from err
 
         async def every() -> list[Any]:
-            return list(await asyncio.gather(*(one(fn, name) for fn, name in functions)))
+            return list(await asyncio.gather(*(one(fn, name, call) for fn, name, call in functions)))
 
         return asyncio.run_coroutine_threadsafe(every(), self._loop).result()
 

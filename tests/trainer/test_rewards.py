@@ -153,7 +153,7 @@ def test_columns_and_completion_ids_reach_functions():
     )
     state = seen.pop("trainer_state")
     assert state is rewards.trainer_state and (state.global_step, state.max_steps) == (0, 7)
-    assert seen.pop("log_extra") == rewards.log_extra and seen.pop("log_metric") == rewards.log_metric
+    assert callable(seen.pop("log_extra")) and seen.pop("log_metric") == rewards.log_metric  # log_extra: its own
     assert seen == {
         "prompts": ["p1", "p2"],
         "completions": ["c1", "c2"],
@@ -373,3 +373,58 @@ def test_a_reward_model_directory_without_tokenizer_says_so(tmp_path, monkeypatc
         RewardModel(str(tmp_path / "empty"))
     with pytest.raises(OSError, match=r"^cannot load reward model 'no-such-org/no-such-rm' \(HF_HUB_OFFLINE is set"):
         RewardModel("no-such-org/no-such-rm")
+
+
+def test_log_extra_columns_are_checked_and_the_last_logger_wins(caplog):
+    """A log_extra column with one value too few used to leave NaN in the completions table silently, and a column
+    two functions logged kept the first one's values. As TRL 1.16 (``_log_completion_extra`` extends the batch's
+    list, the table's deque keeps the generation batch's last values), the function that logged a column last wins
+    (a warning when the values differ); a count TRL would misalign is an error naming the function, the column
+    and both counts."""
+    import logging
+
+    def logger(column, make):
+        def fn(prompts, completions, log_extra, **kwargs):
+            log_extra(column, make(completions))
+            return [0.0] * len(completions)
+
+        fn.__name__ = f"logs_{column}_{make.__name__}"
+        return fn
+
+    def short(completions):
+        return [len(c) for c in completions][:-1]
+
+    with pytest.raises(RewardFunctionError, match=r"^reward function 'logs_size_short' logged 2 values for column "
+                                                  r"'size' with log_extra, but 3 completions were scored"):
+        RewardSet([logger("size", short)])(["p"] * 3, ["a", "bb", "ccc"])
+
+    def upper(completions):
+        return [c.upper() for c in completions]
+
+    def lower(completions):
+        return [c.lower() for c in completions]
+
+    rewards = RewardSet([logger("text", upper), logger("same", upper), logger("text", lower),
+                         logger("same", upper)])
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        rewards(["p"] * 2, ["Ab", "cD"])
+    extra = rewards.take_extra()
+    assert extra == {"text": ["ab", "cd"], "same": ["AB", "CD"]}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "'logs_text_upper', 'logs_text_lower'" in warnings[0]
+    assert "keeps the values of 'logs_text_lower'" in warnings[0]
+
+    def in_two_parts(prompts, completions, log_extra, **kwargs):  # TRL extends: two halves make one column
+        log_extra("half", completions[:1])
+        log_extra("half", completions[1:])
+        return [0.0] * len(completions)
+
+    def second_call_only(prompts, completions, log_extra, **kwargs):
+        if completions[0] == "x":
+            log_extra("late", ["L"] * len(completions))
+        return [0.0] * len(completions)
+
+    rewards = RewardSet([in_two_parts, second_call_only])
+    rewards(["p"] * 2, ["a", "b"])
+    rewards(["p"] * 2, ["x", "y"])  # two batches before the columns are taken: each column stays aligned
+    assert rewards.take_extra() == {"half": ["a", "b", "x", "y"], "late": [None, None, "L", "L"]}
