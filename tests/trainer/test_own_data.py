@@ -138,6 +138,22 @@ def test_python_api_takes_datasets_and_iterable_datasets(tmp_path):
     assert second[10:] == ["15 + 15 =", "2 + 2 =", "3 + 3 =", "4 + 4 =", "5 + 5 ="]
 
 
+def test_a_dataset_trains_with_an_iterable_dataset_held_out(tmp_path):
+    """Trainer(config, train_dataset=Dataset, eval_dataset=IterableDataset) failed with "object of type
+    'IterableDataset' has no len()"; the held-out set is the stream's first eval_size rows."""
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(5)])
+    config = TrainConfig(**{**TINY, "eval_size": 3}, max_steps=1, output_dir=str(tmp_path / "run"))
+    trainer = Trainer(config, train_dataset=train, eval_dataset=held_out.to_iterable_dataset())
+    assert [i.question for i in trainer.evaluator.task.eval_items] == ["0 + 1 =", "1 + 1 =", "2 + 1 ="]
+    history = trainer.train()
+    assert history[-1]["step"] == 1 and "eval/accuracy" in history[0]
+    bad = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}, {"prompt": "", "answer": "1"}])
+    with pytest.raises(ValueError, match=r"^eval_dataset row 1: the prompt column 'prompt' is empty"):
+        Trainer(dataclasses.replace(config, output_dir=str(tmp_path / "bad")), train_dataset=train,
+                eval_dataset=bad.to_iterable_dataset())
+
+
 def test_a_small_stream_holds_out_at_most_a_fifth_and_an_empty_one_fails_at_once(caplog):
     """An IterableDataset without eval_dataset gets the map-style cap: 30 rows and eval_size 200 hold out 6 rows
     (with the warning), not all 30 (which left an empty training stream, found only after the model loaded)."""

@@ -244,7 +244,10 @@ class DatasetTask(Task):
         self._check_rows(self.dataset, self.origin)
         n = len(self.dataset)
         order = list(range(n))
-        if self.eval_dataset is not None:
+        if self.eval_dataset is not None and self._is_stream(self.eval_dataset):  # its first eval_size rows
+            eval_rows = self._first_rows(self.eval_dataset, wanted)
+            self._check_row_list(eval_rows, self.eval_origin)
+        elif self.eval_dataset is not None:
             self._check_rows(self.eval_dataset, self.eval_origin, limit=wanted)
             eval_rows = [self.eval_dataset[i] for i in range(min(wanted, len(self.eval_dataset)))]
         else:
@@ -296,9 +299,13 @@ class DatasetTask(Task):
 
     @property
     def _streaming(self) -> bool:
+        return self._is_stream(self.dataset)
+
+    @staticmethod
+    def _is_stream(data: Any) -> bool:
         import datasets
 
-        return isinstance(self.dataset, datasets.IterableDataset)
+        return isinstance(data, datasets.IterableDataset)
 
     def _check_columns(self, data: Any, what: str) -> None:
         columns = data.column_names
