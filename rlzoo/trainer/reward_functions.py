@@ -19,6 +19,7 @@ __all__ = [
     "RewardFunctionError",
     "accuracy_reward",
     "completion_text",
+    "factory_error",
     "format_reward",
     "nanstd",
     "reward_error",
@@ -46,6 +47,37 @@ class RewardFunctionError(ValueError):
 
 REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """The arguments TRL 1.16 passes every reward function besides the data set's columns."""
+
+
+_FACTORY_ADVICE = {
+    "get_soft_overlong_punishment": (
+        "; on the command line, --reward-funcs get_soft_overlong_punishment builds it as TRL's script does "
+        "(max_completion_len=1280, soft_punish_cache=256), and --overlong-buffer L_CACHE adds the same punishment "
+        "to the combined reward with max_completion_len = --max-completion-length"),
+}
+"""What rlzoo offers on the command line for TRL's factories (by name), added to :func:`factory_error`."""
+
+
+def factory_error(name: str, fn: Any) -> RewardFunctionError | None:
+    """The error for ``fn`` (named ``name`` as the user gave it) being a factory that makes a reward function
+    rather than one: a function or class whose parameters hold none of :data:`REWARD_ARGUMENTS` and no
+    ``**kwargs`` (so that TRL's call could not work), e.g. ``trl.rewards.get_soft_overlong_punishment``. The
+    message says to call it first (its required parameters as ``name=...``) and what rlzoo offers on the command
+    line for TRL's factories. None when ``fn`` takes a reward function's arguments (or has no signature)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD or p.name in REWARD_ARGUMENTS for p in parameters):
+        return None
+    short = str(getattr(fn, "__name__", None) or type(fn).__name__)
+    required = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,)]
+    taken = ", ".join(p.name for p in parameters) or "none"
+    call = f"{short}({', '.join(f'{n}=...' for n in required)})"
+    return RewardFunctionError(
+        f"reward function {name!r} is a factory, not a reward function (its parameters: {taken}; a reward function "
+        f"takes completions or **kwargs): call it first and give its result, from Python: Trainer(config, "
+        f"reward_funcs=[{call}])" + _FACTORY_ADVICE.get(short, ""))
 
 
 def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any],

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rlzoo.registry import WrongTypeError
-from rlzoo.trainer.reward_functions import RewardFunctionError
+from rlzoo.trainer.reward_functions import RewardFunctionError, factory_error
 
 __all__ = ["TRL_REWARD_NAMES", "RewardModel", "load_reward_function", "recorded_module_reward"]
 
@@ -48,8 +48,8 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
         ValueError: ``spec`` fits none of the forms.
         ImportError: the module (or file) cannot be found or fails to import (its error is chained); a TRL name
             or ``trl.*`` path without ``trl`` (names the ``trl`` extra).
-        RewardFunctionError: the module has no such attribute (the message lists its public callables), or the
-            attribute is not callable.
+        RewardFunctionError: the module has no such attribute (the message lists its public callables), the
+            attribute is not callable, or it is a factory of reward functions (says to call it first).
         OSError: a reward model that cannot be loaded (offline and not cached, not a checkpoint).
     """
     if spec in TRL_REWARD_NAMES:
@@ -59,12 +59,12 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
     if sep:
         if not module_name or not attr.isidentifier():
             raise ValueError(f"reward function {spec!r} must be 'module:function' (or 'file.py:function')")
-        return _attribute(spec, module_name, attr)
+        return _reward_attribute(spec, module_name, attr)
     if Path(spec).is_dir():
         return RewardModel(spec, device=device)
     if re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):
         module_name, _, attr = spec.rpartition(".")
-        return _attribute(spec, module_name, attr)
+        return _reward_attribute(spec, module_name, attr)
     if re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", spec):
         return RewardModel(spec, device=device)
     raise ValueError(f"reward function {spec!r} must be 'module:function', 'file.py:function', 'pkg.module.function', "
@@ -170,6 +170,15 @@ def _import_file(spec: str, path: Path, shown: str) -> Any:
         sys.modules.pop(mod_spec.name, None)
         raise ImportError(f"reward function {spec!r}: importing {shown!r} failed: {err!r}") from err
     return module
+
+
+def _reward_attribute(spec: str, module_name: str, attr: str) -> Any:
+    """:func:`_attribute`, refusing a factory (:func:`~rlzoo.trainer.reward_functions.factory_error`)."""
+    fn = _attribute(spec, module_name, attr)
+    error = factory_error(spec, fn)
+    if error is not None:
+        raise error
+    return fn
 
 
 def _attribute(spec: str, module_name: str, attr: str) -> Any:

@@ -56,6 +56,7 @@ from rlzoo.trainer.reward_functions import (
     RewardFunctionError,
     accuracy_reward,
     completion_text,
+    factory_error,
     format_reward,
     nanstd,
     reward_error,
@@ -139,6 +140,8 @@ class RewardSet:
         ValueError: no functions, a weight count that does not match, non-finite weights, repeated names,
             ``"accuracy"`` without a task (or a task without answers).
         UnknownNameError: a name that is neither built-in nor a loadable spelling (lists the built-ins).
+        RewardFunctionError: a callable that is a factory of reward functions (e.g. TRL's
+            ``get_soft_overlong_punishment``; says to call it first).
         TypeError: an entry that is neither a string nor callable; :class:`~rlzoo.registry.WrongTypeError` (also a
             ``ValueError``) a ``torch.nn.Module`` that is not a ``PreTrainedModel``.
         and the errors of :func:`load_reward_function`.
@@ -184,6 +187,9 @@ class RewardSet:
             elif isinstance(spec, torch.nn.Module):  # TRL's reward model object; a module is callable, but not so
                 fn = RewardModel(spec, device=device)
             elif callable(spec):
+                error = factory_error(_function_name(spec), spec)
+                if error is not None:
+                    raise error
                 fn = spec
             else:
                 raise TypeError(f"reward function {spec!r} is neither a name nor callable")

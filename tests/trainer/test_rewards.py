@@ -428,3 +428,27 @@ def test_log_extra_columns_are_checked_and_the_last_logger_wins(caplog):
     rewards(["p"] * 2, ["a", "b"])
     rewards(["p"] * 2, ["x", "y"])  # two batches before the columns are taken: each column stays aligned
     assert rewards.take_extra() == {"half": ["a", "b", "x", "y"], "late": [None, None, "L", "L"]}
+
+
+def test_a_reward_function_factory_is_refused_saying_to_call_it():
+    """`--reward-funcs trl.rewards.get_soft_overlong_punishment` (TRL's dotted spelling of a factory) advised to
+    rename a data set column to 'max_completion_len'. A function whose parameters are not a reward function's (no
+    completions or other reward argument, no **kwargs) is now refused as a factory: call it first (its required
+    parameters), and, for TRL's overlong punishment, the bare name and --overlong-buffer."""
+    from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment
+
+    for spec in ("trl.rewards.get_soft_overlong_punishment", "trl.rewards:get_soft_overlong_punishment"):
+        with pytest.raises(RewardFunctionError) as err:
+            RewardSet([spec])
+        message = str(err.value)
+        assert message.startswith(f"reward function {spec!r} is a factory, not a reward function (its parameters: "
+                                  "max_completion_len, soft_punish_cache;")
+        assert "reward_funcs=[get_soft_overlong_punishment(max_completion_len=..., soft_punish_cache=...)]" in message
+        assert "--reward-funcs get_soft_overlong_punishment" in message and "--overlong-buffer" in message
+        assert "column" not in message
+    with pytest.raises(RewardFunctionError, match=r"'get_repetition_penalty_reward' is a factory.*"
+                                                  r"reward_funcs=\[get_repetition_penalty_reward\(\)\]"):
+        RewardSet([get_repetition_penalty_reward])  # a Python callable as well
+    made = get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4)  # its result is a reward function
+    assert RewardSet([made, get_repetition_penalty_reward()]).names == ("soft_overlong_punishment_reward",
+                                                                         "repetition_penalty_reward")
