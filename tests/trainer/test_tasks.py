@@ -272,6 +272,40 @@ def test_a_task_only_evaluated_holds_out_eval_size_rows_without_the_cap(tmp_path
     assert len(DatasetTask(name="s", dataset=stream, eval_size=200, evaluation_only=True).eval_items()) == 20
 
 
+def test_a_split_takes_datasets_split_syntax(tmp_path, caplog):
+    """--task.split "train[:10]" was refused ("has no split"): datasets' split syntax (slices, percents, +) is read
+    with datasets.ReadInstruction, for a data file (its one split, train), a saved DatasetDict and a saved Dataset;
+    an error in a slice names its row as the file numbers it."""
+    import datasets
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+    path = _write_jsonl(tmp_path / "t.jsonl", rows)
+    task = load_task(path, kwargs={"split": "train[5:]", "eval_split": "train[:5]"}, eval_size=3)
+    assert task.dataset["prompt"] == [f"q{i}" for i in range(5, 20)]
+    assert _questions(task.eval_items()) == ["q0", "q1", "q2"]
+    assert len(load_task(path, kwargs={"split": "train[:50%]+train[-2:]"}, eval_size=0).dataset) == 12
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        load_task(path, kwargs={"split": "train[:10]", "eval_split": "train[5:15]"}, eval_size=2)
+    assert "--task.eval_split train[5:15] and --task.split train[:10] share 5 rows" in caplog.text
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [*rows[:7], {"prompt": "q7"}, *rows[8:]])
+    with pytest.raises(ValueError, match=r"^task file '.*bad.jsonl' row 7 \(line 8\): the answer column"):
+        load_task(bad, kwargs={"split": "train[5:]"}, eval_size=0)
+    assert len(load_task(bad, kwargs={"split": "train[:7]+train[8:]"}, eval_size=0).dataset) == 19
+    for split, message in (("train[x]", r"'train\[x\]' is not valid in datasets' split syntax \(Unrecognized"),
+                           ("train[:0]", r"'train\[:0\]' selects no row \(its splits: train has 20\)"),
+                           ("test[:5]", r"has no split 'test\[:5\]'; its splits: train")):
+        with pytest.raises(ValueError, match=message):
+            load_task(path, kwargs={"split": split}, eval_size=0)
+    saved = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:15]),
+                                  "test": datasets.Dataset.from_list(rows[15:])})
+    saved.save_to_disk(str(tmp_path / "dict"))
+    task = load_task(str(tmp_path / "dict"), kwargs={"split": "train[:10]", "eval_split": "test[:3]"}, eval_size=5)
+    assert len(task.dataset) == 10 and _questions(task.eval_items()) == ["q15", "q16", "q17"]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    task = load_task(str(tmp_path / "one"), kwargs={"split": "train[10:]", "eval_split": "train[:10]"}, eval_size=2)
+    assert task.dataset["prompt"] == [f"q{i}" for i in range(10, 20)] and _questions(task.eval_items()) == ["q0", "q1"]
+
+
 def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):
     path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)])
     with caplog.at_level("WARNING", logger="rlzoo.train"):

@@ -25,7 +25,8 @@ from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
 from rlzoo.trainer.tasks.extraction import normalized_match
 from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, describe, row_problem
 
-__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_source", "row_origins"]
+__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_rows",
+           "load_dataset_source"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -33,8 +34,8 @@ FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "
 """File suffix -> the ``datasets`` builder that reads it."""
 
 DATASET_OPTIONS: Mapping[str, str] = {
-    "split": "the training split (default train)",
-    "eval_split": "a split to hold out from (default: a seeded split of the training rows)",
+    "split": "the training split (default train), or datasets' split syntax: train[:1000], train[10%:], ...",
+    "eval_split": "a split to hold out from, or a slice (train[:100]) (default: a seeded split of the training rows)",
     "prompt_column": "the column with the prompt: a string or a list of chat messages (default prompt)",
     "answer_column": "the column the held-out accuracy and the accuracy reward compare with (default answer; "
                      "null: none)",
@@ -64,15 +65,32 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
 
     Args:
         spec: a data file, a ``save_to_disk`` directory, a hub-style data set directory or a hub id.
-        split, eval_split: split names (``eval_split`` None: no separate held-out split).
+        split, eval_split: split names, or ``datasets``' split syntax (``train[:100]``, ``train[10%:]``,
+            ``train[:5]+test[:5]``), read with ``datasets.ReadInstruction`` (``eval_split`` None: no separate
+            held-out split). A data file's rows are its one split, ``train``; so are a saved Dataset's.
         name, data_dir, revision: passed to ``datasets.load_dataset`` (hub ids and data set directories).
 
     Raises:
         FileNotFoundError: a data file path that does not exist.
         ValueError: an unknown split (names the available ones; a split other than "train" of a saved Dataset,
-            which has none), or a data set that cannot be loaded (names it; a
-            hub id offline or not found says so; an empty file says so; a file that is not valid names the file
-            and, for JSON lines, the first bad line).
+            which has none), a split slice that is not valid or selects no row, or a data set that cannot be
+            loaded (names it; a hub id offline or not found says so; an empty file says so; a file that is not
+            valid names the file and, for JSON lines, the first bad line).
+    """
+    train, held_out, _, _ = load_dataset_rows(spec, split=split, eval_split=eval_split, name=name, data_dir=data_dir,
+                                              revision=revision)
+    return train, held_out
+
+
+def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None = None, name: str | None = None,
+                      data_dir: str | None = None, revision: str | None = None
+                      ) -> tuple[Any, Any | None, RowOrigin, RowOrigin | None]:
+    """:func:`load_dataset_source`'s data sets and where their rows come from (:class:`RowOrigin`, for errors: a
+    data file's rows as the file numbers them, ``task file 'd.jsonl' row 7 (line 8)``, a directory's or hub id's
+    by split; a slice's rows as its split numbers them).
+
+    Raises:
+        the errors of :func:`load_dataset_source`.
     """
     import datasets
 
@@ -103,29 +121,29 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
         if path.is_file():
             raise _file_error(path, err) from err
         raise ValueError(_load_error(spec, err)) from err
+    label = f"task file {spec!r}" if path.is_file() else f"data set {spec!r}"
     if not isinstance(loaded, Mapping):  # a save_to_disk Dataset: one split, which has no name
         asked = {option: value for option, value in (("split", split), ("eval_split", eval_split))
-                 if value is not None and value != "train"}
+                 if value is not None and _split_names(value) != {"train"}}
         if asked:
             raise ValueError(f"data set {spec!r} is one saved Dataset (save_to_disk), without named splits: drop "
                              + ", ".join(f"--task.{option} {value}" for option, value in asked.items())
-                             + " (the held-out set is then a seeded split of it)")
-        return loaded, None
-    if eval_split is not None and eval_split == split:
+                             + " (the held-out set is then a seeded split of it), or slice it as train[...]")
+        loaded = {"train": loaded}
+    file_path = spec if path.is_file() else None
+    train, origin = _split(loaded, split, spec, "split", label, file_path)
+    if eval_split is None:
+        return train, None, origin, None
+    held_out, eval_origin = _split(loaded, eval_split, spec, "eval_split", label, file_path)
+    if eval_split == split:
         log.warning("data set %r: --task.eval_split %s is the training split: the held-out accuracy is measured on "
                     "training problems", spec, split)
-    return _split(loaded, split, spec), (_split(loaded, eval_split, spec) if eval_split else None)
-
-
-def row_origins(spec: str, *, split: str = "train", eval_split: str | None = None) -> tuple[RowOrigin, RowOrigin | None]:
-    """How errors name the rows of :func:`load_dataset_source`'s ``(training, held-out)`` data sets: a data file's
-    rows as the file numbers them (``task file 'd.jsonl' row 7 (line 8)``), a directory's or hub id's by split."""
-    path = Path(spec)
-    if path.is_file():
-        return (RowOrigin(f"task file {spec!r}", path=spec),
-                None if eval_split is None else RowOrigin(f"task file {spec!r}", path=spec))
-    return (RowOrigin(f"data set {spec!r} split {split!r}"),
-            None if eval_split is None else RowOrigin(f"data set {spec!r} split {eval_split!r}"))
+    elif origin.ranges is not None and eval_origin.ranges is not None and origin.label == eval_origin.label:
+        shared = len(set().union(*origin.ranges) & set().union(*eval_origin.ranges))
+        if shared:
+            log.warning("data set %r: --task.eval_split %s and --task.split %s share %d rows: the held-out accuracy "
+                        "is partly measured on training problems", spec, eval_split, split, shared)
+    return train, held_out, origin, eval_origin
 
 
 def _check_utf8(path: Path) -> bytes:
@@ -141,11 +159,51 @@ def _check_utf8(path: Path) -> bytes:
     return data
 
 
-def _split(loaded: Mapping[str, Any], split: str, spec: str) -> Any:
-    if split not in loaded:
+def _split_names(split: str) -> set[str] | None:
+    """The split names in ``split`` (``datasets``' split syntax), or None when it is not valid syntax."""
+    import datasets
+
+    try:
+        datasets.ReadInstruction.from_spec(split)  # NAME, NAME[SLICE], joined by +
+    except ValueError:
+        return None
+    return {part.split("[")[0].strip() for part in split.split("+")}
+
+
+def _split(loaded: Mapping[str, Any], split: str, spec: str, option: str, label: str,
+           path: str | None) -> tuple[Any, RowOrigin]:
+    """The data set that ``split`` names in ``loaded`` (a split name, or ``datasets``' split syntax, resolved with
+    ``datasets.ReadInstruction``) and where its rows come from."""
+    import datasets
+
+    if split in loaded:
+        return loaded[split], RowOrigin(label if path else f"{label} split {split!r}", path=path)
+    names = _split_names(split)
+    if names is None or not names <= set(loaded):
+        if names is None and "[" in split:
+            try:
+                datasets.ReadInstruction.from_spec(split)
+                why = ""
+            except ValueError as err:
+                why = f" ({err})"
+            raise ValueError(f"data set {spec!r}: --task.{option} {split!r} is not valid in datasets' split syntax"
+                             f"{why}: e.g. train[:100], train[10%:], train[:50%]; its splits: {', '.join(loaded)}")
         raise ValueError(f"data set {spec!r} has no split {split!r}; its splits: {', '.join(loaded)} "
-                         "(choose one with --task.split)")
-    return loaded[split]
+                         f"(choose one with --task.{option}; slice one as train[:100], train[10%:])")
+    try:
+        parts = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in loaded.items()})
+    except ValueError as err:  # e.g. a percent boundary out of range
+        raise ValueError(f"data set {spec!r}: --task.{option} {split!r}: {err}") from None
+    ranges = tuple(range(part.from_, part.to) for part in parts)
+    if not any(ranges):
+        raise ValueError(f"data set {spec!r}: --task.{option} {split!r} selects no row (its splits: "
+                         + ", ".join(f"{k} has {len(v)}" for k, v in loaded.items()) + ")")
+    pieces = [loaded[part.splitname].select(rows) for part, rows in zip(parts, ranges, strict=True)]
+    data = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+    if len(names) == 1:  # rows numbered as their split numbers them
+        base = next(iter(names))
+        return data, RowOrigin(label if path else f"{label} split {base!r}", path=path, ranges=ranges)
+    return data, RowOrigin(f"{label} split {split!r}")
 
 
 def _load_error(spec: str, err: BaseException) -> str:

@@ -17,8 +17,7 @@ from rlzoo.trainer.tasks.datasets_source import (
     DATASET_OPTIONS,
     DatasetTask,
     is_dataset_spec,
-    load_dataset_source,
-    row_origins,
+    load_dataset_rows,
 )
 from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer
 from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
@@ -110,9 +109,8 @@ def load_task(
             raise ValueError(f"unknown option(s) {unknown} for data set task {name_or_path!r}; valid: "
                              f"{', '.join(DATASET_OPTIONS)}")
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
-        train, held_out = load_dataset_source(name_or_path, **{k: v for k, v in options.items() if k not in columns})
-        origin, eval_origin = row_origins(name_or_path, split=options.get("split") or "train",
-                                          eval_split=options.get("eval_split"))
+        train, held_out, origin, eval_origin = load_dataset_rows(
+            name_or_path, **{k: v for k, v in options.items() if k not in columns})
         return DatasetTask(name=name_or_path, dataset=train, eval_dataset=held_out, kwargs=options, origin=origin,
                            eval_origin=eval_origin, evaluation_only=evaluation_only, **columns, **common)
     return ReasoningGymTask(
