@@ -154,6 +154,36 @@ def test_a_dataset_trains_with_an_iterable_dataset_held_out(tmp_path):
                 eval_dataset=bad.to_iterable_dataset())
 
 
+def test_a_replaced_task_and_a_small_held_out_set_are_said(tmp_path, caplog):
+    """TrainConfig(task="d.jsonl") with train_dataset=ds trained on ds without a word about the task; an eval_dataset
+    smaller than eval_size was used in full silently (the held-out split cut from the training rows warns): one
+    warning line each. The default task, and a resume's recorded train_dataset:... name, say nothing."""
+    from rlzoo.trainer.config import TaskConfig
+    from rlzoo.trainer.tasks import build_task
+
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 3)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in train))
+    config = TrainConfig(**{**TINY, "eval_size": 5}, task=str(path))
+    for data in (held_out, held_out.to_iterable_dataset()):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="rlzoo.train"):
+            task = build_task(config.section(TaskConfig), train_dataset=train, eval_dataset=data)
+        assert task.task.dataset is train and len(task.eval_items) == 3
+        assert [r.getMessage() for r in caplog.records] == [
+            (f"train_dataset replaces task {str(path)!r}: the run trains on train_dataset (drop task, or drop "
+            "train_dataset to train on the task)"),
+            (f"task {dataset_task_name(train)}: the held-out set (eval_dataset) has 3 rows, fewer than eval_size=5: "
+            "all 3 are evaluated")]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        for task in ("chain_sum", dataset_task_name(train)):
+            build_task(dataclasses.replace(config, task=task, eval_size=3).section(TaskConfig), train_dataset=train,
+                       eval_dataset=held_out)
+    assert not caplog.records
+
+
 def test_a_small_stream_holds_out_at_most_a_fifth_and_an_empty_one_fails_at_once(caplog):
     """An IterableDataset without eval_dataset gets the map-style cap: 30 rows and eval_size 200 hold out 6 rows
     (with the warning), not all 30 (which left an empty training stream, found only after the model loaded)."""

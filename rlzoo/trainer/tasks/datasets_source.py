@@ -315,6 +315,7 @@ class DatasetTask(Task):
             order = order[k:]
         if not order and not self.evaluation_only:
             raise ValueError(f"task {self.name!r} has {n} rows; none is left for training")
+        self._note_small_held_out(eval_rows, wanted)
         object.__setattr__(self, "_eval_rows", eval_rows)
         object.__setattr__(self, "_pool", order)
 
@@ -329,6 +330,16 @@ class DatasetTask(Task):
                     self.name, self.eval_size, max(0, n - wanted), n, k, 100 * MAX_EVAL_FRACTION)
         return k
 
+    def _note_small_held_out(self, eval_rows: list[Any], wanted: int) -> None:
+        """Log (one warning) a held-out set used in full because it has fewer than ``eval_size`` rows: a separate
+        one (``eval_dataset`` / ``--task.eval_split``) or, when only evaluated, the data set itself (a held-out
+        split cut from the training rows warns in :meth:`_capped` instead)."""
+        if len(eval_rows) >= wanted or (self.eval_dataset is None and not self.evaluation_only):
+            return
+        source = self.eval_origin if self.eval_dataset is not None else self.origin
+        log.warning("task %s: the held-out set (%s) has %d rows, fewer than eval_size=%d: all %d are evaluated",
+                    self.name, source.label if source else "eval_dataset", len(eval_rows), wanted, len(eval_rows))
+
     def _hold_out_stream(self, wanted: int) -> None:
         """An ``IterableDataset``'s held-out rows: ``eval_dataset``'s first ``wanted``, or the training stream's
         first ``wanted``, which the training stream then skips. The stream's head is read up to
@@ -340,6 +351,7 @@ class DatasetTask(Task):
         elif self.evaluation_only:  # nothing trains on it: no cap, and no row need be left
             eval_rows = self._first_rows(self.dataset, wanted)
             self._check_row_list(eval_rows, self.origin)
+            self._note_small_held_out(eval_rows, wanted)
             object.__setattr__(self, "_eval_rows", eval_rows)
             object.__setattr__(self, "_skip", len(eval_rows))
             return
@@ -348,6 +360,8 @@ class DatasetTask(Task):
             skip = wanted if len(head) >= wanted / MAX_EVAL_FRACTION else self._capped(wanted, len(head))
             eval_rows, left = head[:skip], head[skip:]
             self._check_row_list(eval_rows, self.origin)
+        if self.eval_dataset is not None:
+            self._note_small_held_out(eval_rows, wanted)
         if not left:
             raise ValueError(f"task {self.name!r}: the training stream has no row left for training (held out: "
                              f"{skip}); pass eval_dataset or a smaller eval_size")

@@ -4,6 +4,7 @@ import contextlib
 import contextvars
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from rlzoo.registry import UnknownNameError, WrongTypeError
-from rlzoo.trainer.config import TaskConfig
+from rlzoo.trainer.config import DEFAULT_TASK, TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
 from rlzoo.trainer.tasks.datasets_source import (
     DATASET_OPTIONS,
@@ -26,6 +27,8 @@ from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
            "dataset_task_name", "evaluation_only", "load_task", "make_task", "recorded_task"]
+
+log = logging.getLogger("rlzoo.train")
 
 PYTHON_DATASET = "train_dataset:"
 """How a data set given from Python (``Trainer(config, train_dataset=...)``) is named: ``train_dataset:`` and its
@@ -281,8 +284,9 @@ def check_python_dataset(name: str, data: Any) -> None:
 
 def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
     """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
-    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``); only
-    evaluated within :func:`evaluation_only`.
+    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``; a
+    ``config.task`` other than the default is replaced, with a warning); only evaluated within
+    :func:`evaluation_only`.
 
     Raises:
         WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
@@ -297,6 +301,9 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
         check_python_dataset(name, data)
     if train_dataset is not None:
+        if config.task != DEFAULT_TASK and not config.task.startswith(PYTHON_DATASET):
+            log.warning("train_dataset replaces task %r: the run trains on train_dataset (drop task, or drop "
+                        "train_dataset to train on the task)", config.task)
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
