@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlzoo.trainer.config import CheckpointConfig
 from rlzoo.trainer.distributed import Distributed
@@ -202,6 +203,8 @@ class Checkpointer:
             with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
                 dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
             full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
+            if full:
+                full = _without_tied_copies(policy.model, full)
             if dist.is_main:
                 save_pretrained_atomic(policy.model, tokenizer, tmp / "model", state_dict=full)
             files = {f"{name}-rank{dist.rank}.pt": value for name, value in per_rank.items()}
@@ -271,6 +274,15 @@ class Checkpointer:
                 states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
                           settings=trainer_state.get("settings", {}), states=states, row=trainer_state.get("row"))
+
+
+def _without_tied_copies(model: torch.nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with a tied parameter (``lm_head.weight``, the embedding's) under its first name only, as
+    ``save_pretrained`` writes a whole model: gathered from shards, the tied names hold separate tensors, which it
+    would write twice."""
+    first: dict[int, str] = {}
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), name) != name}
+    return {name: value for name, value in state.items() if name not in tied}
 
 
 def rank_states(path: str | Path, name: str) -> list[Any]:

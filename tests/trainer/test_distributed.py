@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rlzoo.trainer import TrainConfig, Trainer
@@ -157,6 +158,8 @@ def test_dcp_checkpoints_resume_on_two_ranks_exactly_and_on_one(two_ranks, tmp_p
     assert history[-1]["num_tokens"] == resume["full"]["num_tokens"][-1]  # both ranks' tokens, counted once
     saved = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()
     assert set(saved) == set(resume["full"]["weights"])
+    with safe_open(checkpoint / "model" / "model.safetensors", "pt") as written:  # the tied lm_head once, as
+        assert "lm_head.weight" not in set(written.keys())  # one process writes it (it was a second copy)
     # the consolidated model is the sharded state's weights (step 2's, which resume bit for bit), value for value
     dcp_to_torch_save(checkpoint / "dcp", tmp_path / "consolidated.pt")
     sharded = {k.removeprefix("model."): v  # the policy module's names: the causal LM is its "model"
