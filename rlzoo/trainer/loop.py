@@ -278,7 +278,7 @@ class Trainer:
             self.logger.open(self.step, previous=previous, row_due=self._pending_row is not None)
             if checkpoint is None or self.step < self.config.max_steps:  # else --resume auto of a complete run
                 self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
-                                          resumed_from=str(checkpoint) if checkpoint else None, changes=changes,
+                                          resumed_from=str(Path(checkpoint).resolve()) if checkpoint else None, changes=changes,
                                           source=source_run / "config.json" if source_run else None)
             log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
                      self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
