@@ -163,6 +163,9 @@ class MetricsLogger:
             ValueError: from :func:`read_metrics`.
         """
         rows, torn = read_metrics(self.path)
+        if torn and self.writes:
+            log.warning("%s: its last line was cut off (a kill while it was written); rewritten without it (the "
+                        "step it belonged to is logged again when it is redone)", self.path)
         if previous is not None and not rows:
             rows, torn = list(previous), True
         if torn:

@@ -335,7 +335,7 @@ def test_outputs_respect_the_umask(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- 8. metrics
-def test_metrics_are_appended_and_a_torn_last_line_is_repaired(tmp_path):
+def test_metrics_are_appended_and_a_torn_last_line_is_repaired(tmp_path, caplog):
     run = tmp_path / "run"
     inodes = []
 
@@ -349,8 +349,10 @@ def test_metrics_are_appended_and_a_torn_last_line_is_repaired(tmp_path):
     assert "history" not in json.loads((run / "checkpoints" / "step-000003" / "trainer_state.json").read_text())
     with open(run / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 4, "loss": 0.')  # a kill in the middle of a write
-    _train(run, max_steps=4, resume="latest")
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        _train(run, max_steps=4, resume="latest")
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert "its last line was cut off" in caplog.text  # said, not silently dropped
 
 
 # -------------------------------------------------------------------------------------------- 9. fail fast
