@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
-from rlzoo.trainer.tasks import check_loadable_task, evaluation_only
+from rlzoo.trainer.tasks import check_loadable_task
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
 
@@ -130,8 +130,7 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     config, checkpoint = eval_config(args)
     # nothing trains: a data set's held-out set is not capped to keep training rows, but for a run's own task,
     # whose held-out set is the one it was trained with
-    with evaluation_only(args.run is None or args.task is not None):
-        result = evaluate(config)
+    result = evaluate(config, evaluation_only=args.run is None or args.task is not None)
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
            "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
            "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,

@@ -177,8 +177,10 @@ class Evaluator:
         return result.metrics()
 
 
-def evaluate(config: TrainConfig) -> EvalResult:
-    """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints).
+def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult:
+    """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints): up to
+    ``eval_size`` of a data set's rows when ``evaluation_only`` (the task only evaluated), else the held-out set a
+    run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task).
 
     Raises:
         ValueError: ``eval_size`` < 1; a task without reference answers (names ``--task.answer_column``), checked
@@ -188,7 +190,7 @@ def evaluate(config: TrainConfig) -> EvalResult:
 
     if config.eval_size < 1:
         raise ValueError(f"eval_size must be >= 1 to evaluate, got {config.eval_size}")
-    task = build_task(config.section(TaskConfig))
+    task = build_task(config.section(TaskConfig), evaluation_only=evaluation_only)
     if not task.task.has_answers:  # accuracy needs them: NaN over 0 problems is not a result (nor valid JSON)
         raise ValueError(f"task {config.task!r} has no reference answers to evaluate against (its answer column is "
                          "unset): pass --task.answer_column COLUMN")

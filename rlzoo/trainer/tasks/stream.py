@@ -1,7 +1,5 @@
 """The trainer's view of a task: a training cursor, the held-out set, prompts and completion scores."""
 
-import contextlib
-import contextvars
 import itertools
 import json
 import logging
@@ -26,29 +24,13 @@ from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reas
 from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
-           "dataset_task_name", "evaluation_only", "load_task", "make_task", "recorded_task"]
+           "dataset_task_name", "load_task", "make_task", "recorded_task"]
 
 log = logging.getLogger("rlzoo.train")
 
 PYTHON_DATASET = "train_dataset:"
 """How a data set given from Python (``Trainer(config, train_dataset=...)``) is named: ``train_dataset:`` and its
 ``datasets`` fingerprint. A run records this name as its ``task``; it cannot be loaded by name."""
-
-
-_EVALUATION_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("rlzoo_evaluation_only", default=False)
-
-
-@contextlib.contextmanager
-def evaluation_only(enabled: bool = True) -> Iterator[None]:
-    """Within it (``enabled``), :func:`build_task` builds tasks that are only evaluated (``rlzoo eval``): a data
-    set's held-out set is up to ``eval_size`` of its rows, without the cap that keeps rows for training
-    (:attr:`DatasetTask.evaluation_only`). ``rlzoo eval --run RUN`` on the run's own task leaves it off, so that it
-    evaluates the held-out set the run was trained with."""
-    token = _EVALUATION_ONLY.set(enabled)
-    try:
-        yield
-    finally:
-        _EVALUATION_ONLY.reset(token)
 
 
 def dataset_task_name(train_dataset: Any) -> str:
@@ -282,11 +264,13 @@ def check_python_dataset(name: str, data: Any) -> None:
     raise WrongTypeError(f"{name} must be a datasets.Dataset or IterableDataset, got {type(data).__name__}: pass {how}")
 
 
-def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None) -> TaskStream:
+def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None,
+               evaluation_only: bool = False) -> TaskStream:
     """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
     ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``; a
-    ``config.task`` other than the default is replaced, with a warning); only evaluated within
-    :func:`evaluation_only`.
+    ``config.task`` other than the default is replaced, with a warning). ``evaluation_only``: the task is only
+    evaluated (``rlzoo eval``): a data set's held-out set is up to ``eval_size`` of its rows, without the cap that
+    keeps rows for training (:attr:`DatasetTask.evaluation_only`).
 
     Raises:
         WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
@@ -308,13 +292,13 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
                                  eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
-                                 eval_origin=RowOrigin("eval_dataset"), evaluation_only=_EVALUATION_ONLY.get(),
+                                 eval_origin=RowOrigin("eval_dataset"), evaluation_only=evaluation_only,
                                  **columns, **common)
     elif eval_dataset is not None:
         raise ValueError("eval_dataset needs a train_dataset")
     else:
         check_loadable_task(config.task)
-        task = load_task(config.task, kwargs=config.resolved_task_kwargs, evaluation_only=_EVALUATION_ONLY.get(),
+        task = load_task(config.task, kwargs=config.resolved_task_kwargs, evaluation_only=evaluation_only,
                          **common)
     if config.system_prompt is not None and isinstance(task, DatasetTask) and not task.conversational:
         raise ValueError("system_prompt applies to conversational prompts (lists of messages); this data set's "
