@@ -27,7 +27,6 @@ from rlzoo.trainer.config import (
     RolloutConfig,
     ScorerConfig,
     SignalConfig,
-    TaskConfig,
     TrackingConfig,
     TrainConfig,
 )
@@ -41,6 +40,7 @@ from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
+from rlzoo.trainer.tasks import TaskStream
 from rlzoo.trainer.trackers import CompletionLog, Trackers
 
 __all__ = ["TRAINER_FIELDS", "Components", "Models", "build_components", "build_models", "check_loss_inputs", "plot_title"]
@@ -168,19 +168,18 @@ class Components:
 
 def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, advantage_fn: Any,
                      reward_funcs: Sequence[Callable[..., list[float | None]]], *, dist: Distributed,
-                     precision: Precision, run_dir: Path, checkpoints: Path, train_dataset: Any, eval_dataset: Any,
+                     precision: Precision, run_dir: Path, checkpoints: Path, task: TaskStream,
                      score_old: bool) -> Components:
-    """The task, rewards, scorer, rollout source, evaluator, optimizer step, checkpointer and metrics logger,
-    each from its own config section.
+    """The rewards, scorer, rollout source, evaluator, optimizer step, checkpointer and metrics logger over
+    ``task`` (built before the models load: :func:`~rlzoo.trainer.tasks.build_task`), each from its own config
+    section.
 
     Raises:
-        The errors of :func:`~rlzoo.trainer.tasks.build_task` and :func:`~rlzoo.trainer.rewards.build_rewards`.
+        The errors of :func:`~rlzoo.trainer.rewards.build_rewards`.
     """
     from rlzoo.trainer.rewards import build_rewards
-    from rlzoo.trainer.tasks import build_task
 
     required = loss_fn.required_fields()
-    task = build_task(config.section(TaskConfig), train_dataset=train_dataset, eval_dataset=eval_dataset)
     rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                             device=precision.device)
     trackers = (Trackers(config.section(TrackingConfig), output_dir=run_dir, settings=config.to_dict())

@@ -34,6 +34,7 @@ from rlzoo.trainer.components import build_components, build_models, check_loss_
 from rlzoo.trainer.config import (
     AlgorithmConfig,
     ModelConfig,
+    TaskConfig,
     TrackingConfig,
     TrainConfig,
 )
@@ -57,7 +58,7 @@ from rlzoo.trainer.resume import (
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory, RunLockedError, timeline_rows
 from rlzoo.trainer.step_batch import OptimizerStepBatch
-from rlzoo.trainer.tasks import check_python_dataset, recorded_task
+from rlzoo.trainer.tasks import build_task, check_python_dataset, recorded_task
 from rlzoo.trainer.trackers import Trackers
 
 __all__ = ["EvalResult", "Trainer", "build_loss", "evaluate", "train"]
@@ -141,6 +142,8 @@ class Trainer:
             raise refusal
         hf_logging.disable_progress_bar()  # checkpoint shard bars would interleave with the run's own
         datasets.disable_progress_bars()
+        task = build_task(config.section(TaskConfig), train_dataset=train_dataset,  # bad data fails before the
+                          eval_dataset=eval_dataset)  # model loads (a hub download, a GGUF conversion)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         models = build_models(config, self.loss_fn, dist=dist, precision=self.precision, model=model,
@@ -149,8 +152,7 @@ class Trainer:
         self.reference, self.teacher = models.reference, models.teacher
         parts = build_components(config, models, self.loss_fn, advantage_fn, reward_funcs, dist=dist,
                                  precision=self.precision, run_dir=self.run_dir.path,
-                                 checkpoints=self.run_dir.checkpoints, train_dataset=train_dataset,
-                                 eval_dataset=eval_dataset, score_old=score_old)
+                                 checkpoints=self.run_dir.checkpoints, task=task, score_old=score_old)
         self.scorer, self.rollouts, self.evaluator = parts.scorer, parts.rollouts, parts.evaluator
         self.optimizer, self.checkpointer, self.logger = parts.optimizer, parts.checkpointer, parts.logger
         self._python_rewards, self._reward_names = parts.python_rewards, parts.reward_names

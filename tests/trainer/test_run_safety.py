@@ -356,6 +356,18 @@ def test_metrics_are_appended_and_a_torn_last_line_is_repaired(tmp_path, caplog)
 
 
 # -------------------------------------------------------------------------------------------- 9. fail fast
+def test_a_bad_data_row_fails_before_the_model_loads(tmp_path, monkeypatch):
+    """The task is built before the models (a hub download or a GGUF conversion can take minutes): a row without
+    an answer is refused first."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}", **({} if i == 3 else {"answer": "1"})}) + "\n"
+                            for i in range(10)))
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", _no_model)
+    monkeypatch.setattr("rlzoo.trainer.adapters.build_policy", _no_model)
+    with pytest.raises(ValueError, match=r"row 3 \(line 4\): the answer column 'answer' is missing"):
+        Trainer(_config(tmp_path / "run", task=str(data)))
+
+
 def test_a_broken_reward_fails_before_the_first_evaluation(tmp_path, monkeypatch):
     def broken(prompts, completions, **columns):
         return [columns["solution"][0]] * len(completions)  # a column the task does not have
