@@ -634,7 +634,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.loss_fn.entropy_coef)
 
 
-def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor, loss: PolicyLoss | None = None) -> Mapping[str, Any]:
+def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor, loss: Any = None) -> Mapping[str, Any]:
     """``inputs`` with NaN sampler log-probs (tokens vLLM could not score) replaced by the old log-probs, or by the
     current ones (``logps``, detached) when only ``loss``'s off-policy sequence mask reads the sampler's.
 
@@ -649,13 +649,15 @@ def _without_nan_sampling(inputs: Mapping[str, Any], logps: Tensor, loss: Policy
     if sampling is None:
         return inputs
     old = inputs.get("old_per_token_logps")
-    fill = old if old is not None and not (loss is not None and _only_the_mask_reads_the_sampler(loss)) else logps
+    fill = old if old is not None and not _only_the_mask_reads_the_sampler(loss) else logps
     return {**inputs, "sampling_per_token_logps": torch.where(torch.isnan(sampling), fill.detach(), sampling)}
 
 
-def _only_the_mask_reads_the_sampler(loss: PolicyLoss) -> bool:
-    """The sampler's log-probs reach ``loss`` only through its off-policy sequence mask (no IS correction,
-    rejection, bypass mode or proximal policy reads them)."""
+def _only_the_mask_reads_the_sampler(loss: Any) -> bool:
+    """The sampler's log-probs reach ``loss`` (a :class:`PolicyLoss`; False for another loss) only through its
+    off-policy sequence mask (no IS correction, rejection, bypass mode or proximal policy reads them)."""
+    if not isinstance(loss, PolicyLoss):
+        return False
     parts = loss.parts()
     return (any(isinstance(p, OffPolicySequenceMask) for p in parts) and not loss.off_policy
             and not any("rollout_logprobs" in p.required_fields() for p in parts))

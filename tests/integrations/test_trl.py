@@ -342,16 +342,22 @@ def test_misaligned_generation_batch_warns(tiny, tmp_path):
         GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
+def _hand_fed(tiny, tmp_path, loss) -> GRPOTrainer:
+    """An integration trainer with ``loss`` for hand-built inputs to ``compute_loss`` (eval mode: the counts come
+    from the batch itself; its rollout_func is never called)."""
+    path, tokenizer = tiny
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
+                          rollout_func=lambda prompts, trainer: None)
+    trainer.model.eval()
+    return trainer
+
+
 def test_sampler_logprobs_feed_the_is_correction_and_nan_tokens_are_not_corrected(tiny, tmp_path):
     """With sampler log-probs (vLLM's, or a rollout_func's) the rlzoo IS correction uses them; a NaN sampler
     log-prob (a token vLLM could not score) gets ratio 1 (no correction), as TRL: the loss equals the loss with
     the old log-prob written there."""
-    path, tokenizer = tiny
-    loss = rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0)
-    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
-                          rollout_func=lambda prompts, trainer: None)  # never called here
-    trainer.model.eval()  # evaluation: the counts come from the batch itself
+    trainer = _hand_fed(tiny, tmp_path, rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0))
     g = torch.Generator().manual_seed(0)
     b, p, t = 4, 3, 5
     mask = (torch.arange(t) < torch.tensor([5, 3, 4, 1])[:, None]).long()
@@ -383,12 +389,7 @@ def test_nan_sampler_logprobs_carry_no_drift_into_the_off_policy_sequence_mask(t
     """As TRL's get_off_policy_mask (NaN -> no KL evidence): with only the off-policy sequence mask reading the
     sampler's log-probs, a NaN one counts no drift, i.e. reads as the current log-prob, not the old one (here the
     old-minus-current drift there would drop the sequence)."""
-    path, tokenizer = tiny
-    loss = rlzoo.get_loss("dapo", off_policy_mask_threshold=0.1)
-    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
-                          rollout_func=lambda prompts, trainer: None)  # never called here
-    trainer.model.eval()
+    trainer = _hand_fed(tiny, tmp_path, rlzoo.get_loss("dapo", off_policy_mask_threshold=0.1))
     g = torch.Generator().manual_seed(1)
     b, p, t = 2, 3, 2
     mask = torch.ones(b, t, dtype=torch.long)
@@ -421,12 +422,7 @@ def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_t
     token (LossOutput.metric_tokens): over processes (a second one faked in the gather, with 10 completion tokens, all counted, and
     every metric 0.9) its ratio/min is skipped, so it is the other process's (not 0); its rollout_corr/* metrics,
     judged before the rejection (all 8 of its tokens rejected), keep their weight."""
-    path, tokenizer = tiny
-    loss = rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
-    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), processing_class=tokenizer,
-                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), loss=loss,
-                          rollout_func=lambda prompts, trainer: None)  # never called here
-    trainer.model.eval()
+    trainer = _hand_fed(tiny, tmp_path, rlzoo.get_loss("dapo", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"))
     g = torch.Generator().manual_seed(0)
     b, p, t = 2, 3, 4
     mask = torch.ones(b, t, dtype=torch.long)
