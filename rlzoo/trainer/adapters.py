@@ -352,11 +352,13 @@ def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype |
 
     Args:
         overwrite: replace an ``output`` directory that is not empty (everything in it is deleted); default:
-            refuse. A run directory or a directory holding ``source`` is refused either way.
+            refuse. Refused either way: a run directory or a directory holding one, anything inside a run's own
+            files (``RUN/checkpoints/...``, ``RUN/abandoned/...``: a run's ``RUN/final`` is fine), an rlzoo
+            checkpoint or anything inside one, a directory holding ``source``, and the current directory.
 
     Raises:
         FileExistsError: ``output`` is a directory that is not empty and ``overwrite`` is False.
-        ValueError: ``output`` is a training run's directory, or ``source`` or one of its parents.
+        ValueError: ``output`` is one of those refused either way (names why and where to write instead).
         the errors of :func:`~rlzoo.trainer.models.load_model`; OSError: the write failed.
     """
     from rlzoo.trainer.models import load_model
@@ -379,8 +381,18 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
     if source.exists() and (target == source.resolve() or target in source.resolve().parents):  # (not a hub id)
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
                          "write it to a new directory")
-    from rlzoo.trainer.run_dir import RunDirectory  # run_dir -> checkpoint -> parallel imports this module
+    from rlzoo.trainer.run_dir import RUN_FILES, RunDirectory  # (run_dir imports this module, indirectly)
 
+    for run in target.parents:  # RUN/checkpoints/...: the export would delete checkpoints or pose as one
+        inside = target.relative_to(run).parts[0]
+        if inside in RUN_FILES and RunDirectory(run).holds_run():
+            raise ValueError(f"export: OUTPUT {str(output)!r} is inside the {inside} of the training run {str(run)!r}, "
+                             f"which the export would replace or the run would misread; write it to a new directory "
+                             f"outside them (e.g. {str(run / 'final')!r})")
+    checkpoint = next((d for d in (target, *target.parents) if (d / "trainer_state.json").is_file()), None)
+    if checkpoint is not None:  # a checkpoint copied out of its run
+        raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if checkpoint == target else 'is inside'} the rlzoo "
+                         f"checkpoint {str(checkpoint)!r}, which the export would replace; write it to a new directory")
     runs = [d for d in (target, *(target.iterdir() if target.is_dir() else ())) if RunDirectory(d).holds_run()]
     if runs:
         raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if runs[0] == target else 'holds'} a training run's "

@@ -120,6 +120,52 @@ def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     assert (runs / "a" / "config.json").is_file()
 
 
+def test_export_refuses_a_runs_checkpoints_whatever_overwrite_says(tmp_path, monkeypatch):
+    """User trial: `rlzoo export --overwrite CKPT runs/B/checkpoints` deleted every checkpoint of run B, one into
+    runs/X/checkpoints/step-000002 replaced a real checkpoint with a merged model, and one into a new
+    runs/X/checkpoints/step-000010 made `--resume latest` fail (not an rlzoo checkpoint). Anything inside a run's
+    checkpoints/ or abandoned/ (or inside a checkpoint) is refused now, with --overwrite too; RUN/final works."""
+    from rlzoo.cli import console_main
+    from rlzoo.trainer.checkpoint import Checkpointer
+    from rlzoo.trainer.config import CheckpointConfig
+
+    model, tokenizer = build_tiny_random()
+    source = tmp_path / "model"
+    model.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    runs = {}
+    for name in ("X", "B"):
+        run = runs[name] = tmp_path / "runs" / name
+        for step in (2, 3):
+            checkpoint = run / "checkpoints" / f"step-00000{step}"
+            (checkpoint / "model").mkdir(parents=True)
+            (checkpoint / "trainer_state.json").write_text(json.dumps({"step": step, "settings": {}}))
+        (run / "abandoned" / "after-step-1" / "step-000001").mkdir(parents=True)
+        (run / "config.json").write_text('{"max_steps": 3, "segments": []}')
+    before = sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+    targets = [runs["B"] / "checkpoints", runs["X"] / "checkpoints" / "step-000002",
+               runs["X"] / "checkpoints" / "step-000010", runs["X"] / "abandoned", runs["X"] / "abandoned" / "new",
+               runs["X"] / "checkpoints" / "step-000002" / "model"]
+    for target in targets:
+        for overwrite in (False, True):
+            with pytest.raises(ValueError, match=r"^export: OUTPUT .* is inside the (checkpoints|abandoned) of the "
+                                                 r"training run .*; write it to a new directory outside them "
+                                                 r"\(e\.g\. '.*final'\)$"):
+                export_model(source, target, overwrite=overwrite)
+    monkeypatch.setattr("sys.argv", ["rlzoo", "export", "--overwrite", str(source), str(runs["B"] / "checkpoints")])
+    assert console_main() == 2
+    assert sorted(str(p) for p in (tmp_path / "runs").rglob("*")) == before  # nothing deleted, nothing added
+    assert Checkpointer(CheckpointConfig(), runs["X"] / "checkpoints").find("latest").name == "step-000003"
+    copied = tmp_path / "copied" / "step-000003"  # a checkpoint outside any run
+    (copied / "model").mkdir(parents=True)
+    (copied / "trainer_state.json").write_text("{}")
+    for target in (copied, copied / "model"):
+        with pytest.raises(ValueError, match=r"rlzoo checkpoint .*which the export would replace"):
+            export_model(source, target, overwrite=True)
+    assert export_model(source, runs["X"] / "final") == runs["X"] / "final"  # what the docs recommend
+    assert export_model(source, runs["X"] / "final", overwrite=True) == runs["X"] / "final"
+
+
 def test_fused_logprobs_through_the_peft_wrapper_equal_its_own_forward():
     model, _ = build_tiny_random()
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
