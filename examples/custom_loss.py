@@ -2,7 +2,9 @@
 
 The loss: GSPO's sequence-level ratio with DAPO's asymmetric clip, dual clipping for negative advantages,
 a k3 KL penalty with the DeepSeek-V3.2 bias correction, and Dr. GRPO's length-unbiased aggregation.
-It is registered as a preset, so ``rlzoo explain my_gspo`` and ``--algorithm my_gspo`` know it too.
+It is registered as a preset, so in this process ``rlzoo.get_loss("my_gspo")``, its card and
+``TrainConfig(algorithm="my_gspo")`` know it too (the ``rlzoo`` command is another process, which has not
+imported this file: from a script, ``rlzoo.cli.main(["train", "--algorithm", "my_gspo", ...])`` after the import).
 
 Run (about a minute with the tiny random model; use ``--model smollm2-135m`` for the real one)::
 

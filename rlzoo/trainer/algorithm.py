@@ -1,10 +1,14 @@
 """The run's algorithm: its loss (a preset with overrides, or a loss composed in Python) and its advantage
 estimator, checked against what the trainer can give the estimator."""
 
+import logging
 from typing import Any
 
 from rlzoo.losses import PolicyLoss, get_loss, presets
+from rlzoo.registry import UnknownNameError
 from rlzoo.trainer.config import AlgorithmConfig
+
+log = logging.getLogger("rlzoo.train")
 
 __all__ = ["TRAINER_INPUTS", "build_loss"]
 
@@ -30,10 +34,20 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
     from rlzoo.advantages import advantage_estimators, get_advantage
 
     if loss is None:
+        if config.algorithm not in presets:  # a preset of the user's registers when its module is imported
+            try:
+                presets.get(config.algorithm)
+            except UnknownNameError as err:
+                raise UnknownNameError(
+                    f"{err}. A preset of your own is known in the process that imported its module: import it, "
+                    "then build the Trainer (or call rlzoo.cli.main([...]) from that script)") from None
         card = presets.get(config.algorithm)
         loss = get_loss(config.algorithm, **{"max_completion_length": max_completion_length, **config.loss})
         advantage_name, advantage_options = card.advantage, dict(card.advantage_options)
     else:
+        if config.algorithm != AlgorithmConfig.algorithm:
+            log.warning("the loss given from Python replaces algorithm %r (its options in config.loss still apply "
+                        "to it)", config.algorithm)
         if config.loss:
             loss = loss.with_options(**config.loss)
         if loss.max_completion_length is None:

@@ -562,3 +562,25 @@ def test_readme_main_command_runs_on_smollm2(tmp_path, algorithm):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 2 and math.isfinite(rows[-1]["loss"])
     assert rows[0]["eval/accuracy"] is not None and rows[-1]["eval/accuracy"] is not None
+
+
+def test_a_loss_from_python_says_it_replaces_the_configs_algorithm(tmp_path, caplog):
+    """Trainer(TrainConfig(algorithm="dapo"), loss=...) trains the given loss: the ignored algorithm is said (it was
+    dropped silently), and config.loss options still apply to the given loss."""
+    import logging
+
+    from rlzoo.losses import PolicyLoss, PPOClip
+
+    loss = PolicyLoss(surrogate=PPOClip(), aggregation="token-mean")
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        trainer = Trainer(_config(tmp_path, algorithm="dapo", loss={"epsilon_high": 0.5}), loss=loss)
+    assert "replaces algorithm 'dapo'" in caplog.text
+    assert trainer.loss_fn.surrogate.epsilon_high == 0.5
+    caplog.clear()
+    Trainer(_config(tmp_path / "default"), loss=loss)
+    assert "replaces algorithm" not in caplog.text  # the default algorithm was not chosen
+
+
+def test_an_unknown_preset_says_how_a_preset_of_ones_own_is_found(tmp_path):
+    with pytest.raises(UnknownNameError, match=r"unknown loss preset 'my_gspo'.* import it, then build the Trainer"):
+        Trainer(_config(tmp_path, algorithm="my_gspo"))
