@@ -115,8 +115,10 @@ class RunDirectory:
 
         Raises:
             OSError: the directory cannot be created or written (names it).
-            FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite).
-            ValueError: ``--overwrite`` with a resume of this directory's run (names both).
+            FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite); a
+                directory whose ``config.json`` is not an rlzoo run's (a model's).
+            ValueError: ``--overwrite`` with a resume of this directory's run or of a checkpoint inside it (names
+                both); a resume in place of a checkpoint of this run's abandoned timeline (says how to fork it).
         """
         if self.overwrite and (self.resumes_own_run or self._resume_inside()):
             raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
