@@ -329,7 +329,10 @@ python benchmarks/render.py            # every benchmarks/results/*.json -> docs
 
 except that the JSON is written to `FILE.partial` first and moved into place only when every case ran
 (a failed run keeps its partial results there and renders nothing). A subset selected with pytest
-arguments (`-k`, `-m`, `--lf`, `--deselect`, ...) needs `--output` (it would replace the committed full results).
+arguments (`-k`, `-m`, `--lf`, `--deselect`, ...) needs `--output` outside `benchmarks/results/` (it would
+replace the committed full results), and results saved anywhere else need `--docs FILE` or `--no-render`: this
+page is rendered from `benchmarks/results/` only. The plot is drawn when the results have the CPU `naive` case
+at N = 4096 (a subset without it gets the page alone).
 
 The committed CPU results were taken with `RLZOO_BENCH_THREADS=1` (see Method). Other knobs: `-k fused`
 (select cases), `RLZOO_BENCH_ROUNDS` (timed rounds of slow cases; default 3 on CPU, 10 on CUDA),
@@ -418,8 +421,11 @@ def main() -> None:
                              if _is_pytest_benchmark(p)]
     if not paths:
         raise SystemExit("no results: run `python -m pytest benchmarks/ --benchmark-only --benchmark-json=...` first")
-    render([p.resolve() for p in paths], args.out, args.plot)
-    print(f"wrote {args.out} and {args.plot}")
+    text = render([p.resolve() for p in paths], args.out, args.plot)
+    # the plot needs the CPU naive case at the target size: a subset without it gets the page alone
+    drawn = f"]({args.plot.name})" in text
+    print(f"wrote {args.out} and {args.plot}" if drawn else f"wrote {args.out} (no plot: the results lack the CPU "
+          f"naive full case at N={CPU_TARGET_N})")
 
 
 if __name__ == "__main__":

@@ -458,10 +458,13 @@ def _selects_a_subset(pytest_args: Sequence[str]) -> bool:
 def _cmd_bench(argv: Sequence[str]) -> int:
     """``rlzoo bench [--output FILE] [--docs FILE] [--no-render] [PYTEST ARGS...]``: run ``benchmarks/`` with
     pytest-benchmark, save its JSON (default ``benchmarks/results/cuda.json`` on a GPU machine, else ``cpu.json``)
-    and render it with ``benchmarks/render.py`` (default ``docs/benchmarks.md`` + ``.png``; every results file
-    when FILE is under ``benchmarks/results/``, else FILE alone). The JSON goes to ``FILE.partial`` first and
-    replaces FILE only when pytest succeeded; a failed run keeps the partial results and renders nothing.
-    Needs a source checkout and the ``bench`` extra; returns pytest's exit status (2 for bad usage)."""
+    and render it with ``benchmarks/render.py`` (every results file when FILE is under ``benchmarks/results/``,
+    else FILE alone). The committed page (``docs/benchmarks.md`` + ``.png``) is the default only for the committed
+    results: a subset (``-k``, ``-m``, ...) needs ``--output`` outside ``benchmarks/results/``, and results written
+    elsewhere need ``--docs FILE`` or ``--no-render`` (refused before pytest starts). The JSON goes to
+    ``FILE.partial`` first and replaces FILE only when pytest succeeded; a failed run keeps the partial results and
+    renders nothing. Needs a source checkout and the ``bench`` extra; returns pytest's exit status (2 for bad
+    usage)."""
     import importlib.util
     import json
 
@@ -480,18 +483,23 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlzoo bench", description="Run benchmarks/, save the JSON, render the docs; "
                                      "other arguments go to pytest (e.g. -k fused)")
     parser.add_argument("--output", type=Path, help="results JSON (default benchmarks/results/{cpu,cuda}.json: the "
-                        "committed results, replaced by a successful full run; a selection by -k / -m needs --output)")
-    parser.add_argument("--docs", type=Path, default=root / "docs" / "benchmarks.md",
-                        help="rendered page (its plot goes next to it as .png)")
+                        "committed results, replaced by a successful full run; a selection by -k / -m needs --output "
+                        "outside benchmarks/results/)")
+    parser.add_argument("--docs", type=Path, help="rendered page, its plot next to it as .png (default "
+                        "docs/benchmarks.md, only for results in benchmarks/results/; needed with any other --output)")
     parser.add_argument("--no-render", action="store_true", help="save the JSON only")
     args, pytest_args = parser.parse_known_args(list(argv))
     if any(a.startswith("--benchmark-json") for a in pytest_args):
         raise ValueError("rlzoo bench: use --output FILE instead of --benchmark-json")
     results = bench / "results"
-    if args.output is None and _selects_a_subset(pytest_args):
+    committed = args.output is None or args.output.resolve().parent == results.resolve()
+    if committed and _selects_a_subset(pytest_args):
         raise ValueError(f"rlzoo bench {' '.join(pytest_args)}: a subset of the suite would replace the committed full "
-                         "results (benchmarks/results/); give --output FILE for its JSON (and --docs FILE or "
-                         "--no-render)")
+                         "results (benchmarks/results/) and docs/benchmarks.md; give --output FILE outside "
+                         "benchmarks/results/ for its JSON, and --docs FILE or --no-render")
+    if not committed and args.docs is None and not args.no_render:
+        raise ValueError(f"rlzoo bench --output {args.output}: the committed docs/benchmarks.md is rendered from "
+                         "benchmarks/results/ only; give --docs FILE for this run's page, or --no-render")
     if args.output is None:
         import torch
 
@@ -516,7 +524,7 @@ def _cmd_bench(argv: Sequence[str]) -> int:
     print(f"rlzoo bench: saved {output}")
     if args.no_render:
         return 0
-    docs = args.docs.resolve()
+    docs = (args.docs or root / "docs" / "benchmarks.md").resolve()
     files = [] if output.parent == results.resolve() else [str(output)]
     return subprocess.call([sys.executable, str(bench / "render.py"), *files, "--out", str(docs),
                             "--plot", str(docs.with_suffix(".png"))], cwd=root)

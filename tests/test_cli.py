@@ -132,14 +132,18 @@ def test_bench_without_the_bench_extra_says_what_to_install(monkeypatch, capsys)
     assert "pytest-benchmark" in err and "[bench]" in err
 
 
-def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capsys):
+def test_bench_saves_the_json_and_renders_the_docs(tmp_path, monkeypatch, capfd):
     """One fast CPU case end to end: pytest-benchmark JSON at --output (moved into place from .partial), rendered
-    by benchmarks/render.py into --docs."""
+    by benchmarks/render.py into --docs. The case has no plot, and render.py says it wrote the page alone (it
+    said 'wrote X.md and X.png' with no X.png written)."""
     monkeypatch.setenv("RLZOO_BENCH_MEMORY", "0")
     monkeypatch.setenv("RLZOO_BENCH_THREADS", "1")
     out, docs = tmp_path / "results.json", tmp_path / "benchmarks.md"
     status = main(["bench", "--output", str(out), "--docs", str(docs), "-q", "-k", "loss_eager and grpo and cpu"])
-    assert status == 0, capsys.readouterr()
+    printed = capfd.readouterr().out
+    assert status == 0, printed
+    assert not docs.with_suffix(".png").exists()
+    assert f"wrote {docs} (no plot" in printed and ".png" not in printed.split(f"wrote {docs}")[1]
     data = json.loads(out.read_text())
     assert [b["extra_info"]["impl"] for b in data["benchmarks"]] == ["loss_eager"]
     assert not (tmp_path / "results.json.partial").exists()
@@ -161,6 +165,26 @@ def test_bench_refuses_a_subset_over_the_committed_results(selection, monkeypatc
     monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("pytest started"))
     with pytest.raises(ValueError, match=r"a subset of the suite would replace the committed full results.*--output"):
         main(["bench", *selection])
+
+
+_RESULTS = str(Path(__file__).resolve().parents[1] / "benchmarks" / "results")
+
+
+@pytest.mark.parametrize("args, needs", [
+    (["--output", "/tmp/x.json", "-k", "loss_eager and cpu"], "--docs FILE for this run's page, or --no-render"),
+    (["--output", "/tmp/x.json"], "--docs FILE for this run's page, or --no-render"),
+    (["--output", f"{_RESULTS}/cpu.json", "--docs", "/tmp/x.md", "-k", "dapo"], "outside benchmarks/results/"),
+    (["--output", f"{_RESULTS}/subset.json", "--no-render", "-k", "dapo"], "outside benchmarks/results/"),
+])
+def test_bench_never_renders_other_results_over_the_committed_page(args, needs, monkeypatch):
+    """`rlzoo bench -k "loss_eager and cpu" --output /tmp/x.json` rendered a 2-case docs/benchmarks.md over the
+    committed page: the committed page (the default --docs) is rendered from benchmarks/results/ only, and a subset
+    never writes there (refused before pytest starts)."""
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("pytest started"))
+    with pytest.raises(ValueError, match=re.escape(needs)):
+        main(["bench", *args])
 
 
 def test_bench_arguments_that_select_nothing_are_not_refused():
@@ -188,7 +212,7 @@ def test_bench_failed_run_keeps_previous_results_and_partial_ones(tmp_path, monk
         return 1
 
     monkeypatch.setattr(subprocess, "call", fake_pytest)
-    assert main(["bench", "--output", str(out), "-k", "fused"]) == 1
+    assert main(["bench", "--output", str(out), "--no-render", "-k", "fused"]) == 1
     assert len(commands) == 1 and commands[0][-2:] == ["-k", "fused"]  # pytest ran; render did not
     assert out.read_text() == "previous" and (tmp_path / "results.json.partial").exists()
     assert "unchanged" in capsys.readouterr().err
