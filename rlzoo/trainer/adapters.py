@@ -251,8 +251,9 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     Raises:
         ValueError: a model object without a tokenizer, both ``peft_config`` and other ``--peft`` options than its
             own (:func:`peft_options`), a ``lora_dropout``
-            above 0 (:func:`_check_no_dropout`; checked before the model loads), or an adapter on the output layer
-            (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too); and
+            above 0 (:func:`_check_no_dropout`; checked before the model loads), an adapter on the output layer
+            (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
+            an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`); and
             the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
@@ -291,11 +292,36 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         if isinstance(model.get_output_embeddings(), BaseTunerLayer):
             raise ValueError("an adapter on the output layer (lm_head) would not train: the log-probs read "
                              "lm_head.weight directly; remove it from --peft.target_modules")
+        _check_no_tied_embedding_adapter(model, option="peft_config.target_modules" if given_as_object
+                                         else "--peft.target_modules")
     model.eval()
     if not needs_reference:
         return model, tokenizer, None
     reference = AdapterDisabled(model) if is_peft_model(model) else copy.deepcopy(model).requires_grad_(False)
     return model, tokenizer, reference
+
+
+def _check_no_tied_embedding_adapter(model: Any, *, option: str) -> None:
+    """Refuse an adapter layer on an input embedding that the model ties to its output layer (SmolLM2, Qwen2.5
+    0.5B, tiny-random): training reads the shared base weight in lm_head untouched, but merging writes the
+    embedding's delta into that shared weight, so the exported model's lm_head changes too (a user trial: logits
+    off by 19). ``modules_to_save`` trains a copy of the embedding instead, which exports as it trained.
+
+    Raises:
+        ValueError: names the embedding, ``option`` and the alternatives.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if not (isinstance(embedding, BaseTunerLayer) and head is not None
+            and getattr(embedding.get_base_layer(), "weight", None) is getattr(head, "weight", False)):
+        return
+    name = next((n for n, m in causal_lm(model).named_modules() if m is embedding), "embed_tokens").rsplit(".")[-1]
+    raise ValueError(f"an adapter on the input embedding ({name}) of a model that ties it to its output layer "
+                     f"(lm_head) would export another model than it trains: training leaves the shared weight "
+                     f"untouched in lm_head, merging writes the adapter into it (lm_head changes too); remove {name} "
+                     f"from {option}, or train the embedding whole with "
+                     f"modules_to_save=['{name}'] (--peft.modules_to_save [{name}])")
 
 
 def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:

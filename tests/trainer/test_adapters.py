@@ -223,6 +223,37 @@ def test_bad_lora_options_name_the_field(tmp_path):
                             output_dir=str(tmp_path / "run2")))
 
 
+def test_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
+    """User trial: LoRA on embed_tokens of a model that ties it to lm_head (tiny-random, SmolLM2) trained with
+    lm_head reading the untouched shared weight, but the export merged the delta into it: logits off by 19. Refused
+    now at start, naming the option and modules_to_save, which (checked here) exports what it trained."""
+    model, _ = build_tiny_random()
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # tied
+    message = (r"^an adapter on the input embedding \(embed_tokens\) of a model that ties it to its output layer "
+               r"\(lm_head\) would export another model than it trains: .*; remove embed_tokens from {}, or train "
+               r"the embedding whole with modules_to_save=\['embed_tokens'\] \(--peft.modules_to_save "
+               r"\[embed_tokens\]\)$")
+    with pytest.raises(ValueError, match=message.format(r"peft_config\.target_modules")):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "a")),
+                peft_config=LoraConfig(r=4, target_modules=["q_proj", "embed_tokens"]), reward_funcs=[digit_fraction])
+    with pytest.raises(ValueError, match=message.format(r"--peft\.target_modules")):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ".*(q_proj|embed_tokens)"}},
+                            output_dir=str(tmp_path / "b")), reward_funcs=[digit_fraction])
+    run = tmp_path / "c"  # the alternative: the embedding trained as a copy, the head's weight left as trained
+    peft = {"r": 4, "target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]}
+    Trainer(TrainConfig(**{**TINY, "peft": peft, "learning_rate": 5e-2}, max_steps=2, output_dir=str(run)),
+            reward_funcs=[digit_fraction]).train()
+    checkpoint = run / "checkpoints" / "step-000002"
+    export_model(checkpoint, run / "final")
+    adapter, tok = load_model(str(checkpoint / "model"))
+    merged, _ = load_model(str(run / "final"))
+    ids = tok(["3 + 4 = 7"], return_tensors="pt")["input_ids"]
+    embedding, head = merged.get_input_embeddings().weight, merged.get_output_embeddings().weight
+    assert not torch.equal(embedding, head)  # the embedding trained; the head kept the base's weight
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapter(ids).logits, **tol(torch.float32))
+
+
 @pytest.mark.parametrize(("field", "value", "fits"), [
     ("layers_to_transform", [1, 2], True), ("layers_to_transform", 3, True), ("layers_to_transform", None, True),
     ("layers_to_transform", [1, "a"], False), ("layers_to_transform", [1, True], False),  # every item, bool no int
