@@ -411,9 +411,15 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
     if args.name:
         if args.name in DATASET_OPTIONS or args.name not in DATASETS:
-            from rlzoo.registry import UnknownNameError
+            from rlzoo.registry import UnknownNameError, close_names
 
-            raise UnknownNameError(f"unknown reasoning-gym task {args.name!r}; rlzoo tasks lists them")
+            names = list_reasoning_gym_tasks()
+            if args.name in DATASET_OPTIONS:
+                meant = f" ({args.name} is an option of data set tasks: --task.{args.name})"
+            else:
+                close = close_names(args.name, names)
+                meant = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownNameError(f"unknown reasoning-gym task {args.name!r}{meant}; valid names: {', '.join(names)}")
         print(f"{args.name} (reasoning-gym): --task {args.name}")
         for option in options(args.name, defaults=True):
             print(f"  --task.{option.replace('=', ' ', 1)}")

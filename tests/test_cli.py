@@ -122,6 +122,16 @@ def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsy
     assert "Traceback" not in err
 
 
+def test_max_completion_length_0_is_named_itself_not_overlong_buffer():
+    """`--max-completion-length 0` said "overlong_buffer must be in [0, max_completion_length), got 0", a flag not
+    given; overlong_buffer's range names the length it is below."""
+    with pytest.raises(ValueError, match=r"^--max-completion-length must be >= 1, got 0$"):
+        parse_train_args(["--max-completion-length", "0"])
+    with pytest.raises(ValueError, match=re.escape("--overlong-buffer must be in [0, max_completion_length) = [0, 4), "
+                                                   "got 4")):
+        parse_train_args(["--max-completion-length", "4", "--overlong-buffer", "4"])
+
+
 def test_bench_without_the_bench_extra_says_what_to_install(monkeypatch, capsys):
     import importlib.util
 
@@ -291,6 +301,15 @@ def test_tasks_lists_tasks_and_options(capsys):
     assert "chain_sum" in out and "--task.answer_column" in out and "max_terms" in out
     assert main(["tasks", "chain_sum"]) == 0
     assert "--task.max_terms 2" in capsys.readouterr().out  # the built-in job's, not reasoning-gym's 6
+
+
+def test_tasks_unknown_name_has_a_did_you_mean_and_the_names():
+    """`rlzoo tasks chain_su` said only "rlzoo tasks lists them", where `--algorithm dapoo` has a did-you-mean."""
+    with pytest.raises(UnknownNameError, match=r"unknown reasoning-gym task 'chain_su'; did you mean 'chain_sum'.*"
+                                               r"valid names: .*basic_arithmetic, .*chain_sum"):
+        main(["tasks", "chain_su"])
+    with pytest.raises(UnknownNameError, match=r"split is an option of data set tasks: --task\.split"):
+        main(["tasks", "split"])
 
 
 def test_help_is_plain_text(capsys):

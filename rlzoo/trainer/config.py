@@ -352,8 +352,10 @@ class TrainConfig(TrackingConfig, RunConfig, CheckpointConfig, EvalConfig, Optim
     """A training run. Defaults are the built-in job: GRPO on SmolLM2-135M-Instruct, chain_sum, CPU-sized."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
+        # after the sections' own checks: max_completion_length 0 is reported as itself, not as overlong_buffer
         overlong_ok = self.overlong_buffer < self.max_completion_length
-        return [("overlong_buffer", overlong_ok, "in [0, max_completion_length)"), *super().checks()]
+        return [*super().checks(), ("overlong_buffer", overlong_ok,
+                                    f"in [0, max_completion_length) = [0, {self.max_completion_length})")]
 
     def section(self, cls: type[S]) -> S:
         """The section ``cls`` of this config (its fields, with this config's values)."""

@@ -117,6 +117,38 @@ def test_unknown_task_and_bad_options():
         load_task("chain_sum", eval_size=-1)
 
 
+@pytest.mark.parametrize("task, option, value, message", [
+    ("chain_sum", "min_terms", "abc", "min_terms (--task.min_terms) must be an integer, got 'abc'"),
+    ("chain_sum", "min_terms", 2.5, "min_terms (--task.min_terms) must be an integer, got 2.5"),
+    ("chain_sum", "max_terms", True, "max_terms (--task.max_terms) must be an integer, got True"),
+    ("chain_sum", "allow_negation", 3, "allow_negation (--task.allow_negation) must be true or false, got 3"),
+    ("basic_arithmetic", "whitespace", "tab",
+     "whitespace (--task.whitespace) must be one of 'no_space', 'single', 'random', got 'tab'"),
+])
+def test_a_reasoning_gym_option_of_the_wrong_type_is_named_with_what_it_takes(task, option, value, message):
+    """`--task.min_terms abc` showed Python's "'>' not supported between instances of 'str' and 'int'"."""
+    with pytest.raises(ValueError) as refused:
+        load_task(task, kwargs={option: value})
+    assert str(refused.value) == f"task option {message}"
+
+
+def test_every_reasoning_gym_default_passes_the_option_type_check():
+    """The check follows the config dataclasses' annotations, and accepts a value of its default's type where the
+    annotation says otherwise (rearc's diff_ub: int, default 0.2), so no valid option is refused."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    from rlzoo.trainer.tasks.reasoning_gym_source import _check_option_type
+
+    for _, config_cls in DATASETS.values():
+        for field in dataclasses.fields(config_cls):
+            if field.default is not dataclasses.MISSING:
+                _check_option_type(config_cls, field.name, field.default)
+    _check_option_type(DATASETS["rearc"][1], "diff_ub", 0.3)
+    assert load_task("chain_sum", kwargs={"min_terms": 2, "max_terms": 3, "allow_negation": True}, eval_size=2)
+
+
 def _write_jsonl(path, rows):
     path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
     return str(path)

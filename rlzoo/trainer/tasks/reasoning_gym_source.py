@@ -13,6 +13,8 @@ default, as in a plain TRL run on two reasoning-gym seeds).
 
 import dataclasses
 import itertools
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -30,6 +32,50 @@ def list_reasoning_gym_tasks() -> list[str]:
     return sorted(DATASETS)
 
 
+def _check_option_type(config_cls: type, option: str, value: Any) -> None:
+    """Refuse ``value`` for the reasoning-gym config field ``option`` when the field is an int, float, bool, str or
+    Literal (possibly Optional) and ``value`` is not one (where the field's default is not one either, a value
+    of the default's type goes): reasoning-gym compares the values unchecked, so ``--task.min_terms abc`` failed
+    with Python's "'>' not supported between instances of 'str' and 'int'". Other fields are left to reasoning-gym.
+
+    Raises:
+        ValueError: one line naming the option (``--task.NAME``) and what it takes.
+    """
+    try:
+        hint = typing.get_type_hints(config_cls).get(option)
+    except (NameError, TypeError, AttributeError):  # an annotation that does not resolve: reasoning-gym checks the value
+        return
+    args = typing.get_args(hint)
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        if value is None:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            return
+        hint = rest[0]
+    if typing.get_origin(hint) is typing.Literal:
+        fits, want = (lambda v: v in typing.get_args(hint)), f"one of {', '.join(map(repr, typing.get_args(hint)))}"
+    elif hint is bool:
+        fits, want = (lambda v: isinstance(v, bool)), "true or false"
+    elif hint is int:
+        fits, want = (lambda v: isinstance(v, int) and not isinstance(v, bool)), "an integer"
+    elif hint is float:
+        fits, want = (lambda v: isinstance(v, int | float) and not isinstance(v, bool)), "a number"
+    elif hint is str:
+        fits, want = (lambda v: isinstance(v, str)), "a string"
+    else:
+        return
+    ok = fits(value)
+    default = next((f.default for f in dataclasses.fields(config_cls) if f.name == option), dataclasses.MISSING)
+    if not ok and default is not dataclasses.MISSING and not fits(default):
+        # an annotation its own default does not fit (rearc's diff_ub: int, default 0.2): the default's type goes
+        ok = type(value) is type(default)
+    if not ok:
+        raise ValueError(f"task option {option} (--task.{option}) must be {want}{' or null' if optional else ''}, "
+                         f"got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class ReasoningGymTask(Task):
     """A reasoning-gym procedural data set (see the module docstring for the seed derivation).
@@ -44,7 +90,8 @@ class ReasoningGymTask(Task):
 
     Raises (at construction):
         UnknownNameError: unknown data set name (lists the available ones).
-        ValueError: bad config kwargs (names the valid fields) or invalid values (reasoning-gym's message).
+        ValueError: bad config kwargs (names the valid fields), a value not of its field's type (an integer, ...),
+            or invalid values (reasoning-gym's message).
     """
 
     name: str
@@ -77,6 +124,8 @@ class ReasoningGymTask(Task):
                 f"unknown option(s) {bad} for reasoning-gym task {self.name!r}{hint}; "
                 f"valid: {', '.join(fields)}"
             )
+        for option, value in self.kwargs.items():
+            _check_option_type(config_cls, option, value)
         object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
         # builds (and validates) the config now; its instance is the scorer
         object.__setattr__(
