@@ -23,9 +23,9 @@ import torch
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
-__all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "causal_lm", "checkpoint_state_dict",
-           "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config", "peft_options", "recorded_peft",
-           "scoring_model"]
+__all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "built_adapter", "causal_lm",
+           "checkpoint_state_dict", "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config",
+           "peft_options", "recorded_peft", "scoring_model"]
 
 
 def is_peft_model(model: Any) -> bool:
@@ -88,12 +88,15 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
 
 
-def peft_options(peft_config: Any) -> dict[str, Any]:
+def peft_options(peft_config: Any, *, defaults: bool = False) -> dict[str, Any]:
     """The options of a PEFT config object (``Trainer(config, peft_config=LoraConfig(...))``) as ``--peft``
     options: its fields that differ from the class's defaults, as JSON values (a set as a sorted list; a value
     JSON cannot hold as its ``repr``), without ``task_type="CAUSAL_LM"`` (what :func:`lora_config` adds) and with
     ``peft_type`` for another method than LoRA. What ``config.json`` records for the run, so that a resume compares
-    the adapter's options (``peft.lora_alpha 8 -> 64`` is refused) and rebuilds a LoRA adapter from them."""
+    the adapter's options (``peft.lora_alpha 8 -> 64`` is refused) and rebuilds a LoRA adapter from them.
+
+    Args:
+        defaults: every field, those at their default too (:func:`built_adapter` compares two adapters so)."""
     import enum
 
     def plain(value: Any) -> Any:
@@ -123,7 +126,7 @@ def peft_options(peft_config: Any) -> dict[str, Any]:
         else:
             default = dataclasses.MISSING
         value = plain(getattr(peft_config, field.name))
-        if default is dataclasses.MISSING or value != plain(default):
+        if defaults or default is dataclasses.MISSING or value != plain(default):
             out[field.name] = value
     if out.get("task_type") == "CAUSAL_LM":
         del out["task_type"]
@@ -133,18 +136,37 @@ def peft_options(peft_config: Any) -> dict[str, Any]:
     return out
 
 
+def built_adapter(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The adapter that ``--peft`` options (as recorded) build, for comparing two runs' options: every field of the
+    ``peft.LoraConfig`` of :func:`lora_config`, defaults filled in and ``target_modules`` as a sorted list (peft
+    holds it as a set). ``{"lora_dropout": 0.0}`` and ``{}`` build the same adapter, so do
+    ``["v_proj", "q_proj"]`` and ``["q_proj", "v_proj"]``. Options that build no LoRA config (another method's,
+    or options :func:`lora_config` refuses) are returned as they are, name lists sorted."""
+    try:
+        return peft_options(lora_config(options), defaults=True)
+    except (ImportError, ValueError, TypeError):
+        return _sorted_names(options)
+
+
+def _sorted_names(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with ``target_modules`` and ``exclude_modules`` lists (name sets to peft) in sorted order."""
+    return {k: sorted(v, key=repr) if k in ("target_modules", "exclude_modules") and isinstance(v, (list, tuple))
+            else v for k, v in options.items()}
+
+
 def recorded_peft(peft: Mapping[str, Any] | None, peft_config: Any, *, resuming: bool) -> Mapping[str, Any] | None:
-    """What a run records as its ``peft`` setting: ``peft`` (the ``--peft`` options), or with a PEFT config object
-    its :func:`peft_options` (a resume then compares them with the checkpoint's).
+    """What a run records as its ``peft`` setting: ``peft`` (the ``--peft`` options, a ``target_modules`` list in
+    sorted order, as peft's set of names), or with a PEFT config object its :func:`peft_options` (a resume then
+    compares them with the checkpoint's, as :func:`built_adapter`).
 
     Raises:
         ValueError: a fresh run given both ``peft_config`` and other ``--peft`` options (on a resume ``peft``
             holds the checkpoint's options, and the object given now is the change the resume judges).
     """
     if peft_config is None:
-        return peft
+        return None if peft is None else _sorted_names(peft)
     options = peft_options(peft_config)
-    if peft is not None and dict(peft) != options and not resuming:
+    if peft is not None and built_adapter(peft) != built_adapter(options) and not resuming:
         raise ValueError("give the adapter either as peft_config or as --peft options, not both")
     return options
 

@@ -85,6 +85,9 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     Resuming on another number of ranks is a change of ``world_size``; it is honoured when the global batch
     stays (``per_device_train_batch_size`` x ranks), which is then what is compared.
 
+    LoRA options (``peft``) compare as the adapter they build (:func:`~rlzoo.trainer.adapters.built_adapter`):
+    ``target_modules`` in another order, or an option given at peft's default, is no change.
+
     Logs (unless ``log_changes`` is False) one line per applied change: per field, and for a mapping (``loss``, ``advantage_options``, ...) per
     option that changed (``resume: loss.beta changed (not set) -> 0.1``). Returns ``{field: (saved value, new
     value)}`` of the applied changes; an empty ``saved`` (a checkpoint from before rlzoo recorded settings)
@@ -123,6 +126,10 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             from rlzoo.losses import presets
 
             old = (presets if name == "algorithm" else advantage_estimators).canonical(old)
+        if name == "peft" and isinstance(old, Mapping) and isinstance(new, Mapping):  # the adapter they build:
+            from rlzoo.trainer.adapters import built_adapter  # peft's defaults, target_modules as a set
+
+            old, new = built_adapter(old), built_adapter(new)
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs

@@ -258,6 +258,53 @@ def test_lora_options_come_from_the_checkpoint_and_a_change_is_refused(tmp_path,
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
 
 
+def test_lora_options_that_build_the_same_adapter_are_no_change():
+    """User trial: target_modules in another order, or an option given at peft's default, was refused as a change
+    ("peft.target_modules ['v_proj', 'q_proj'] -> ['q_proj', 'v_proj']", "peft.lora_dropout (not set) -> 0.0").
+    Now the options compare as the adapter they build; a real change is still refused, naming the option."""
+    from peft import LoraConfig
+
+    from rlzoo.trainer.adapters import peft_options, recorded_peft
+
+    def saved(peft):
+        return TrainConfig(**TINY, peft=peft).to_dict()
+
+    typed = {"target_modules": ["v_proj", "q_proj"]}  # recorded as typed by older versions
+    for now in ({"target_modules": ["q_proj", "v_proj"]}, {**typed, "lora_dropout": 0.0},
+                {**typed, "lora_alpha": 8, "r": 8}, peft_options(LoraConfig(target_modules=["v_proj", "q_proj"]))):
+        assert compare_settings(saved(typed), TrainConfig(**TINY, peft=now)) == {}, now
+    from_object = peft_options(LoraConfig(r=4, target_modules="all-linear"))  # a run started from a LoraConfig
+    assert compare_settings(saved(from_object), TrainConfig(**TINY, peft={**from_object, "lora_alpha": 8})) == {}
+    with pytest.raises(ValueError, match=r"changed settings: peft\.target_modules \['q_proj', 'v_proj'\] -> "
+                                         r"\['k_proj', 'q_proj'\] \(the checkpoint holds"):
+        compare_settings(saved(typed), TrainConfig(**TINY, peft={"target_modules": ["q_proj", "k_proj"]}))
+    with pytest.raises(ValueError, match=r"changed settings: peft\.lora_dropout 0\.0 -> 0\.1 \("):
+        compare_settings(saved(typed), TrainConfig(**TINY, peft={**typed, "lora_dropout": 0.1}))
+    # going forward the command line records the list in one order, as the object's options are
+    assert recorded_peft(typed, None, resuming=False) == {"target_modules": ["q_proj", "v_proj"]}
+
+
+def test_a_lora_run_resumes_with_its_target_modules_in_another_order(tmp_path, monkeypatch, capsys):
+    """The trial's commands: a CLI run with --peft.target_modules [v_proj,q_proj] resumed with [q_proj,v_proj] and
+    --peft.lora_dropout 0.0, then from Python with a LoraConfig listing them in the first order."""
+    from peft import LoraConfig
+
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *TINY_FLAGS, "--peft.target_modules", "[v_proj,q_proj]",
+                     "--max-steps", "1", "--output-dir", run)
+    assert code == 0, err
+    assert _segments(run)[0]["settings"]["peft"] == {"target_modules": ["q_proj", "v_proj"]}
+    state = run / "checkpoints" / "step-000001" / "trainer_state.json"  # as older versions recorded it: as typed
+    old = json.loads(state.read_text())
+    state.write_text(json.dumps({**old, "settings": {**old["settings"], "peft": {"target_modules": ["v_proj",
+                                                                                                    "q_proj"]}}}))
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "2",
+                     "--peft.target_modules", "[q_proj,v_proj]", "--peft.lora_dropout", "0.0", "--no-progress")
+    assert code == 0, err
+    Trainer(resume_config(run, max_steps=3), peft_config=LoraConfig(target_modules=["v_proj", "q_proj"])).train()
+    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2, 3]
+
+
 # -------------------------------------------------------------------------------------- resume + overwrite
 def test_resume_of_the_directorys_run_with_overwrite_is_refused_and_a_fork_overwrites(tmp_path, monkeypatch,
                                                                                       capsys):
