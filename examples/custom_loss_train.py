@@ -1,8 +1,9 @@
 """Compose a loss in Python and train a model with it: no registration, no preset, just parts.
 
-The loss: GSPO's sequence-level ratio with DAPO's asymmetric clip, an entropy bonus, and Dr. GRPO's
-length-unbiased aggregation (``seq-mean-token-sum-norm``); the advantage estimator is RLOO. ``Trainer(config,
-loss=...)`` takes any :class:`rlzoo.losses.PolicyLoss`; ``config.json`` records it as built (``resolved_loss``).
+The loss: GSPO's sequence-level ratio and asymmetric clip (epsilon 3e-4 / 4e-4, GSPO's defaults), an entropy
+bonus, and Dr. GRPO's length-unbiased aggregation (``seq-mean-token-sum-norm``); the advantage estimator is RLOO.
+``Trainer(config, loss=...)`` takes any :class:`rlzoo.losses.PolicyLoss`; ``config.json`` records it as built
+(``resolved_loss``).
 To give it a name for ``--algorithm`` and ``rlzoo explain``, register it as a preset (examples/custom_loss.py).
 
 Run (seconds with the tiny random model; use ``--model smollm2-135m`` for the real one)::

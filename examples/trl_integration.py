@@ -39,8 +39,9 @@ def contains_answer(completions, answer, **kwargs) -> list[float]:
     return [float(a in text) for text, a in zip(texts, answer, strict=True)]
 
 
-def resolve_model(name: str) -> str:
-    """A path TRL can load: rlzoo's built-in names are written to a local directory (no download)."""
+def resolve_model(name: str, scratch: str) -> str:
+    """A path TRL can load: rlzoo's built-in names are written to a local directory (no download); the tiny
+    random model goes into ``scratch`` (a directory the caller removes)."""
     if name == "smollm2-135m":
         from rlzoo.trainer.models import smollm2_checkpoint
 
@@ -49,7 +50,7 @@ def resolve_model(name: str) -> str:
         from rlzoo.trainer.models import build_tiny_random
 
         model, tokenizer = build_tiny_random()
-        path = tempfile.mkdtemp(prefix="tiny-random-")
+        path = f"{scratch}/tiny-random"
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         return path
@@ -81,9 +82,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # A preset with a KL term (grpo, two_sided) also needs GRPOConfig(beta=...) so that TRL loads the reference
     # model; the trainer says so at construction.
     loss = rlzoo.get_loss(args.loss)
-    trainer = GRPOTrainer(model=resolve_model(args.model), reward_funcs=contains_answer, args=config,
-                          train_dataset=additions(8 * args.max_steps), loss=loss)
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="trl-integration-") as scratch:  # the tiny model's files, removed after
+        trainer = GRPOTrainer(model=resolve_model(args.model, scratch), reward_funcs=contains_answer, args=config,
+                              train_dataset=additions(8 * args.max_steps), loss=loss)
+        trainer.train()
     history = [row for row in trainer.state.log_history if "loss" in row]
     print(f"{args.loss}: {len(history)} steps, last loss {history[-1]['loss']:.4f}, last reward "
           f"{history[-1]['reward']:.3f}")

@@ -258,7 +258,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print("\n\n".join(card.card() for _, card in presets.items()))
         return 0
     if not args.name:
-        print("rlzoo explain: give a preset name or --all", file=sys.stderr)
+        print("rlzoo explain: give a preset, a part or an advantage estimator (rlzoo list names them), or --all",
+              file=sys.stderr)
         return 2
     import inspect
 
@@ -324,7 +325,7 @@ def _cmd_plot(argv: Sequence[str]) -> int:
         "log pi, as functions of the ratio r, for A > 0 and A < 0 (the loss itself, called with autograd). "
         "Loss options: --loss.NAME VALUE, as rlzoo train takes them (values read as YAML scalars).")
     parser.add_argument("name", nargs="?", help="a preset (rlzoo list)")
-    parser.add_argument("--output", type=Path, help="the file to write (default NAME.png)")
+    parser.add_argument("--output", type=Path, help="the file to write (default NAME.png, NAME as registered)")
     parser.add_argument("--all", action="store_true", help="every preset, with its defaults, into --output-dir")
     parser.add_argument("--output-dir", type=Path, default=Path("."), help="with --all (docs/pictures for the docs)")
     parser.add_argument("--advantage-magnitude", type=float, default=1.0, help="|A| (default 1)")
@@ -343,7 +344,11 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     if not args.name:
         print("rlzoo plot: give a preset name or --all", file=sys.stderr)
         return 2
-    path = plot_objective(args.name, args.output or Path(f"{args.name}.png"), **options, **overrides)
+    from rlzoo.losses import presets
+
+    # the registered spelling names the default file (rlzoo plot DAPO writes dapo.png, as docs/pictures names them)
+    default = Path(f"{presets.canonical(args.name)}.png")
+    path = plot_objective(args.name, args.output or default, **options, **overrides)
     print(f"rlzoo plot: wrote {path}")
     return 0
 

@@ -32,6 +32,13 @@ def test_explain_all_markdown_is_docs_algorithms(capsys):
     assert capsys.readouterr().out == rlzoo.losses.algorithms_markdown()
 
 
+def test_explain_without_a_name_says_what_it_takes(capsys):
+    """`rlzoo explain` said "give a preset name or --all", though it explains parts and advantage estimators too."""
+    assert main(["explain"]) == 2
+    err = capsys.readouterr().err
+    assert "a preset, a part or an advantage estimator" in err and "--all" in err
+
+
 def test_explain_unknown_name_lists_presets():
     with pytest.raises(UnknownNameError, match="dapo"):
         main(["explain", "not-a-loss"])

@@ -33,6 +33,17 @@ def test_plot_a_preset_with_loss_overrides(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "gpg.png").read_bytes()[:8] == PNG
 
 
+def test_plot_names_the_default_file_by_the_registered_spelling(tmp_path, monkeypatch, capsys):
+    """`rlzoo plot DAPO` wrote DAPO.png: the default file is the preset's registered name (dapo.png, as
+    docs/pictures names them)."""
+    from rlzoo.losses import pictures
+
+    monkeypatch.setattr(pictures, "plot_objective", lambda name, path, **kw: path.write_bytes(PNG) and path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "DAPO"]) == 0 and main(["plot", "Dr-GRPO"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dapo.png", "dr_grpo.png"]
+
+
 def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     """--all draws every registered preset into --output-dir, named after it (what docs/pictures holds)."""
     from rlzoo.losses import pictures

@@ -13,9 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "integrations.md"
 
 
-def test_trl_example_trains(tmp_path):
-    """examples/trl_integration.py: TRL's GRPOTrainer with rlzoo's gmpo, 2 steps on the tiny model."""
+def test_trl_example_trains(tmp_path, monkeypatch):
+    """examples/trl_integration.py: TRL's GRPOTrainer with rlzoo's gmpo, 2 steps on the tiny model; the tiny
+    model's directory is removed after (it left a /tmp/tiny-random-* per run)."""
+    import tempfile
+
     pytest.importorskip("trl", reason="TRL is not installed: pip install trl==1.16.0")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny model's ops are too small to share between threads
     try:
@@ -25,6 +31,7 @@ def test_trl_example_trains(tmp_path):
         torch.set_num_threads(threads)
     assert len(history) == 2
     assert all("clip_ratio/region_mean" in row and "reward" in row for row in history)
+    assert not any(path.name.startswith(("tiny-random", "trl-integration")) for path in scratch.iterdir())
 
 
 def test_verl_example_module_registers_what_the_doc_selects():
