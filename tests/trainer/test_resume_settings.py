@@ -403,7 +403,7 @@ def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_th
     the new world size does not divide says so."""
     saved = {**TrainConfig(**TINY).to_dict(), "world_size": 2}  # TINY: 8 per device
     with pytest.raises(ValueError, match=r"per_device_train_batch_size '8 per rank x 2 ranks' -> '8 per rank x 1 "
-                                         r"ranks' .*\. Give --per-device-train-batch-size 16 \(the global batch of 16 on "
+                                         r"rank' .*\. Give --per-device-train-batch-size 16 \(the global batch of 16 on "
                                          r"1 rank\), or resume on 2 ranks$"):
         compare_settings(saved, TrainConfig(**TINY), world_size=1)
     assert compare_settings(saved, TrainConfig(**{**TINY, "per_device_train_batch_size": 16}),
