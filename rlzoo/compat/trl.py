@@ -248,11 +248,13 @@ class TRLGRPOLoss:
         if normalizer is None:
             normalizer = Normalizer(num_tokens=batch.completion_mask.sum(), num_sequences=batch.shape[0])
         out = self.loss(batch, normalizer)
-        metrics = dict(out.metrics)
+        metrics, tokens = dict(out.metrics), dict(out.metric_tokens)  # (tokens: a composed loss's rejection)
         if self.loss_type == "cispo" and "clip_ratio/high_mean" in metrics:
             metrics["cispo_clip_ratio"] = metrics["clip_ratio/high_mean"]
+            if "clip_ratio/high_mean" in tokens:
+                tokens["cispo_clip_ratio"] = tokens["clip_ratio/high_mean"]
         if self.entropy_coef == 0.0:
-            return LossOutput(loss=out.loss, metrics=metrics)
+            return LossOutput(loss=out.loss, metrics=metrics, metric_tokens=tokens)
         if batch.entropies is None:
             raise BatchError(
                 f"the entropy bonus (GRPOConfig.entropy_coef={self.entropy_coef}) needs PolicyBatch.entropies; it is None"
@@ -274,7 +276,7 @@ class TRLGRPOLoss:
             count = n.clamp(min=1).to(total.dtype) if isinstance(n, Tensor) else max(float(n), 1.0)
         loss = out.loss - self.entropy_coef * (total / count)
         metrics["policy_loss"] = out.loss.detach()
-        return LossOutput(loss=loss, metrics=metrics)
+        return LossOutput(loss=loss, metrics=metrics, metric_tokens=tokens)
 
 
 # ------------------------------------------------------------------------------------------------- the config

@@ -776,3 +776,21 @@ def test_kl_presets_equal_trl_as_their_cards_say(name: str, cfg: dict[str, Any],
     (grad,) = torch.autograd.grad(out.loss, logps)
     torch.testing.assert_close(out.loss.detach(), ref[0], atol=REFERENCE_ATOL, rtol=0.0)
     torch.testing.assert_close(grad, ref[1], atol=REFERENCE_ATOL, rtol=0.0)
+
+
+def test_a_composed_rollout_rejection_keeps_its_metric_tokens_through_the_trl_loss():
+    """TRLGRPOLoss passes on the inner loss's LossOutput.metric_tokens (the policy term's metrics are over the kept
+    tokens under a rollout rejection), which the TRL integration weights its metrics by; it dropped them."""
+    trl_loss = build({"loss_type": "cispo"})
+    rejecting = dataclasses.replace(trl_loss, loss=trl_loss.loss.with_options(rollout_rs="token_k1",
+                                                                             rollout_rs_threshold="0.8_1.25"))
+    g = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(3, 4, generator=g, dtype=F64) - 0.1
+    rollout = logprobs.clone()
+    rollout[0] -= 1.0  # the first sequence's tokens are rejected
+    batch = rlzoo.PolicyBatch(logprobs=logprobs, old_logprobs=logprobs, rollout_logprobs=rollout,
+                              advantages=torch.tensor([1.0, -1.0, 0.5], dtype=F64),
+                              completion_mask=torch.ones(3, 4, dtype=torch.bool))
+    out = rejecting(batch)
+    assert float(out.metric_tokens["ratio/mean"]) == 8.0  # of 12
+    assert out.metric_tokens["cispo_clip_ratio"] is out.metric_tokens["clip_ratio/high_mean"]
