@@ -17,6 +17,7 @@ a function is a reward model id).
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -137,10 +138,15 @@ def _local_module_file(module_name: str) -> Path | None:
 
 def _import_file(spec: str, path: Path, shown: str) -> Any:
     """Import the Python file ``path`` of reward ``spec``: a file of a package (its directory has an
-    ``__init__.py``) as that package's module, with the package's parent directory on ``sys.path``; another file
-    as a module of its own, with its directory on ``sys.path`` (appended), as when Python runs a script, so that
-    it can import the modules beside it. ``shown``: the file as ``spec`` names it (for errors)."""
+    ``__init__.py``) as that package's module, with the package's parent directory on ``sys.path`` (as a module
+    of its own when that import gives another file); another file as a module of its own, with its directory on
+    ``sys.path`` (appended), as when Python runs a script, so that it can import the modules beside it. A file
+    imported already (under any name) is that module. ``shown``: the file as ``spec`` names it (for errors)."""
     path = path.resolve()
+    for loaded in list(sys.modules.values()):  # imported already (by the script building the Trainer): that module,
+        origin = getattr(loaded, "__file__", None)  # with its state, not a second copy
+        if isinstance(origin, str) and os.path.basename(origin) == path.name and Path(origin).resolve() == path:
+            return loaded
     parts = [] if path.stem == "__init__" else [path.stem]
     root = path.parent
     while (root / "__init__.py").is_file():
@@ -152,14 +158,12 @@ def _import_file(spec: str, path: Path, shown: str) -> Any:
         dotted = ".".join(parts)
         try:
             module = importlib.import_module(dotted)
-        except Exception as err:
-            raise ImportError(f"reward function {spec!r}: importing {dotted!r} (from {str(path)!r}) failed: "
-                              f"{err!r}") from err
+        except Exception:  # noqa: BLE001 - e.g. another package of that name: the file alone, below
+            module = None
         origin = getattr(module, "__file__", None)
-        if origin is None or Path(origin).resolve() != path:
-            raise ImportError(f"reward function {spec!r}: importing {dotted!r} gives {origin!r}, not {str(path)!r} "
-                              "(another package of that name comes first on sys.path)")
-        return module
+        if origin is not None and Path(origin).resolve() == path:
+            return module
+        # another package of that name comes first on sys.path, or the package fails to import: the file alone
     mod_spec = importlib.util.spec_from_file_location(f"rlzoo_reward_{path.stem}", path)
     assert mod_spec is not None and mod_spec.loader is not None
     module = importlib.util.module_from_spec(mod_spec)

@@ -452,3 +452,32 @@ def test_a_reward_function_factory_is_refused_saying_to_call_it():
     made = get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4)  # its result is a reward function
     assert RewardSet([made, get_repetition_penalty_reward()]).names == ("soft_overlong_punishment_reward",
                                                                          "repetition_penalty_reward")
+
+
+def test_a_reward_file_imported_already_is_that_module_and_a_shadowed_package_file_loads_alone(tmp_path, monkeypatch,
+                                                                                               request):
+    """A reward module the script imported (and configured) is used as it is, not loaded again from its recorded
+    file (state set by the script was lost: Trainer records reward modules as their files); a file of a package
+    whose import gives another file (or fails) loads as a module of its own, as before packages were imported."""
+    import sys
+
+    from rlzoo.trainer.reward_loading import load_reward_function
+    from rlzoo.trainer.run_config import absolute_paths
+
+    modules = ("st_rewards", "rlzoo_reward_st_rewards", "st_pkg", "st_pkg.scores", "rlzoo_reward_scores")
+    request.addfinalizer(lambda: [sys.modules.pop(name, None) for name in modules])
+    (tmp_path / "st_rewards.py").write_text("SCALE = 1.0\n\ndef scaled(prompts, completions, **kw):\n"
+                                            "    return [SCALE] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import st_rewards
+
+    st_rewards.SCALE = 42.0
+    (recorded,) = absolute_paths({"reward_funcs": ["st_rewards.scaled"]})["reward_funcs"]
+    assert recorded.endswith("st_rewards.py:scaled")
+    assert load_reward_function(recorded) is st_rewards.scaled
+    assert load_reward_function(recorded)(["p"], ["c"]) == [42.0]
+    (tmp_path / "st_pkg").mkdir()
+    (tmp_path / "st_pkg" / "__init__.py").write_text("raise RuntimeError('this package does not import')\n")
+    (tmp_path / "st_pkg" / "scores.py").write_text("def fn(prompts, completions, **kw):\n    return [2.0] * len(completions)\n")
+    assert load_reward_function(f"{tmp_path}/st_pkg/scores.py:fn")(["p"], ["c"]) == [2.0]
