@@ -287,6 +287,19 @@ def test_a_bad_row_of_a_python_data_set_or_stream_is_named_by_its_row():
         next(items)
 
 
+def test_a_conversational_prompt_may_hold_a_tool_calls_turn_without_content():
+    """An assistant turn that only calls a tool has content None (the chat format's tool_calls): accepted, as
+    before the rows were checked at load; a turn with neither is refused."""
+    from rlzoo.trainer.tasks.rows import row_problem
+
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}
+    prompt = [{"role": "user", "content": "1 + 2?"}, call, {"role": "tool", "content": "3"}]
+    assert row_problem({"prompt": prompt, "answer": "3"}, "prompt", "answer") is None
+    bare = [{"role": "user", "content": "1 + 2?"}, {"role": "assistant", "content": None}]
+    assert row_problem({"prompt": bare, "answer": "3"}, "prompt", "answer")[0] == "prompt"
+
+
 def test_a_task_only_evaluated_holds_out_eval_size_rows_without_the_cap(tmp_path, caplog):
     """evaluation_only (rlzoo eval): nothing trains, so the held-out set takes up to eval_size rows, all of a small
     file; the seeded order is the training task's, so its capped held-out set is a prefix. A stream alike."""

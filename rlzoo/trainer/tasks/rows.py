@@ -124,7 +124,8 @@ def _prompt_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return None if value.strip() else "empty"
     if (isinstance(value, list) and value
-            and all(isinstance(m, Mapping) and m.get("role") is not None and m.get("content") is not None
+            and all(isinstance(m, Mapping) and m.get("role") is not None
+                    and (m.get("content") is not None or m.get("tool_calls"))  # a tool call's turn: no content
                     for m in value)):
         return None
     return f"{value!r:.100} ({type(value).__name__})"
