@@ -159,19 +159,14 @@ def row_problem(row: Mapping[str, Any], prompt_column: str, answer_column: str |
     """What is wrong with one row, as ``(column, what)`` (None: nothing): a prompt that is missing, empty or in
     neither of TRL's formats; an answer that is missing, empty, NaN or not a string, number or bool (a list, a
     dict, ...)."""
-    prompt = row.get(prompt_column)
-    if prompt is None:
-        return prompt_column, "missing (null)"
-    problem = _prompt_problem(prompt)
-    if problem:
-        return prompt_column, problem
+    checks = [(prompt_column, _prompt_problem)]
     if answer_column is not None:
-        answer = row.get(answer_column)
-        if answer is None:
-            return answer_column, "missing (null)"
-        problem = _answer_problem(answer)
+        checks.append((answer_column, _answer_problem))
+    for column, problem_of in checks:
+        value = row.get(column)
+        problem = "missing (null)" if value is None else problem_of(value)
         if problem:
-            return answer_column, problem
+            return column, problem
     return None
 
 
