@@ -332,6 +332,10 @@ def test_a_split_takes_datasets_split_syntax(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="rlzoo.train"):
         load_task(path, kwargs={"split": "train[:10]", "eval_split": "train[5:15]"}, eval_size=2)
     assert "--task.eval_split train[5:15] and --task.split train[:10] share 5 rows" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"):  # the whole split trains: every held-out row is shared
+        load_task(path, kwargs={"eval_split": "train[:4]"}, eval_size=2)
+    assert "--task.eval_split train[:4] and --task.split train share 4 rows" in caplog.text
     bad = _write_jsonl(tmp_path / "bad.jsonl", [*rows[:7], {"prompt": "q7"}, *rows[8:]])
     with pytest.raises(ValueError, match=r"^task file '.*bad.jsonl' row 7 \(line 8\): the answer column"):
         load_task(bad, kwargs={"split": "train[5:]"}, eval_size=0)

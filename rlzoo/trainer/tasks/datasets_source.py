@@ -138,8 +138,9 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
     if eval_split == split:
         log.warning("data set %r: --task.eval_split %s is the training split: the held-out accuracy is measured on "
                     "training problems", spec, split)
-    elif origin.ranges is not None and eval_origin.ranges is not None and origin.label == eval_origin.label:
-        shared = len(set().union(*origin.ranges) & set().union(*eval_origin.ranges))
+    elif origin.label == eval_origin.label:  # one split, sliced on either side (an unsliced one: all its rows)
+        ours, theirs = (o.ranges or (range(len(d)),) for o, d in ((origin, train), (eval_origin, held_out)))
+        shared = sum(max(0, min(a.stop, b.stop) - max(a.start, b.start)) for a in ours for b in theirs)
         if shared:
             log.warning("data set %r: --task.eval_split %s and --task.split %s share %d rows: the held-out accuracy "
                         "is partly measured on training problems", spec, eval_split, split, shared)
