@@ -112,7 +112,7 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             per_rank, whole = divmod(old * saved_world, world_size)
             groups = per_rank * config.effective_steps_per_generation % config.num_generations == 0
             keep = (f"give --per-device-train-batch-size {per_rank} (the global batch of {old * saved_world} on "
-                    f"{world_size} rank{'s' if world_size > 1 else ''})" if not whole and groups else
+                    f"{_ranks(world_size)})" if not whole and groups else
                     f"resume on a number of ranks over which the global batch of {old * saved_world} splits into whole "
                     f"groups of num_generations ({config.num_generations})")
     saved["world_size"] = saved_world
@@ -142,7 +142,7 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         reasons = "; ".join(
             ", ".join(f"{label} {old!r} -> {new!r}" for label, old, new in _changed_options(k, *v))
             + f" ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
-        fix = (f"{keep}, or resume on {saved_world} rank{'s' if saved_world > 1 else ''}"
+        fix = (f"{keep}, or resume on {_ranks(saved_world)}"
                if keep and list(refused) == ["per_device_train_batch_size"] else
                "Resume with the checkpoint's values (leave those flags out; in Python: "
                "rlzoo.trainer.resume.resume_config), or start a new run in another --output-dir")
@@ -358,4 +358,5 @@ def _normal(value: Any) -> Any:
 
 
 def _ranks(n: int) -> str:
+    """``1 rank``, ``2 ranks``."""
     return f"{n} rank{'s' if n != 1 else ''}"
