@@ -225,7 +225,9 @@ class RunDirectory:
     def abandon_after(self, step: int) -> Path | None:
         """Start a new timeline at ``step``: move the checkpoints and metrics rows after it (work of the run
         this one resumes from an earlier point of) into ``abandoned/``; returns where, or None if there was
-        nothing after ``step``."""
+        nothing after ``step``. The abandoned directory is the old timeline whole: its ``metrics.jsonl`` holds
+        every row (those up to ``step`` too) and its ``config.json`` the segments, so a later fork of one of its
+        checkpoints finds them however many abandons follow (:func:`timeline_rows`)."""
         rows, _ = read_metrics(self.metrics)
         later_rows = [r for r in rows if r.get("step", 0) > step]
         later_checkpoints = [p for p in (self.checkpoints.iterdir() if self.checkpoints.is_dir() else [])
@@ -234,8 +236,10 @@ class RunDirectory:
             return None
         target = self.path / "abandoned" / f"after-step-{step:06d}-{time.strftime('%Y%m%d-%H%M%S')}"
         target.mkdir(parents=True, exist_ok=True)
+        write_metrics(target / "metrics.jsonl", rows)
+        if (self.path / "config.json").is_file():
+            atomic_write_text(target / "config.json", (self.path / "config.json").read_text())
         if later_rows:
-            write_metrics(target / "metrics.jsonl", later_rows)
             write_metrics(self.metrics, [r for r in rows if r.get("step", 0) <= step])
         for checkpoint in later_checkpoints:
             (target / "checkpoints").mkdir(exist_ok=True)
@@ -265,12 +269,13 @@ class RunDirectory:
 
 def timeline_rows(run: Path, step: int) -> list[dict[str, Any]]:
     """The metrics rows up to ``step`` of the timeline whose checkpoint a run forks from, ``run`` being where that
-    checkpoint's run keeps them (:func:`~rlzoo.trainer.checkpoint.run_of`). For a checkpoint of an abandoned
-    timeline (``RUN/abandoned/after-step-N-TIME/``, :meth:`RunDirectory.abandon_after`) the rows up to step N are
-    in ``RUN/metrics.jsonl`` and the later ones beside the checkpoint."""
+    checkpoint's run keeps them (:func:`~rlzoo.trainer.checkpoint.run_of`). An abandoned timeline
+    (``RUN/abandoned/after-step-N-TIME/``, :meth:`RunDirectory.abandon_after`) holds all its rows beside its
+    ``config.json``; one abandoned before that (no ``config.json``) holds the rows after step N only, and those up
+    to N are read from ``RUN/metrics.jsonl`` (right unless a later resume went back before N)."""
     rows, _ = read_metrics(run / "metrics.jsonl")
     branch = _ABANDONED.match(run.name)
-    if run.parent.name == "abandoned" and branch:
+    if run.parent.name == "abandoned" and branch and not (run / "config.json").is_file():
         start = int(branch.group(1))
         shared, _ = read_metrics(run.parent.parent / "metrics.jsonl")
         rows = [r for r in shared if r.get("step", 0) <= start] + [r for r in rows if r.get("step", 0) > start]

@@ -199,7 +199,7 @@ def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
                                                                                                "step-000002"]
     (abandoned,) = (run / "abandoned").iterdir()
     assert sorted(p.name for p in (abandoned / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
-    assert [r["step"] for r in _rows(abandoned / "metrics.jsonl")] == [2, 3]
+    assert [r["step"] for r in _rows(abandoned / "metrics.jsonl")] == [1, 2, 3]  # the old timeline, whole
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
     trainer, history = _train(run, max_steps=3, resume="latest", **common)
     assert [r["step"] for r in history] == [1, 2, 3] and trainer.checkpointer.find("latest").name == "step-000003"
@@ -214,8 +214,28 @@ def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     assert old.is_dir() and (run / "checkpoints" / "step-000003").is_dir()
     _train(tmp_path / "fork", max_steps=4, resume=str(old), **common)
     assert [r["step"] for r in _rows(tmp_path / "fork" / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert _rows(tmp_path / "fork" / "metrics.jsonl")[:2] == [_rows(run / "metrics.jsonl")[0],
-                                                              _rows(abandoned / "metrics.jsonl")[0]]
+    assert _rows(tmp_path / "fork" / "metrics.jsonl")[:3] == _rows(abandoned / "metrics.jsonl")
+
+
+def test_a_fork_of_an_abandoned_timeline_keeps_its_rows_and_segments_after_later_abandons(tmp_path):
+    """Two abandons, the second going back before the first's step (resume from 3, then from 1): a fork of the
+    first abandoned timeline's step-4 checkpoint continues that timeline's rows 1-4 and its segments (they were
+    read from RUN/metrics.jsonl, which by then held rows 1 only, and the segments started afresh)."""
+    run = tmp_path / "run"
+    common = {"save_steps": 1, "save_total_limit": 10, "eval_size": 0}
+    _, first = _train(run, max_steps=4, **common)
+    _train(run, max_steps=5, resume=str(run / "checkpoints" / "step-000003"), **common)
+    _train(run, max_steps=2, resume=str(run / "checkpoints" / "step-000001"), **common)
+    timelines = {int(p.name.split("-")[2]): p for p in (run / "abandoned").iterdir()}
+    assert sorted(timelines) == [1, 3]
+    assert [r["step"] for r in _rows(timelines[1] / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    fork = tmp_path / "fork"
+    _train(fork, max_steps=5, resume=str(timelines[3] / "checkpoints" / "step-000004"), **common)
+    rows = _rows(fork / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[:4] == first
+    segments = json.loads((fork / "config.json").read_text())["segments"]
+    assert [(s["start_step"], s["resumed_from"]) for s in segments] == [
+        (0, None), (4, str((timelines[3] / "checkpoints" / "step-000004").resolve()))]
 
 
 def test_checkpoints_order_by_step_number_and_ignore_temporaries(tmp_path):
