@@ -588,14 +588,18 @@ def _stdout_is_pipe() -> bool:
 
 
 def _report(err: BaseException) -> int:
-    """Bad input as one line ``rlzoo: error: ...`` (exit 2); under ``RLZOO_DEBUG=1`` the traceback instead."""
+    """Bad input as one line ``rlzoo: error: ...`` (exit 2; ``rlzoo: error (rank R): ...`` under torchrun with more
+    than one rank, where a rank-local error, such as a reward function raising on one rank, must say where);
+    under ``RLZOO_DEBUG=1`` the traceback instead."""
     if os.environ.get("RLZOO_DEBUG"):
         raise err
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
     if isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] in _TRAIN_EXTRA:
         message = f"{err}: this command needs the train extra, pip install 'rlzoo[train]'"
     debug = "" if isinstance(err, CommandLineError) else " (RLZOO_DEBUG=1 shows the traceback)"
-    print(f"rlzoo: error: {message}{debug}", file=sys.stderr)
+    ranks = os.environ.get("WORLD_SIZE", "1")
+    where = f" (rank {os.environ['RANK']})" if "RANK" in os.environ and ranks not in ("", "0", "1") else ""
+    print(f"rlzoo: error{where}: {message}{debug}", file=sys.stderr)
     return 2
 
 

@@ -129,6 +129,20 @@ def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsy
     assert "Traceback" not in err
 
 
+def test_an_error_under_torchrun_names_its_rank(monkeypatch, capsys):
+    """A rank-local error (a reward function raising on one rank) ends the job through torchrun, whose summary
+    names the rank that failed first; rlzoo's own line names it too."""
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--algorithm", "not-a-loss", "--model", "tiny-random"])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert console_main() == 2
+    assert capsys.readouterr().err.startswith("rlzoo: error (rank 1): ")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert console_main() == 2
+    assert capsys.readouterr().err.startswith("rlzoo: error: ")
+
+
 def test_max_completion_length_0_is_named_itself_not_overlong_buffer():
     """`--max-completion-length 0` said "overlong_buffer must be in [0, max_completion_length), got 0", a flag not
     given; overlong_buffer's range names the length it is below."""
