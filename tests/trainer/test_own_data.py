@@ -495,3 +495,23 @@ def test_python_data_that_is_not_a_dataset_says_how_to_make_one(tmp_path):
         build_task(TaskConfig(), train_dataset=rows)
     with pytest.raises(TypeError, match=r"^eval_dataset must be .* got dict: pass datasets.Dataset.from_dict"):
         build_task(TaskConfig(), train_dataset=datasets.Dataset.from_list(rows), eval_dataset={"prompt": ["1 + 1 ="]})
+
+
+def test_a_class_label_answer_is_compared_by_its_name():
+    """A hub classification set's ``ClassLabel`` answer column holds ids: the held-out answer and the accuracy
+    use the label's name (compared as the id's text, "positive" never matched "1"), while reward functions get the
+    row's id as TRL passes it; training and held-out data labelled with other names are refused."""
+    features = datasets.Features({"prompt": datasets.Value("string"),
+                                  "answer": datasets.ClassLabel(names=["negative", "positive"])})
+    data = datasets.Dataset.from_dict({"prompt": [f"review {i}" for i in range(10)], "answer": [0, 1] * 5},
+                                      features=features)
+    task = DatasetTask(name="reviews", dataset=data, eval_size=2)
+    items = task.eval_items()
+    assert {item.answer for item in items} <= {"negative", "positive"}
+    for item in items:
+        assert isinstance(item.columns["answer"], int)
+        assert task.score(item.answer, item.columns) == 1.0 and task.score(str(item.columns["answer"]), item.columns) == 0.0
+    other = datasets.Dataset.from_dict({"prompt": ["a"], "answer": [0]}, features=datasets.Features(
+        {"prompt": datasets.Value("string"), "answer": datasets.ClassLabel(names=["bad", "good"])}))
+    with pytest.raises(ValueError, match=r"^task 'reviews': the answer column 'answer' has different class labels"):
+        DatasetTask(name="reviews", dataset=data, eval_dataset=other, eval_size=1)

@@ -268,8 +268,9 @@ class DatasetTask(Task):
     Raises (at construction):
         ValueError: a missing prompt or answer column (names the columns present and the option), a row whose
             prompt is missing, empty or neither a string nor a list of messages, or whose answer is missing or
-            empty (names the row as its file numbers it, the column and the value), ``eval_size`` < 0, or no row
-            left for training (an empty training stream too).
+            empty (names the row as its file numbers it, the column and the value), ``eval_size`` < 0, no row
+            left for training (an empty training stream too), or ``ClassLabel`` answer columns whose names differ
+            between the training and the held-out data.
     """
 
     name: str
@@ -296,6 +297,7 @@ class DatasetTask(Task):
             object.__setattr__(self, "origin", RowOrigin(f"data set {self.name!r}"))
         if self.eval_origin is None:
             object.__setattr__(self, "eval_origin", RowOrigin(f"data set {self.name!r} (held out)"))
+        object.__setattr__(self, "_label_names", self._answer_labels())
         wanted = self.eval_size if self.answer_column is not None else 0  # nothing to score without answers
         if self._streaming:
             self._hold_out_stream(wanted)
@@ -392,6 +394,32 @@ class DatasetTask(Task):
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
 
+    def _answer_labels(self) -> list[str] | None:
+        """The names of a ``datasets.ClassLabel`` answer column (its rows hold ids: the accuracy compares the
+        extracted answer with the id's name, reward functions get the id as TRL passes it), or None.
+
+        Raises:
+            ValueError: the training and held-out data label the answer column with different names.
+        """
+        import datasets
+
+        found = []
+        for data in (self.dataset, self.eval_dataset):
+            feature = (getattr(data, "features", None) or {}).get(self.answer_column) if data is not None else None
+            if isinstance(feature, datasets.ClassLabel):
+                found.append(list(feature.names))
+        if len(found) == 2 and found[0] != found[1]:
+            raise ValueError(f"task {self.name!r}: the answer column {self.answer_column!r} has different class "
+                             f"labels in the training data ({found[0]}) and the held-out data ({found[1]})")
+        return found[0] if found else None
+
+    def _answer(self, row: Mapping[str, Any]) -> str:
+        """The reference answer of a row as text (a class label's name for a ``ClassLabel`` column's id)."""
+        value, names = row[self.answer_column], self.__dict__["_label_names"]
+        if names is not None and isinstance(value, int) and 0 <= value < len(names):
+            return names[value]
+        return str(value)
+
     def _check_rows(self, data: Any, origin: RowOrigin, limit: int | None = None) -> None:
         """:func:`check_rows` of a ``Dataset`` with this task's columns."""
         check_rows(data, origin, prompt_column=self.prompt_column, answer_column=self.answer_column, limit=limit)
@@ -433,7 +461,7 @@ class DatasetTask(Task):
                             str(prompt[-1]["content"]))
         columns = {k: v for k, v in row.items()  # TRL 1.16 hands reward functions neither completion column
                    if k != self.prompt_column and (k not in ("completion", "completion_ids") or k == self.answer_column)}
-        answer = "" if self.answer_column is None else str(row[self.answer_column])
+        answer = "" if self.answer_column is None else self._answer(row)
         return TaskItem(question=question, answer=answer, columns=columns, index=index, prompt=prompt)
 
     def _build_eval_items(self) -> list[TaskItem]:
@@ -468,7 +496,8 @@ class DatasetTask(Task):
                 raise ValueError(f"task {self.name!r}: the training stream is empty")
 
     def score(self, answer: str | None, row: Mapping[str, Any]) -> float:
-        """:func:`normalized_match` of ``answer`` and the row's answer column (1.0 or 0.0).
+        """:func:`normalized_match` of ``answer`` and the row's answer column (1.0 or 0.0; a ``ClassLabel``
+        column's id is compared by its name).
 
         Raises:
             ValueError: the task has no answer column.
@@ -476,4 +505,4 @@ class DatasetTask(Task):
         if self.answer_column is None:
             raise ValueError(f"task {self.name!r} has no answer column (--task.answer_column null): nothing to "
                              "score the accuracy with")
-        return normalized_match(answer, str(row[self.answer_column]))
+        return normalized_match(answer, self._answer(row))
