@@ -19,6 +19,7 @@ from safetensors import safe_open
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rlzoo.trainer import TrainConfig, Trainer
+from rlzoo.trainer.run_dir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
@@ -274,5 +275,16 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
     # instead of going on into DDP's first collective and dying there with a traceback of its own
     again = subprocess.run(proc.args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     output = again.stdout + again.stderr
-    assert again.returncode != 0 and output.count("rlzoo: error: output directory") == 2, output[-6000:]
+    assert again.returncode != 0, output[-6000:]
+    assert all(f"rlzoo: error (rank {rank}): output directory" in output for rank in (0, 1)), output[-6000:]
     assert output.count("Traceback") == 1, output[-6000:]  # torchrun's own ChildFailedError report only
+    # the run's lock held by another process (a live run): rank 0 cannot take it, and both ranks stop with its
+    # refusal (rank 1 never takes locks; it waited for rank 0's word)
+    with RunDirectory(run).lock():
+        locked = subprocess.run([*proc.args, "--resume", "latest", "--max-steps", "3"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=300, check=False)
+    output = locked.stdout + locked.stderr
+    assert locked.returncode != 0, output[-6000:]
+    assert all(f"rlzoo: error (rank {rank}): [Errno 16] another run is using this output directory" in output
+               for rank in (0, 1)), output[-6000:]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
