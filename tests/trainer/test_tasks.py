@@ -252,6 +252,22 @@ def test_a_list_or_dict_answer_is_refused_and_a_bool_is_scored_as_its_text(tmp_p
     assert flags.score("True" if item.columns["answer"] else "false", item.columns) == 1.0
 
 
+def test_a_json_file_column_of_mixed_types_is_checked_by_its_values(tmp_path):
+    """A .jsonl answer column mixing strings and numbers ("5", 6) loads as datasets' Json column: it was refused
+    as "holds a str ('5'), not a string, a number or a bool"; its decoded values are checked instead, so such a
+    file trains and a list among them, a blank answer or a bad prompt in a mixed prompt column is still refused."""
+    rows = [{"prompt": f"q{i}", "answer": str(i) if i % 2 else i} for i in range(10)]
+    task = load_task(_write_jsonl(tmp_path / "mixed.jsonl", rows), eval_size=2)
+    assert {item.answer for item in task.eval_items()} <= {str(i) for i in range(10)}
+    for bad, message in (({"answer": [1]}, r"the answer column 'answer' holds a list \(\[1\]\)"),
+                         ({"answer": " "}, "the answer column 'answer' is empty"),
+                         ({"answer": None}, "the answer column 'answer' is missing"),
+                         ({"prompt": 7}, r"the prompt column 'prompt' is 7 \(int\)")):
+        path = _write_jsonl(tmp_path / "bad.jsonl", [*rows[:6], {**rows[6], **bad}, *rows[7:]])
+        with pytest.raises(ValueError, match=rf"^task file '.*bad.jsonl' row 6 \(line 7\): {message}"):
+            load_task(path, eval_size=2)
+
+
 def test_a_csv_cell_that_pandas_reads_as_missing_is_named_as_such(tmp_path):
     """pandas reads NA, null, None, ... as missing: the error said "is empty" of a cell that held text."""
     for cell, what in (("NA", (r"'NA', which the CSV reader \(pandas\) reads as missing \(a .jsonl or .parquet file "

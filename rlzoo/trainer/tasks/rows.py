@@ -210,6 +210,13 @@ def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_colum
         for column in columns:
             values = batch.column(column)
             kind = values.type
+            if isinstance(kind, getattr(pa, "JsonType", ())):  # mixed types (datasets' Json): checked decoded
+                problem_of = _answer_problem if column == answer_column else _prompt_problem
+                decoded = [None if v is None else json.loads(v) for v in values.to_pylist()]
+                first = next((i for i, v in enumerate(decoded) if v is None or problem_of(v)), -1)
+                if first >= 0:
+                    bad.append((first, column, "" if decoded[first] is None else str(problem_of(decoded[first]))))
+                continue
             if column == answer_column and not _is_scalar(kind):
                 present = pc.index(pc.is_valid(values), True).as_py()
                 if present >= 0:  # Arrow columns have one type: every row's answer is one of these
