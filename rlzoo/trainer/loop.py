@@ -212,6 +212,7 @@ class Trainer:
         its checkpoint carries the row, and the resume runs the final evaluation (the number a run is read by) and
         writes it, so a preemption during the final evaluation costs that evaluation only."""
         evaluated: dict[str, float] | None = None
+        self.logger.announce(row)
         try:
             evaluated = self.evaluator.maybe_run(self.policy, self.step, final=final)
         finally:

@@ -182,8 +182,29 @@ class MetricsLogger:
             self._redirect = contextlib.ExitStack()
             self._redirect.enter_context(logging_redirect_tqdm())  # records print once, above the bar
 
+    def announce(self, row: Mapping[str, Any]) -> None:
+        """Log a training step's line and advance the progress bar (rank 0), before its evaluation runs and
+        :meth:`write` appends its row: the step is done, and an evaluation can take minutes."""
+        if "loss" not in row or not self.writes:
+            return
+        log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
+                 row["reward"], row["completions/mean_length"], row["step_time"])
+        if self._bar is not None:
+            self._postfix(row)
+            self._bar.update(1)
+
+    def _postfix(self, row: Mapping[str, Any]) -> None:
+        assert self._bar is not None
+        postfix = {"reward": f"{row['reward']:.3f}", "step_s": f"{row['step_time']:.1f}"}
+        accuracy = next((r["eval/accuracy"] for r in reversed([*self.history, row])
+                         if r.get("eval/accuracy") is not None), None)
+        if accuracy is not None:
+            postfix["acc"] = f"{100 * accuracy:.1f}%"
+        self._bar.set_postfix(postfix)
+
     def write(self, row: Mapping[str, Any]) -> None:
-        """Append one row; for a training step also log a line and advance the progress bar.
+        """Append one row (a training step's is announced first, :meth:`announce`; its evaluation's accuracy
+        joins the progress bar here).
 
         Raises:
             OSError: the write failed (disk full names the file).
@@ -194,18 +215,8 @@ class MetricsLogger:
         self.history.append(row)
         if self.trackers is not None:
             self.trackers.log(row)
-        if "loss" not in row or not self.writes:  # the step-0 evaluation; other ranks
-            return
-        log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
-                 row["reward"], row["completions/mean_length"], row["step_time"])
-        if self._bar is not None:
-            postfix = {"reward": f"{row['reward']:.3f}", "step_s": f"{row['step_time']:.1f}"}
-            accuracy = next((r["eval/accuracy"] for r in reversed(self.history) if r.get("eval/accuracy") is not None),
-                            None)
-            if accuracy is not None:
-                postfix["acc"] = f"{100 * accuracy:.1f}%"
-            self._bar.set_postfix(postfix)
-            self._bar.update(1)
+        if self._bar is not None and "loss" in row and self.writes and row.get("eval/accuracy") is not None:
+            self._postfix(row)
 
     def plot(self) -> Path:
         """Write ``reward.png`` (:func:`~rlzoo.trainer.plots.plot_metrics`; rank 0 only)."""

@@ -54,6 +54,15 @@ def test_end_to_end_writes_metrics_plot_config_and_checkpoints(tmp_path):
     assert (checkpoints[-1] / "model" / "config.json").is_file()
 
 
+def test_a_step_is_logged_before_its_evaluation(tmp_path, caplog):
+    """The step's line comes when the step is done, before its held-out evaluation (minutes on a real model)."""
+    with caplog.at_level("INFO", logger="rlzoo.train"):
+        Trainer(_config(tmp_path, max_steps=2, eval_steps=1)).train()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    order = [m.split(" greedy")[0] if "held-out" in m else m.split(" loss")[0] for m in lines]
+    assert order == ["step 0 held-out", "step 1/2", "step 1 held-out", "step 2/2", "step 2 held-out"], lines
+
+
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     """Resuming from step 2 reproduces the uninterrupted run's step-3 metrics and final weights."""
     common = {"max_steps": 3, "save_steps": 1, "save_total_limit": 5, "eval_size": 0, "algorithm": "cispo",
