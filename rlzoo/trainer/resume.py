@@ -32,6 +32,7 @@ from rlzoo.trainer.checkpoint import Checkpointer, step_of
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
+from rlzoo.trainer.tasks.stream import holds_out_training_rows
 
 __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_resume", "check_run_length",
            "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config",
@@ -40,6 +41,8 @@ __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTI
 log = logging.getLogger("rlzoo.train")
 
 _STREAM = "the task's training stream is part of the checkpoint"
+_HELD_OUT = ("the data set's held-out rows are cut from its training rows, so they decide which rows it trains on (a "
+             "separate --task.eval_split would not)")
 _CYCLE = "the batch shape and generation cycle are part of the checkpoint (its generation batch may be unfinished)"
 REFUSED_SETTINGS: Mapping[str, str] = {
     "model": "the checkpoint holds weights of the model it was trained from",
@@ -135,13 +138,16 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             new = config.resolved_task_kwargs
         if _normal(old) != _normal(new):
             changes[name] = (old, new)
-    refused = {k: v for k, v in changes.items() if k in REFUSED_SETTINGS}
+    why = dict(REFUSED_SETTINGS)
     if config.exclude_eval_questions:  # the training stream skips the held-out questions
-        refused.update({k: v for k, v in changes.items() if k in ("eval_seed", "eval_size")})
+        why.update(dict.fromkeys(("eval_seed", "eval_size"), _STREAM))
+    elif holds_out_training_rows(config.section(TaskConfig)):
+        why.update(dict.fromkeys(("eval_seed", "eval_size"), _HELD_OUT))
+    refused = {k: v for k, v in changes.items() if k in why}
     if refused:
         reasons = "; ".join(
             ", ".join(f"{label} {old!r} -> {new!r}" for label, old, new in _changed_options(k, *v))
-            + f" ({REFUSED_SETTINGS.get(k, _STREAM)})" for k, v in refused.items())
+            + f" ({why[k]})" for k, v in refused.items())
         fix = (f"{keep}, or resume on {_ranks(saved_world)}"
                if keep and list(refused) == ["per_device_train_batch_size"] else
                "Resume with the checkpoint's values (leave those flags out; in Python: "

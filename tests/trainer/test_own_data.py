@@ -182,6 +182,13 @@ def test_a_replaced_task_and_a_small_held_out_set_are_said(tmp_path, caplog):
             build_task(dataclasses.replace(config, task=task, eval_size=3).section(TaskConfig), train_dataset=train,
                        eval_dataset=held_out)
     assert not caplog.records
+    # through the Trainer, which records the data set's name as the task before building it: said once (not at all
+    # before: the task was replaced by then)
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        Trainer(dataclasses.replace(config, output_dir=str(tmp_path / "run"), eval_size=2), train_dataset=train)
+    assert [r.getMessage() for r in caplog.records if "replaces task" in r.getMessage()] == [
+        (f"train_dataset replaces task {str(path)!r}: the run trains on train_dataset (drop task, or drop "
+        "train_dataset to train on the task)")]
 
 
 def test_a_small_stream_holds_out_at_most_a_fifth_and_an_empty_one_fails_at_once(caplog):

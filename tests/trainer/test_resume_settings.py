@@ -414,3 +414,64 @@ def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_th
             compare_settings(saved, TrainConfig(**TINY), world_size=world)
     with pytest.raises(ValueError, match=r"seed .*leave those flags out"):  # another refusal too: the general advice
         compare_settings(saved, TrainConfig(**{**TINY, "seed": 7}), world_size=1)
+
+
+# ------------------------------------------------------------------------ a data set's training rows
+def _data_file(path, n: int, tag: str = "") -> str:
+    path.write_text("".join(json.dumps({"prompt": f"{tag}What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(n)))
+    return str(path)
+
+
+def test_a_resume_that_would_change_a_data_sets_training_rows_is_refused(tmp_path, caplog):
+    """A data set's held-out rows are cut from its training rows: a resume with another eval_size or eval_seed
+    trained on other rows (and held out rows it had trained on) after "eval_size changed (applied)". Refused now,
+    before the model loads for a data file (not with a separate --task.eval_split), at the task's state for a data
+    set given from Python (whose eval_dataset the config does not record); a data file with other rows too. A file
+    whose rows changed in content only resumes with a warning; the same file resumes silently."""
+    import datasets
+
+    data = _data_file(tmp_path / "d.jsonl", 30)
+    common = {"task": data, "max_steps": 1, "save_steps": 1, "eval_size": 4}
+    _train(tmp_path / "run", **common)
+    for change in ({"eval_size": 6}, {"eval_seed": 7}):
+        with pytest.raises(ValueError, match=rf"^cannot resume with changed settings: {next(iter(change))} .*the data "
+                                             "set's held-out rows are cut from its training rows"):
+            Trainer(_config(tmp_path / "run", **{**common, **change, "max_steps": 2, "resume": "latest"}),
+                    reward_funcs=[digit_fraction])
+    split = {**common, "task_kwargs": {"eval_split": "train[:4]", "split": "train[4:]"}}
+    _train(tmp_path / "split", **split)
+    _train(tmp_path / "split", **{**split, "eval_size": 3, "max_steps": 2, "resume": "latest"})  # applied
+    rows = datasets.Dataset.from_json(data)
+    Trainer(_config(tmp_path / "py", **{**common, "task": "chain_sum"}), train_dataset=rows,
+            reward_funcs=[digit_fraction]).train()
+    with pytest.raises(ValueError, match=r"the training rows of data set 'train_dataset:.*' are not the checkpoint's"):
+        Trainer(resume_config(tmp_path / "py", eval_size=6, max_steps=2), train_dataset=rows,
+                reward_funcs=[digit_fraction]).train()
+    _data_file(tmp_path / "d.jsonl", 31)
+    with pytest.raises(ValueError, match=r"the training rows of data set '.*d.jsonl' are not the checkpoint's"):
+        _train(tmp_path / "run", **{**common, "max_steps": 2, "resume": "latest"})
+    _data_file(tmp_path / "d.jsonl", 30, tag="Q: ")
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        _train(tmp_path / "run", **{**common, "max_steps": 2, "resume": "latest"})
+    assert [r.getMessage() for r in caplog.records if "differ from those" in r.getMessage()] == [
+        (f"resume: the rows of data set {data} differ from those the checkpoint trained on (the data changed since): "
+        "the run goes on with the rows as they are now")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        _train(tmp_path / "run", **{**common, "max_steps": 3, "resume": "latest"})
+    assert not [r for r in caplog.records if "differ from those" in r.getMessage()]
+
+
+def test_a_checkpoint_from_before_data_sets_recorded_their_rows_resumes(tmp_path):
+    """Older checkpoints hold no ``rows`` / ``content`` in their task state: nothing to compare, no refusal."""
+    from rlzoo.trainer.tasks import TaskStream, load_task
+
+    stream = TaskStream(load_task(_data_file(tmp_path / "d.jsonl", 10), eval_size=2))
+    state = stream.state_dict()
+    assert set(state) >= {"rows", "content"}
+    old = {k: v for k, v in state.items() if k not in ("rows", "content")}
+    stream.load_state_dict({**old, "position": 3})
+    assert stream.position == 3
+    with pytest.raises(ValueError, match="are not the checkpoint's"):
+        stream.load_state_dict({**state, "rows": "0" * 16})

@@ -64,9 +64,20 @@ class Task(abc.ABC):
     exclude_eval_questions: bool
 
     @property
+    def num_train_rows(self) -> int | None:
+        """The training stream's rows in one pass over the data (an epoch), or None when it has no end (a
+        generated task) or its length is unknown (a streamed data set)."""
+        return None
+
+    @property
     def has_answers(self) -> bool:
         """Whether items carry a reference answer to score (held-out accuracy, the ``accuracy`` reward)."""
         return True
+
+    def stream_identity(self) -> dict[str, Any]:
+        """What makes the training stream beyond the name, options and seeds a checkpoint records (compared on
+        resume): nothing for a generated task; a data set's rows (:meth:`DatasetTask.stream_identity`)."""
+        return {}
 
     @abc.abstractmethod
     def _raw_train_items(self, start: int) -> Iterator[TaskItem]:

@@ -13,7 +13,9 @@ compare with (:func:`~rlzoo.trainer.tasks.normalized_match`). Every other column
 TRL's ``**columns``.
 """
 
+import array
 import dataclasses
+import hashlib
 import logging
 import math
 import random
@@ -23,7 +25,7 @@ from typing import Any
 
 from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
 from rlzoo.trainer.tasks.extraction import normalized_match
-from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, describe, row_problem
+from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, content_digest, describe, row_problem
 
 __all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_rows",
            "load_dataset_source"]
@@ -438,6 +440,26 @@ class DatasetTask(Task):
     @staticmethod
     def _first_rows(data: Any, k: int) -> list[dict[str, Any]]:
         return list(data.take(k)) if k else []
+
+    def stream_identity(self) -> dict[str, Any]:
+        """``rows``: the training rows in their order (a digest of the data's length and the rows left after the
+        held-out split: ``eval_size``, ``eval_seed`` and a held-out split cut from the data change it), and
+        ``content``: :func:`content_digest` of the data; computed once. Empty for a stream (an
+        ``IterableDataset``, which has no length)."""
+        if self._streaming:
+            return {}
+        cached = self.__dict__.get("_stream_identity")
+        if cached is None:
+            pool = array.array("q", [len(self.dataset), *self.__dict__["_pool"]]).tobytes()
+            cached = {"rows": hashlib.sha256(pool).hexdigest()[:16], "content": content_digest(self.dataset)}
+            self.__dict__["_stream_identity"] = cached
+        return dict(cached)
+
+    @property
+    def num_train_rows(self) -> int | None:
+        """The rows left for training after the held-out split (one epoch of the stream); None for an
+        ``IterableDataset`` (no length) or when every row is held out (``evaluation_only``)."""
+        return None if self._streaming else len(self.__dict__["_pool"]) or None
 
     @property
     def has_answers(self) -> bool:

@@ -11,13 +11,14 @@ stream (``IterableDataset``) is checked row by row as it is read (:func:`row_pro
 import csv
 import dataclasses
 import decimal
+import hashlib
 import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RowOrigin", "check_rows", "row_problem"]
+__all__ = ["RowOrigin", "check_rows", "content_digest", "row_problem"]
 
 _BATCH = 8192
 """Rows per Arrow batch in :func:`check_rows`."""
@@ -246,3 +247,19 @@ def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_colum
             what = what or origin.missing(row, column)
             raise ValueError(f"{origin.where(row)}: {describe(column, prompt_column, what)}")
         position += batch.num_rows
+
+
+def content_digest(data: Any) -> str:
+    """A digest of a ``datasets.Dataset``'s rows: every column's values in row order, independent of how they are
+    stored (Arrow chunks, an indices mapping of ``select`` / ``shuffle``, the schema's metadata), so that a resume
+    notices data that changed under a run. About 0.1 s per million short rows (Arrow IPC of each batch)."""
+    import pyarrow as pa
+
+    digest = hashlib.sha256()
+    for batch in data.with_format("arrow").iter(batch_size=_BATCH):
+        table = batch.combine_chunks()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema.remove_metadata()) as writer:
+            writer.write_table(table)
+        digest.update(sink.getvalue())
+    return digest.hexdigest()[:16]

@@ -24,7 +24,7 @@ from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reas
 from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["PYTHON_DATASET", "TaskStream", "build_task", "check_loadable_task", "check_python_dataset",
-           "dataset_task_name", "load_task", "make_task", "recorded_task"]
+           "dataset_task_name", "holds_out_training_rows", "load_task", "make_task", "recorded_task"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -52,17 +52,35 @@ def check_loadable_task(task: str) -> None:
                          "or a reasoning-gym task (a new run, or rlzoo eval --run)")
 
 
+def holds_out_training_rows(config: TaskConfig) -> bool:
+    """Whether the task is a data file or hub data set whose held-out rows are cut from its training rows (no
+    ``--task.eval_split``), so that ``eval_size`` and ``eval_seed`` decide which rows it trains on. (A data set
+    given from Python may have an ``eval_dataset``, which its config does not record.)"""
+    task, options = config.task, config.task_kwargs or {}
+    return (is_dataset_spec(task) and task not in list_reasoning_gym_tasks() and not task.startswith(PYTHON_DATASET)
+            and not options.get("eval_split"))
+
+
 def recorded_task(task: str, train_dataset: Any = None) -> str:
-    """The task a run trains on and records: :func:`dataset_task_name` of ``train_dataset`` when given, else
-    ``task``.
+    """The task a run trains on and records: :func:`dataset_task_name` of ``train_dataset`` when given (with a
+    warning when it replaces a ``task`` other than the default), else ``task``.
 
     Raises:
         ValueError: no ``train_dataset`` and ``task`` names a data set given from Python (:func:`check_loadable_task`).
     """
     if train_dataset is not None:
+        _note_replaced_task(task)
         return dataset_task_name(train_dataset)
     check_loadable_task(task)
     return task
+
+
+def _note_replaced_task(task: str) -> None:
+    """Warn that ``train_dataset`` replaces ``task`` (unless the default, or the name of a data set given from
+    Python, which a resumed run's config records)."""
+    if task != DEFAULT_TASK and not task.startswith(PYTHON_DATASET):
+        log.warning("train_dataset replaces task %r: the run trains on train_dataset (drop task, or drop "
+                    "train_dataset to train on the task)", task)
 
 
 def load_task(
@@ -185,6 +203,7 @@ class TaskStream:
             "kwargs": kwargs,
             "train_seed": task.train_seed,
             "exclude_eval_questions": task.exclude_eval_questions,
+            **task.stream_identity(),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -194,9 +213,12 @@ class TaskStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the training position.
 
+        A data set whose rows changed in content (an edited file; the same number of rows, split alike) is
+        resumed with a warning: the run goes on with the rows as they are now.
+
         Raises:
-            ValueError: the state belongs to a different stream (task name, options, train seed); names the
-                differing keys.
+            ValueError: the state belongs to a different stream (task name, options, train seed; a data set's
+                training rows: its length or held-out split); names the differing keys.
         """
         mine = self._identity()
         theirs = {k: state.get(k) for k in mine}
@@ -206,9 +228,17 @@ class TaskStream:
         differ = sorted(
             k
             for k in mine
-            if json.dumps(mine[k], sort_keys=True, default=str)
-            != json.dumps(theirs[k], sort_keys=True, default=str)
+            if (k in state or k not in ("rows", "content"))  # (older checkpoints did not record a data set's rows)
+            and json.dumps(mine[k], sort_keys=True, default=str) != json.dumps(theirs[k], sort_keys=True, default=str)
         )
+        changed_content, differ = "content" in differ, [k for k in differ if k != "content"]
+        if changed_content and not differ:
+            log.warning("resume: the rows of data set %s differ from those the checkpoint trained on (the data "
+                        "changed since): the run goes on with the rows as they are now", mine["name"])
+        if "rows" in differ:
+            raise ValueError(f"task state is from a different training stream: the training rows of data set "
+                             f"{mine['name']!r} are not the checkpoint's (its number of rows or its held-out split "
+                             "changed: eval_size, eval_seed, --task.eval_split); resume with the checkpoint's")
         if differ:
             details = ", ".join(f"{k}={theirs[k]!r} (now {mine[k]!r})" for k in differ)
             raise ValueError(f"task state is from a different training stream: {details}")
@@ -285,9 +315,7 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
         check_python_dataset(name, data)
     if train_dataset is not None:
-        if config.task != DEFAULT_TASK and not config.task.startswith(PYTHON_DATASET):
-            log.warning("train_dataset replaces task %r: the run trains on train_dataset (drop task, or drop "
-                        "train_dataset to train on the task)", config.task)
+        _note_replaced_task(config.task)
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
