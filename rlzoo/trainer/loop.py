@@ -231,9 +231,10 @@ class Trainer:
                       generated: float) -> dict[str, Any]:
         now = time.perf_counter()
         tokens = self.dist.reduce_floats({"tokens": batch.num_tokens})["tokens"]
-        return {"step": self.step, "loss": losses.loss, **self.rollouts.batch_metrics(batch), **row,
-                "step_time": now - started, "train_time": now - generated,
-                "tokens_per_second": tokens / max(1e-9, now - started), **batch.metrics, **losses.metrics}
+        return self.rollouts.add_reward_metrics({  # the reward functions' log_metric names: last, none of these
+            "step": self.step, "loss": losses.loss, **self.rollouts.batch_metrics(batch), **row,
+            "step_time": now - started, "train_time": now - generated,
+            "tokens_per_second": tokens / max(1e-9, now - started), **batch.metrics, **losses.metrics})
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[GracefulInterrupt]:

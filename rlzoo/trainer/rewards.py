@@ -13,12 +13,21 @@ A reward function is called as TRL 1.16's GRPOTrainer calls it (``_calculate_rew
   ``[{"role": "assistant", "content": text}]`` for conversational ones (``completions[i][0]["content"]``).
 - ``completion_ids``: the completion token ids (lists, EOS included, no padding).
 - ``trainer_state``: a ``transformers.TrainerState`` whose ``global_step`` is the optimizer steps taken and
-  ``max_steps`` the run's length (for curricula).
+  ``max_steps`` the run's length (for curricula); in a run the trainer also sets ``epoch`` and
+  ``num_train_epochs`` (:meth:`RewardSet.set_progress`): for a data set of ``R`` training rows, the rows drawn
+  before this generation batch divided by ``R`` (a float: 1.5 = one and a half passes) and the passes the run's
+  ``max_steps`` take, ``ceil(rows drawn by max_steps / R)``; for an endless task (reasoning-gym) or a streamed
+  ``IterableDataset``, whose length is unknown, what ``transformers.Trainer`` sets for a data set without a length:
+  ``epoch = global_step / max_steps`` (the run is one epoch) and ``num_train_epochs = sys.maxsize``.
 - ``log_extra(column, values)``: adds a column to the completions table (``--log-completions``), one value per
   completion (a function may log a column in several calls, as TRL extends it; another count is an error naming
   the function, the column and the counts, where TRL would misalign the table); when several functions log the
   same column the last one logged is kept, as TRL keeps it (a warning when the values differ);
-  ``log_metric(name, value)``: a scalar averaged over the step and logged with the step's metrics.
+  ``log_metric(name, value)``: a scalar averaged over the step and logged with the step's metrics. A name the
+  trainer writes in the step's row itself (``step``, ``loss``, ``reward``, ``rewards/NAME/mean``, ``kl``,
+  ``eval/...``: every key of the row, checked when the row is assembled, plus ``step`` and ``eval/*`` when logged)
+  is an error naming the function and the metric, where TRL would average it into its own metric or overwrite it
+  (prefix the name, e.g. ``FUNCTION/loss``).
 - ``columns``: every other column of the item (:attr:`rlzoo.trainer.tasks.TaskItem.columns`), one entry per
   completion (TRL repeats each prompt's columns over its ``G`` completions). Write functions with ``**kwargs``.
 
@@ -36,6 +45,7 @@ import inspect
 import logging
 import math
 import numbers
+import sys
 import threading
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -132,7 +142,7 @@ class RewardSet:
     Attributes:
         functions, names, weights (tuples).
         trainer_state: the ``transformers.TrainerState`` passed to the functions (the trainer sets its
-            ``global_step``).
+            ``global_step``, ``epoch`` and ``num_train_epochs`` with :meth:`set_progress`).
         extra_columns: what the functions logged with ``log_extra`` since :meth:`take_extra` or :meth:`take_logged`
             (column -> values).
 
@@ -223,6 +233,7 @@ class RewardSet:
         self._extra_rows = 0  # completions scored since the extra columns were last taken (aligns the columns)
         self._warned_extra: set[tuple[str, tuple[str, ...]]] = set()
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
+        self._metric_owners: dict[str, dict[str, None]] = {}  # metric -> the functions that logged it (names)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -236,8 +247,56 @@ class RewardSet:
         self.extra_columns[column].extend(values)
 
     def log_metric(self, name: str, value: float) -> None:
-        """TRL's ``log_metric``: a scalar, averaged over the values logged before :meth:`take_logged`."""
+        """TRL's ``log_metric``: a scalar, averaged over the values logged before :meth:`take_logged`.
+
+        Reward functions called by the set get a ``log_metric`` of their own that names them in its errors (see
+        :meth:`__call__`); this one is for calls outside of the set's.
+
+        Raises:
+            RewardFunctionError: ``name`` is not a string, or ``step`` or ``eval/*``, the trainer's (its other
+                names, those of the step's row, are refused when the row is assembled: :meth:`add_logged`).
+        """
+        self._log_metric(name, value, None)
+
+    def _log_metric(self, name: str, value: float, function: str | None) -> None:
+        """Record ``value`` for metric ``name``, logged by reward function ``function`` (None: unknown).
+
+        Raises:
+            RewardFunctionError: see :meth:`log_metric` (names ``function``).
+        """
+        functions = (function,) if function is not None else ()
+        if not isinstance(name, str):
+            raise _MetricNameError(f"{_who(functions)} logged a metric named {name!r} ({type(name).__name__}) with "
+                                   "log_metric; a metric's name is a string")
+        if name == "step" or name.startswith("eval/"):
+            raise _MetricNameError(_clash(name, functions, _reserved_because(name)))
         self._metrics[name].append(float(value))
+        if function is not None:
+            self._metric_owners.setdefault(name, {})[function] = None
+
+    def _metric_logger(self, function: str) -> Callable[[str, float], None]:
+        """The ``log_metric`` given to reward function ``function``: :meth:`log_metric`, naming it in errors."""
+
+        def log_metric(name: str, value: float) -> None:
+            self._log_metric(name, value, function)
+
+        return log_metric
+
+    def add_logged(self, row: Mapping[str, Any], metrics: Mapping[str, float]) -> dict[str, Any]:
+        """``row`` with the ``log_metric`` ``metrics`` of :meth:`take_logged` added, refusing a metric that would
+        replace one of the trainer's own: a key of ``row`` (the step's metrics: ``loss``, ``reward``, ``kl``...),
+        ``step`` or ``eval/*`` (the held-out evaluation's, joined later). TRL 1.16 would average such a value into
+        its own metric of that name, or overwrite it (``loss``); the error is raised before the row is written.
+
+        Raises:
+            RewardFunctionError: a metric named as one of the trainer's (names it and the functions that logged it,
+                and says to rename it).
+        """
+        for name in metrics:
+            if name in row or name == "step" or name.startswith("eval/"):
+                owners = tuple(self._metric_owners.get(name, ()))
+                raise RewardFunctionError(_clash(name, owners, _reserved_because(name)))
+        return {**row, **metrics}
 
     def take_extra(self) -> dict[str, list[Any]]:
         """The ``log_extra`` columns logged since the last call (or :meth:`take_logged`), which forgets them (so that
@@ -305,13 +364,49 @@ class RewardSet:
         sums = {name: (sum(v), len(v)) for name, v in self._metrics.items() if v}
         if dist.enabled:  # a metric some ranks did not log counts their values only
             merged: dict[str, tuple[float, int]] = {}
-            for rank_sums in dist.all_gather_object(sums):
+            gathered = dist.all_gather_object((sums, {k: list(v) for k, v in self._metric_owners.items()}))
+            for rank_sums, owners in gathered:
                 for name, (total, count) in rank_sums.items():
                     before = merged.get(name, (0.0, 0))
                     merged[name] = (before[0] + total, before[1] + count)
+                for name, functions in owners.items():  # so that every rank's error names them alike
+                    self._metric_owners.setdefault(name, {}).update(dict.fromkeys(functions))
             sums = merged
         self._metrics.clear()
         return {name: total / count for name, (total, count) in sums.items()}, self.take_extra()
+
+    def set_progress(self, *, global_step: int, rows_drawn: int, train_rows: int | None,
+                     rows_per_run: int) -> None:
+        """Set :attr:`trainer_state`'s progress as TRL's ``TrainerState`` holds it, for the functions' schedules.
+
+        Args:
+            global_step: optimizer steps taken (``global_step``).
+            rows_drawn: training rows drawn from the task before this generation batch.
+            train_rows: the training rows of one pass over the data (one epoch); None for an endless task or a
+                stream of unknown length.
+            rows_per_run: the training rows the run's ``max_steps`` draw (without dynamic sampling's extra rounds).
+
+        ``epoch`` is ``rows_drawn / train_rows`` and ``num_train_epochs`` ``ceil(rows_per_run / train_rows)``
+        (``transformers.Trainer`` for ``max_steps``: the epochs those steps reach). Without ``train_rows``, what
+        ``transformers.Trainer`` sets for a data set without a length: ``epoch = global_step / max_steps`` (the run
+        is one epoch; 0 when ``max_steps`` is 0) and ``num_train_epochs = sys.maxsize``.
+
+        Raises:
+            ValueError: ``train_rows`` < 1, or a negative count.
+        """
+        if train_rows is not None and train_rows < 1:
+            raise ValueError(f"train_rows must be >= 1 or None, got {train_rows}")
+        if min(global_step, rows_drawn, rows_per_run) < 0:
+            raise ValueError(f"counts must be >= 0, got global_step={global_step}, rows_drawn={rows_drawn}, "
+                             f"rows_per_run={rows_per_run}")
+        state = self.trainer_state
+        state.global_step = global_step
+        if train_rows is None:
+            state.epoch = global_step / state.max_steps if state.max_steps else 0.0
+            state.num_train_epochs = sys.maxsize
+        else:
+            state.epoch = rows_drawn / train_rows
+            state.num_train_epochs = math.ceil(rows_per_run / train_rows)
 
     def compute(
         self,
@@ -357,8 +452,9 @@ class RewardSet:
             ValueError: ``prompts``, ``completions``, ``completion_ids`` or a column of different lengths, or
                 a column named like a reward-function argument.
             RewardFunctionError: a function raised (chained), returned a non-sequence, the wrong number of
-                values, a non-number (str, list...), or NaN/inf, or logged a ``log_extra`` column with a count
-                other than ``N`` (see :meth:`_record_extra`); the message names the function.
+                values, a non-number (str, list...), or NaN/inf, logged a ``log_extra`` column with a count
+                other than ``N`` (see :meth:`_record_extra`), or a ``log_metric`` named ``step`` or ``eval/*``
+                (:meth:`log_metric`); the message names the function.
         """
         n = len(completions)
         columns = dict(columns or {})
@@ -380,12 +476,14 @@ class RewardSet:
         pending = []
         logged: dict[str, dict[str, list[Any]]] = {}
         for k, (fn, name) in enumerate(zip(self.functions, self.names, strict=True)):
-            own = {**call, "log_extra": self._extra_logger(name, logged)}
+            own = {**call, "log_extra": self._extra_logger(name, logged), "log_metric": self._metric_logger(name)}
             if _is_async(fn):
                 pending.append((k, fn, name, own))
                 continue
             try:
                 values = fn(**own)
+            except _MetricNameError:
+                raise  # names the function already
             except Exception as err:
                 raise reward_error(name, fn, err, call, self._task) from err
             table[:, k] = torch.tensor(_check_values(values, n, name), dtype=torch.float32)
@@ -417,6 +515,8 @@ class RewardSet:
         async def one(fn: Any, name: str, call: Mapping[str, Any]) -> Any:
             try:
                 return await fn(**call)
+            except _MetricNameError:
+                raise
             except Exception as err:
                 raise reward_error(name, fn, err, call, self._task) from err
 
@@ -427,6 +527,32 @@ class RewardSet:
 
 
 _ARGUMENTS = REWARD_ARGUMENTS
+
+
+class _MetricNameError(RewardFunctionError):
+    """A ``log_metric`` name the trainer keeps for itself; raised inside the reward function's call and passed on as
+    it is (it names the function already)."""
+
+
+def _who(functions: Sequence[str]) -> str:
+    """``reward function 'f'``, ``reward functions 'f' and 'g'``, or ``a reward function`` when none is known."""
+    if not functions:
+        return "a reward function"
+    return f"reward function{'s' if len(functions) > 1 else ''} {' and '.join(map(repr, functions))}"
+
+
+def _reserved_because(name: str) -> str:
+    """Why metric ``name`` is the trainer's (for :func:`_clash`)."""
+    if name.startswith("eval/"):
+        return "the held-out evaluation writes eval/* in the step's row"
+    return "the trainer writes it in every row" if name == "step" else "the trainer writes it in the step's row"
+
+
+def _clash(name: str, functions: Sequence[str], why: str) -> str:
+    """The one-line error of metric ``name``, one of the trainer's, logged by ``functions``."""
+    rename = f"{functions[0] if functions else 'FUNCTION'}/{name}"
+    return f"{_who(functions)} logged the metric {name!r} with log_metric, but {why}: log it under another name, " \
+           f"e.g. {rename!r}"
 
 
 def _is_async(fn: Any) -> bool:

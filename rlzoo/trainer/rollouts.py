@@ -16,6 +16,7 @@ keeps its own rows.
 """
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -144,6 +145,7 @@ class RolloutSource:
         self.num_tokens = 0.0  # prompt + completion tokens generated so far on this rank (TRL's num_tokens)
         self.buffer: list[Rollout] = []
         self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.reward_metrics: dict[str, float] = {}  # the step's log_metric values (add_reward_metrics)
 
     def check_rewards(self) -> None:
         """Call every reward function once on one problem (its reference answer as the completion), so that a
@@ -155,13 +157,15 @@ class RolloutSource:
         item = self.task.sample_item()
         prompt = self.task.prompt(self.tokenizer, item)
         ids = self.tokenizer(item.answer, add_special_tokens=False)["input_ids"]
+        self._set_progress()
         self.rewards.compute(prompts=[prompt], completions=[item.answer], items=[item], completion_ids=[ids])
 
     def generate(self) -> tuple[Rollout, dict[str, float]]:
         """Sample, score and compute advantages for one generation batch (with DAPO dynamic sampling).
 
         Returns:
-            the rollout and its statistics (``generation_time``; ``dynamic_sampling/*`` when enabled).
+            the rollout and its statistics (``generation_time``; ``dynamic_sampling/*`` when enabled); what the reward
+            functions logged with ``log_metric`` is in :attr:`reward_metrics`.
 
         Raises:
             RewardFunctionError: a reward function failed (names it).
@@ -173,7 +177,7 @@ class RolloutSource:
         columns: dict[str, None] = {}  # the log_extra columns, in the order they were first logged
         rounds, t0 = 0, time.perf_counter()
         self.rewards.take_logged()  # forget what the reward check logged
-        self.rewards.trainer_state.global_step = self.micro_step // cfg.gradient_accumulation_steps
+        self._set_progress()
         with self.policy.gathered() as model:
             while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
                 if rounds and self.dist.reduce_floats({"kept": float(len(kept))})["kept"] >= need * world:
@@ -192,8 +196,7 @@ class RolloutSource:
         rollout.version = self.micro_step // cfg.gradient_accumulation_steps  # the sampler's weights: steps completed
         stats = {"generation_time": time.perf_counter() - t0}
         self.num_tokens += float(rollout.prompt_mask[rollout.group_index].sum() + rollout.completion_mask.sum())
-        reward_metrics, _ = self.rewards.take_logged(self.dist)  # TRL's log_metric (log_extra: with each group)
-        stats.update(reward_metrics)
+        self.reward_metrics, _ = self.rewards.take_logged(self.dist)  # TRL's log_metric (log_extra: with each group)
         sampling = self._score(rollout)
         rollout.advantages, kl_metrics = batch_advantages(self.advantage_fn, rollout, sampling, dist=self.dist,
                                                           group_size=g, kl_reward=self.kl_reward)
@@ -284,6 +287,7 @@ class RolloutSource:
         stats: dict[str, float] = {}
         offset = 0
         sums: list[Tensor | None] = [self._buffer_sums] if self.buffer else []  # of the batches the step draws from
+        self.reward_metrics = {}  # a step that generates nothing logs none
         for _ in range(cfg.gradient_accumulation_steps):
             if self.micro_step % period == 0 or not self.buffer:
                 if micro_batches:  # the step spans two generation batches: the new one's prompts get new ids
@@ -304,6 +308,29 @@ class RolloutSource:
                                   metrics={"generation_time": 0.0, **stats}, group_offsets=offsets,
                                   num_groups=offset + cfg.prompts_per_generation,
                                   is_weight_sums=sum(sums) if sums and all(s is not None for s in sums) else None)
+
+    def add_reward_metrics(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The step's metrics ``row`` with what the reward functions logged with ``log_metric`` for its generation
+        batch (:attr:`reward_metrics`: none when the step generated none), as TRL logs them with the step's metrics.
+
+        Raises:
+            RewardFunctionError: a logged name is one of the trainer's (a key of ``row``, ``step``, ``eval/*``;
+                names the function: :meth:`~rlzoo.trainer.rewards.RewardSet.add_logged`).
+        """
+        return self.rewards.add_logged(row, self.reward_metrics)
+
+    def _set_progress(self) -> None:
+        """Give the reward functions' ``trainer_state`` the run's progress before they are called
+        (:meth:`~rlzoo.trainer.rewards.RewardSet.set_progress`): the optimizer steps taken, the training rows drawn
+        from the task so far (every rank draws the global batch) and, for the epochs the run plans, the rows its
+        generation batches draw (``prompts_per_generation`` per rank each, one every ``steps_per_generation *
+        num_iterations`` micro-steps)."""
+        cfg = self.config
+        period = cfg.effective_steps_per_generation * cfg.num_iterations
+        batches = math.ceil(self.rewards.trainer_state.max_steps * cfg.gradient_accumulation_steps / period)
+        self.rewards.set_progress(global_step=self.micro_step // cfg.gradient_accumulation_steps,
+                                  rows_drawn=self.task.position, train_rows=self.task.task.num_train_rows,
+                                  rows_per_run=batches * cfg.prompts_per_generation * self.dist.world_size)
 
     def _is_weight_sums(self, buffer: list[Rollout]) -> Tensor | None:
         """The loss's :meth:`~rlzoo.losses.PolicyLoss.is_weight_sums` over this rank's share of a whole generation

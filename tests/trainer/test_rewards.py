@@ -1,6 +1,7 @@
 """Reward functions: TRL's signature, module:function loading, the RewardSet's checks, weights and None."""
 
 import math
+import sys
 import textwrap
 
 import pytest
@@ -153,7 +154,7 @@ def test_columns_and_completion_ids_reach_functions():
     )
     state = seen.pop("trainer_state")
     assert state is rewards.trainer_state and (state.global_step, state.max_steps) == (0, 7)
-    assert callable(seen.pop("log_extra")) and seen.pop("log_metric") == rewards.log_metric  # log_extra: its own
+    assert callable(seen.pop("log_extra")) and callable(seen.pop("log_metric"))  # each function's own (names it)
     assert seen == {
         "prompts": ["p1", "p2"],
         "completions": ["c1", "c2"],
@@ -481,3 +482,101 @@ def test_a_reward_file_imported_already_is_that_module_and_a_shadowed_package_fi
     (tmp_path / "st_pkg" / "__init__.py").write_text("raise RuntimeError('this package does not import')\n")
     (tmp_path / "st_pkg" / "scores.py").write_text("def fn(prompts, completions, **kw):\n    return [2.0] * len(completions)\n")
     assert load_reward_function(f"{tmp_path}/st_pkg/scores.py:fn")(["p"], ["c"]) == [2.0]
+
+
+def test_a_metric_named_as_one_of_the_trainers_is_an_error_naming_the_function_and_the_metric():
+    """A reward function's ``log_metric("step", 99.0)`` / ``log_metric("loss", 5.0)`` replaced the row's step and loss
+    in metrics.jsonl (TRL 1.16 keeps the values in its own metrics dict: averaged into its metric of that name, or
+    overwriting ``loss``). ``step`` and ``eval/*`` are refused when logged, inside the function's call (sync or
+    async) and not wrapped as an error it raised; any other key of the step's row when the row is assembled."""
+
+    def logs(*names):
+        def fn(prompts, completions, log_metric, **kwargs):
+            for name in names:
+                log_metric(name, 5.0)
+            return [0.0] * len(completions)
+
+        fn.__name__ = "logs_" + "_".join(n.replace("/", "_") for n in names)
+        return fn
+
+    async def logs_async(prompts, completions, log_metric, **kwargs):
+        log_metric("eval/accuracy", 1.0)
+        return [0.0] * len(completions)
+
+    for fn, name in ((logs("mine", "step"), "step"), (logs("eval/accuracy"), "eval/accuracy"),
+                     (logs_async, "eval/accuracy")):
+        with pytest.raises(RewardFunctionError, match=rf"^reward function '{fn.__name__}' logged the metric '{name}' "
+                                                      rf"with log_metric, but .*: log it under another name, e\.g\. "
+                                                      rf"'{fn.__name__}/{name}'$"):
+            RewardSet((constant(1.0), fn))(["p", "p"], ["a", "b"])
+    with pytest.raises(RewardFunctionError, match=r"^a reward function logged the metric 'step'"):
+        RewardSet((constant(1.0),)).log_metric("step", 1.0)
+
+    rewards = RewardSet((logs("loss", "mine/loss"), logs("loss")))
+    rewards(["p", "p"], ["a", "b"])
+    metrics, _ = rewards.take_logged()
+    assert metrics == {"loss": 5.0, "mine/loss": 5.0}
+    row = {"step": 1, "loss": 0.25, "reward": 0.0, "kl": 0.0}
+    with pytest.raises(RewardFunctionError, match=r"^reward functions 'logs_loss_mine_loss' and 'logs_loss' logged "
+                                                  r"the metric 'loss' with log_metric, but the trainer writes it in "
+                                                  r"the step's row: log it under another name, e\.g\. "
+                                                  r"'logs_loss_mine_loss/loss'$"):
+        rewards.add_logged(row, metrics)
+    assert rewards.add_logged(row, {"mine/loss": 5.0}) == {**row, "mine/loss": 5.0}
+    assert row == {"step": 1, "loss": 0.25, "reward": 0.0, "kl": 0.0}  # not changed
+    with pytest.raises(RewardFunctionError, match="'eval/x' with log_metric, but the held-out evaluation"):
+        rewards.add_logged(row, {"eval/x": 1.0})  # (logged with the public log_metric it is refused at once)
+
+
+def test_trainer_state_progress_is_trls():
+    """``trainer_state.epoch`` was always 0 and ``num_train_epochs`` 0. As transformers' Trainer sets them for
+    ``max_steps``: a data set's epoch is the rows drawn / its training rows, num_train_epochs the epochs the run
+    reaches; without a length (endless or streamed) the run is one epoch, num_train_epochs sys.maxsize."""
+    rewards = RewardSet((constant(0.0),), max_steps=4)
+    rewards.set_progress(global_step=2, rows_drawn=9, train_rows=6, rows_per_run=13)
+    state = rewards.trainer_state
+    assert (state.global_step, state.epoch, state.num_train_epochs, state.max_steps) == (2, 1.5, 3, 4)
+    rewards.set_progress(global_step=3, rows_drawn=9, train_rows=None, rows_per_run=13)
+    assert (state.global_step, state.epoch, state.num_train_epochs) == (3, 0.75, sys.maxsize)
+    RewardSet((constant(0.0),), max_steps=0).set_progress(global_step=0, rows_drawn=0, train_rows=None, rows_per_run=0)
+    with pytest.raises(ValueError, match="train_rows must be >= 1"):
+        rewards.set_progress(global_step=0, rows_drawn=0, train_rows=0, rows_per_run=0)
+
+
+def _run(tmp_path, fn, *, max_steps, train_dataset=None, **options):
+    from rlzoo.trainer import TrainConfig, Trainer
+
+    config = TrainConfig(model="tiny-random", num_generations=2, per_device_train_batch_size=4,
+                         max_completion_length=4, eval_size=0, progress=False, save_steps=0, max_steps=max_steps,
+                         output_dir=str(tmp_path / "run"), **options)
+    return Trainer(config, reward_funcs=[fn], train_dataset=train_dataset)
+
+
+def test_a_run_gives_reward_functions_its_epochs_and_refuses_a_metric_of_its_own(tmp_path):
+    """Through the trainer: a data set of 6 training rows drawn 2 per step over 4 steps is 2 epochs, seen by the
+    functions as 0, 1/3, 2/3, 1 (the rows drawn before each generation batch); an endless reasoning-gym task's
+    epoch is the run's fraction. A function logging ``loss`` stops the run at the first step, before its row is
+    written."""
+    import datasets
+
+    seen = []
+
+    def spy(prompts, completions, trainer_state, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state.epoch, trainer_state.num_train_epochs))
+        return [0.0] * len(completions)
+
+    rows = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(6)])
+    _run(tmp_path / "data", spy, max_steps=4, train_dataset=rows).train()
+    assert seen == [(0, 0.0, 2), (0, 0.0, 2), (1, 1 / 3, 2), (2, 2 / 3, 2), (3, 1.0, 2)]  # the reward check first
+    seen.clear()
+    _run(tmp_path / "gym", spy, max_steps=2, task="chain_sum", task_kwargs=ONE_DIGIT).train()
+    assert [s[:2] for s in seen] == [(0, 0.0), (0, 0.0), (1, 0.5)] and {s[2] for s in seen} == {sys.maxsize}
+
+    def loss(prompts, completions, log_metric, **kwargs):
+        log_metric("loss", 5.0)
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match="^reward function 'loss' logged the metric 'loss' with log_metric"):
+        _run(tmp_path / "clash", loss, max_steps=2, task="chain_sum", task_kwargs=ONE_DIGIT).train()
+    metrics = tmp_path / "clash" / "run" / "metrics.jsonl"
+    assert not metrics.exists() or '"loss"' not in metrics.read_text()
