@@ -13,6 +13,7 @@ base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads suc
 import contextlib
 import dataclasses
 import math
+import re
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -82,6 +83,7 @@ def lora_config(options: Mapping[str, Any]) -> Any:
     if not (math.isfinite(alpha) and alpha > 0):  # 0 scales the adapter away: training would change nothing
         raise ValueError(f"--peft.lora_alpha must be a finite number > 0 (the adapter's scale is lora_alpha / r), "
                          f"got {alpha}")
+    options = {k: _module_names(v) if k in ("target_modules", "exclude_modules") else v for k, v in options.items()}
     try:
         return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
     except (TypeError, ValueError) as err:  # peft's own checks of option combinations
@@ -203,6 +205,16 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, origin or hint)
     except TypeError:  # a hint isinstance cannot take (a NewType, a TypeVar...): peft checks the value itself
         return True
+
+
+def _module_names(value: Any) -> Any:
+    """``--peft.target_modules q_proj`` or ``q_proj,v_proj`` as the list of names it means. peft takes a string as
+    a regular expression that must match a module's whole name (``model.layers.0.self_attn.q_proj``), which a bare
+    name never does ("Target modules q_proj not found"); a string of names, dots and commas only is split into a
+    list (peft matches each as the name's last components). ``all-linear`` and real patterns (``.*q_proj``) stay."""
+    if isinstance(value, str) and value != "all-linear" and re.fullmatch(r"[\w.-]+(\s*,\s*[\w.-]+)*", value):
+        return [name.strip() for name in value.split(",")]
+    return value
 
 
 def _is_pattern_choice(value: Any, hint: Any) -> bool:
@@ -392,13 +404,19 @@ def load_checkpoint_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> 
         model.load_state_dict(dict(weights), strict=False)
 
 
-def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype | None = None,
-                 overwrite: bool = False) -> Path:
+def export_model(source: str | Path, output: str | Path, *, model: Any = None, tokenizer: Any = None,
+                 dtype: torch.dtype | None = None, overwrite: bool = False) -> Path:
     """Write the model of ``source`` (a checkpoint's ``model/``, a run's checkpoint directory, or anything
     :func:`~rlzoo.trainer.models.load_model` loads) to ``output`` as a plain Hugging Face checkpoint, an adapter
     merged into its base (``PeftModel.merge_and_unload``). Atomic.
 
     Args:
+        model: the base model object of an adapter ``source`` trained on a model given from Python
+            (``Trainer(config, model=obj)`` with ``peft``), whose ``adapter_config.json`` names it as
+            ``model:CLASS``, which cannot be loaded by name. The adapter is merged into a copy: ``model`` is left
+            unchanged. It must be the base as it was before training (not a ``PeftModel``, no LoRA layers: the
+            object a Trainer trained with ``peft`` carries its adapter, changed in place).
+        tokenizer: with ``model``, the tokenizer written when ``source`` holds none (rlzoo's checkpoints do).
         overwrite: replace an ``output`` directory that is not empty (everything in it is deleted); default:
             refuse. Refused either way: a run directory or a directory holding one, anything inside a run's own
             files (``RUN/checkpoints/...``, ``RUN/abandoned/...``: a run's ``RUN/final`` is fine), an rlzoo
@@ -406,7 +424,10 @@ def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype |
 
     Raises:
         FileExistsError: ``output`` is a directory that is not empty and ``overwrite`` is False.
-        ValueError: ``output`` is one of those refused either way (names why and where to write instead).
+        ValueError: ``output`` is one of those refused either way (names why and where to write instead); an
+            adapter on a model given from Python without ``model`` (names ``export_model(..., model=BASE)``);
+            ``model`` for a ``source`` that holds no adapter, a ``model`` of another class than the adapter's base,
+            or one carrying LoRA layers; no tokenizer in ``source`` nor given.
         the errors of :func:`~rlzoo.trainer.models.load_model`; OSError: the write failed.
     """
     from rlzoo.trainer.models import load_model
@@ -415,10 +436,68 @@ def export_model(source: str | Path, output: str | Path, *, dtype: torch.dtype |
     if (source / "model").is_dir() and (source / "trainer_state.json").is_file():
         source = source / "model"
     _check_export_target(source, Path(output), overwrite=overwrite)
-    model, tokenizer = load_model(str(source), dtype=dtype)
+    if model is None:
+        _check_loadable_base(source)
+        model, tokenizer = load_model(str(source), dtype=dtype)
+    else:
+        model, tokenizer = _adapter_on(model, source, tokenizer=tokenizer, dtype=dtype)
     if is_peft_model(model):
         model = model.merge_and_unload()
     return save_pretrained_atomic(model, tokenizer, Path(output).resolve())
+
+
+def _adapter_base(source: Path) -> str | None:
+    """The base model an adapter directory's ``adapter_config.json`` names; None for a directory without one."""
+    import json
+
+    config = source / "adapter_config.json"
+    return str(json.loads(config.read_text()).get("base_model_name_or_path") or "") if config.is_file() else None
+
+
+def _check_loadable_base(source: Path) -> None:
+    """Refuse, saying what to call instead, the export of an adapter whose base was a model object given from
+    Python (only ``export_model(..., model=BASE)`` can merge it)."""
+    from rlzoo.trainer.models import PYTHON_MODEL
+
+    base = _adapter_base(source)
+    if base is not None and base.startswith(PYTHON_MODEL):
+        raise ValueError(f"export: the adapter {str(source)!r} was trained on a model object given from Python "
+                         f"({base!r}), which cannot be loaded by name: merge it from Python with the same base model "
+                         f"as it was before training, rlzoo.trainer.adapters.export_model({str(source)!r}, OUTPUT, "
+                         "model=BASE)")
+
+
+def _adapter_on(model: Any, source: Path, *, tokenizer: Any, dtype: torch.dtype | None) -> tuple[Any, Any]:
+    """``(PeftModel, tokenizer)``: the adapter of ``source`` on a copy of the base ``model``; the tokenizer is
+    ``source``'s when it has one, else ``tokenizer``. Raises ValueError as :func:`export_model` says."""
+    import copy
+
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from transformers import AutoTokenizer
+
+    from rlzoo.trainer.models import PYTHON_MODEL
+
+    base = _adapter_base(source)
+    if base is None:
+        raise ValueError(f"export: model= is the base of an adapter, but {str(source)!r} holds no adapter "
+                         "(adapter_config.json); export it without model=")
+    if is_peft_model(model) or any(isinstance(m, BaseTunerLayer) for m in model.modules()):
+        raise ValueError("export: model= carries LoRA layers (a model object a Trainer trained with peft holds its "
+                         "adapter, changed in place); pass the base model as it was before training")
+    expected = base.removeprefix(PYTHON_MODEL).split(":", 1)[0] if base.startswith(PYTHON_MODEL) else None
+    if expected is not None and type(model).__name__ != expected:
+        raise ValueError(f"export: the adapter {str(source)!r} was trained on a {expected} ({base!r}); model= is a "
+                         f"{type(model).__name__}")
+    if (source / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    elif tokenizer is None:
+        raise ValueError(f"export: {str(source)!r} holds no tokenizer: pass the base's, export_model(..., model=BASE, "
+                         "tokenizer=TOKENIZER)")
+    model = copy.deepcopy(model)
+    if dtype is not None:
+        model.to(dtype)
+    return PeftModel.from_pretrained(model, str(source)), tokenizer
 
 
 def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None:

@@ -319,7 +319,8 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
                   "--reward-funcs", "accuracy"])  # its Python reward replaced: the model is what is refused
     with pytest.raises(ValueError, match=refusal):
         main(["eval", "--run", str(run), "--eval-size", "2"])
-    with pytest.raises(ValueError, match=refusal):
+    with pytest.raises(ValueError, match=r"^export: the adapter .* was trained on a model object given from Python "
+                                         r"\('model:LlamaForCausalLM'\).*adapters\.export_model\(.*, OUTPUT, model=BASE\)$"):
         main(["export", str(run / "checkpoints" / "step-000001"), str(tmp_path / "merged")])
 
     model.save_pretrained(tmp_path / "base")  # a model with a loadable name_or_path records that name
@@ -330,6 +331,38 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
             reward_funcs=[digit_fraction]).train()
     assert json.loads((named / "config.json").read_text())["model"] == str(tmp_path / "base")
     assert main(["export", str(named / "checkpoints" / "step-000001"), str(tmp_path / "merged")]) == 0
+
+
+def test_an_adapter_trained_on_a_python_model_object_merges_from_python(tmp_path):
+    """rlzoo export of a LoRA run on Trainer(config, model=obj) said "pass the model again via the Python API", but
+    export_model took no model: it takes the base now, merges the adapter into a copy (the merged model gives the
+    adapter's logits) and leaves the base unchanged; a trained object (LoRA layers injected in place), a model of
+    another class, or model= for a checkpoint without an adapter are refused."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model, tok = build_tiny_random()
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**{**TINY, "loss": {}}, max_steps=1, output_dir=str(run)), model=model, tokenizer=tok,
+            reward_funcs=[digit_fraction]).train()
+    checkpoint = run / "checkpoints" / "step-000001"
+    with pytest.raises(ValueError, match=r"^export: model= carries LoRA layers .* the base model as it was before"):
+        export_model(checkpoint, tmp_path / "merged", model=model)  # the trained object holds its adapter
+    with pytest.raises(ValueError, match=r"was trained on a LlamaForCausalLM .*; model= is a Linear$"):
+        export_model(checkpoint, tmp_path / "merged", model=torch.nn.Linear(2, 2))
+    base, _ = build_tiny_random()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    assert export_model(checkpoint, tmp_path / "merged", model=base) == tmp_path / "merged"
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())  # the base itself is unchanged
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    adapter = PeftModel.from_pretrained(build_tiny_random()[0], str(checkpoint / "model"))
+    ids = tok(["3 + 4 = 7"], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapter(ids).logits, **tol(torch.float32))
+        assert not torch.equal(merged(ids).logits, base(ids).logits)  # the adapter was merged: it moved the model
+    with pytest.raises(ValueError, match=r"holds no adapter \(adapter_config.json\); export it without model="):
+        export_model(tmp_path / "merged", tmp_path / "again", model=base)
 
 
 def test_lora_checkpoints_save_without_looking_the_base_up(tmp_path, monkeypatch):
@@ -402,3 +435,22 @@ def _elsewhere(config: TrainConfig, output_dir) -> TrainConfig:
     import dataclasses
 
     return dataclasses.replace(config, output_dir=str(output_dir))
+
+
+def test_target_modules_given_as_names_in_a_string_are_a_list():
+    """``--peft.target_modules q_proj`` failed inside peft ("Target modules q_proj not found in the base model"):
+    peft reads a string as a pattern of the whole module name. A string of names (comma-separated) is the list
+    of those names now; all-linear and patterns stay strings, and the adapter built is the list's."""
+    import peft
+
+    from rlzoo.trainer.adapters import built_adapter, lora_config
+    from rlzoo.trainer.models import build_tiny_random
+
+    assert lora_config({"target_modules": "q_proj"}).target_modules == {"q_proj"}
+    assert lora_config({"target_modules": "q_proj, self_attn.v_proj"}).target_modules == {"q_proj", "self_attn.v_proj"}
+    assert lora_config({"target_modules": ".*q_proj"}).target_modules == ".*q_proj"
+    assert lora_config({"target_modules": "all-linear"}).target_modules == "all-linear"
+    assert built_adapter({"target_modules": "v_proj,q_proj"}) == built_adapter({"target_modules": ["q_proj", "v_proj"]})
+    model = peft.get_peft_model(build_tiny_random()[0], lora_config({"target_modules": "q_proj"}))
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == {"q_proj"}
