@@ -52,7 +52,9 @@ from rlzoo.trainer.resume import (
     check_run_length,
     compare_settings,
     find_checkpoint,
+    log_setting_changes,
     loss_summary,
+    ranks,
     saved_settings,
 )
 from rlzoo.trainer.run_config import absolute_paths
@@ -356,7 +358,8 @@ class Trainer:
                 the Trainer refused to build, naming both lists).
         """
         saved = saved_settings(path, self.config)  # paths recorded relative by older versions, ...
-        changes = compare_settings(saved, self.config, world_size=self.dist.world_size)  # refusals touch nothing
+        changes = compare_settings(saved, self.config, world_size=self.dist.world_size,  # refusals touch nothing;
+                                   log_changes=False)  # the changes are logged once nothing more can refuse
         if saved.get(PYTHON_LOSS) is not None and not self._python_loss and \
                 self.loss_fn.to_config() != saved[PYTHON_LOSS]:  # the algorithm's own loss is that loss: honoured
             raise ValueError(
@@ -379,9 +382,9 @@ class Trainer:
                                reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
         if checkpoint.world_size != self.dist.world_size and checkpoint.states["rollouts"]["buffer"]:
             raise ValueError(
-                f"checkpoint {path} was written by {checkpoint.world_size} ranks in the middle of a generation "
-                f"cycle (an unfinished batch split across its ranks); it resumes only on {checkpoint.world_size} "
-                "ranks. Resume on other world sizes from a checkpoint at a generation boundary")
+                f"checkpoint {path} was written by {ranks(checkpoint.world_size)} in the middle of a generation "
+                f"cycle (an unfinished batch split across its ranks); it resumes only on {ranks(checkpoint.world_size)}. "
+                "Resume on other world sizes from a checkpoint at a generation boundary")
         rollouts, same_world_size = checkpoint.states["rollouts"], checkpoint.world_size == self.dist.world_size
         if not same_world_size and "num_tokens_all_ranks" not in rollouts and self.dist.is_main:
             # written before rank 0's file held every rank's token count: the count is the sum of the ranks' files
@@ -391,6 +394,7 @@ class Trainer:
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
         if self.dist.is_main:
+            log_setting_changes(changes)
             log.info("resumed from %s at step %d", path, self.step)
         return changes
 

@@ -35,8 +35,8 @@ from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.tasks.stream import holds_out_training_rows
 
 __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_resume", "check_run_length",
-           "checkpoint_settings", "compare_settings", "find_checkpoint", "loss_summary", "resume_config",
-           "saved_settings"]
+           "checkpoint_settings", "compare_settings", "find_checkpoint", "log_setting_changes", "loss_summary", "ranks",
+           "resume_config", "saved_settings"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -105,17 +105,19 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     saved_world = int(saved.pop("world_size", 1))
     now = {**config.to_dict(), "world_size": world_size}
     keep = ""  # how to keep the global batch on this world size
+    rebatched: tuple[Any, Any] | None = None
     if saved_world != world_size and "per_device_train_batch_size" in saved:  # compare the global batch
         old, new = saved["per_device_train_batch_size"], config.per_device_train_batch_size
         if old * saved_world == new * world_size:
-            saved["per_device_train_batch_size"] = new
+            saved["per_device_train_batch_size"] = new  # honoured: a change of the per-rank share, logged below
+            rebatched = (old, new) if old != new else None
         else:
-            saved["per_device_train_batch_size"] = f"{old} per rank x {_ranks(saved_world)}"
-            now["per_device_train_batch_size"] = f"{new} per rank x {_ranks(world_size)}"
+            saved["per_device_train_batch_size"] = f"{old} per rank x {ranks(saved_world)}"
+            now["per_device_train_batch_size"] = f"{new} per rank x {ranks(world_size)}"
             per_rank, whole = divmod(old * saved_world, world_size)
             groups = per_rank * config.effective_steps_per_generation % config.num_generations == 0
             keep = (f"give --per-device-train-batch-size {per_rank} (the global batch of {old * saved_world} on "
-                    f"{_ranks(world_size)})" if not whole and groups else
+                    f"{ranks(world_size)})" if not whole and groups else
                     f"resume on a number of ranks over which the global batch of {old * saved_world} splits into whole "
                     f"groups of num_generations ({config.num_generations})")
     saved["world_size"] = saved_world
@@ -133,6 +135,9 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             from rlzoo.trainer.adapters import built_adapter  # peft's defaults, target_modules as a set
 
             old, new = built_adapter(old), built_adapter(new)
+        if name == "loss" and isinstance(old, Mapping) and isinstance(new, Mapping):  # an option at the preset's
+            old = _without_defaults(old, saved.get("algorithm", config.algorithm))  # default is no change
+            new = _without_defaults(new, config.algorithm)
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs
@@ -148,16 +153,37 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         reasons = "; ".join(
             ", ".join(f"{label} {old!r} -> {new!r}" for label, old, new in _changed_options(k, *v))
             + f" ({why[k]})" for k, v in refused.items())
-        fix = (f"{keep}, or resume on {_ranks(saved_world)}"
+        fix = (f"{keep}, or resume on {ranks(saved_world)}"
                if keep and list(refused) == ["per_device_train_batch_size"] else
                "Resume with the checkpoint's values (leave those flags out; in Python: "
                "rlzoo.trainer.resume.resume_config), or start a new run in another --output-dir")
         raise ValueError(f"cannot resume with changed settings: {reasons}. {fix[0].upper()}{fix[1:]}")
-    for name, (old, new) in changes.items() if log_changes else ():
+    if rebatched is not None:
+        changes["per_device_train_batch_size"] = rebatched
+    if log_changes:
+        log_setting_changes(changes)
+    return changes
+
+
+def log_setting_changes(changes: Mapping[str, tuple[Any, Any]]) -> None:
+    """Log one line per applied change of :func:`compare_settings`'s result: per field, and for a mapping per
+    option (``resume: loss.beta changed (not set) -> 0.1 (applied)``)."""
+    for name, (old, new) in changes.items():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
         for label, before, after in _changed_options(name, old, new):
             log.info("resume: %s changed %r -> %r (%s)", label, before, after, where)
-    return changes
+
+
+def _without_defaults(options: Mapping[str, Any], algorithm: Any) -> dict[str, Any]:
+    """``--loss`` options less those at ``algorithm``'s default (``--loss.beta 0.04`` on grpo builds grpo's loss);
+    as they are when the preset cannot be built (a loss given from Python, an older name)."""
+    from rlzoo.losses import get_loss
+
+    try:
+        defaults = get_loss(algorithm).options()
+    except (KeyError, ValueError, TypeError):
+        return dict(options)
+    return {k: v for k, v in options.items() if k not in defaults or _normal(v) != _normal(defaults[k])}
 
 
 def check_resume(checkpoints: Path, config: TrainConfig, *, world_size: int = 1) -> None:
@@ -363,6 +389,6 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def _ranks(n: int) -> str:
-    """``1 rank``, ``2 ranks``."""
+def ranks(n: int) -> str:
+    """``n`` ranks in words: ``1 rank``, ``2 ranks`` (for messages)."""
     return f"{n} rank{'s' if n != 1 else ''}"

@@ -117,10 +117,13 @@ def test_changes_of_mapping_options_are_named_option_by_option(caplog):
     config = TrainConfig(**TINY, loss={"epsilon_high": 0.3, "beta": 0.04, "delta": 4.0})
     with caplog.at_level(logging.INFO, logger="rlzoo.train"):
         changes = compare_settings(saved, config)
-    assert changes == {"loss": ({"epsilon_high": 0.28, "beta": 0.04}, {"epsilon_high": 0.3, "beta": 0.04,
-                                                                        "delta": 4.0})}
+    assert changes == {"loss": ({"epsilon_high": 0.28}, {"epsilon_high": 0.3, "delta": 4.0})}  # beta: grpo's
     assert [r.getMessage() for r in caplog.records] == ["resume: loss.epsilon_high changed 0.28 -> 0.3 (applied)",
                                                         "resume: loss.delta changed (not set) -> 4.0 (applied)"]
+    # an option given at the preset's default builds the same loss: no change (it was logged as one, and recorded)
+    saved = TrainConfig(**TINY).to_dict()
+    assert compare_settings(saved, TrainConfig(**TINY, loss={"beta": 0.04, "epsilon_low": 0.2})) == {}
+    assert compare_settings(saved, TrainConfig(**TINY, loss={"beta": 0.1})) == {"loss": ({}, {"beta": 0.1})}
     saved = TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 8}).to_dict()
     with pytest.raises(ValueError, match=r"changed settings: peft\.lora_alpha 8 -> 16 \(the checkpoint holds"):
         compare_settings(saved, TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 16}))
@@ -397,7 +400,7 @@ def test_preset_and_estimator_names_are_recorded_as_registered():
     assert compare_settings(older, TrainConfig(**TINY, algorithm="dapo", advantage="rloo")) == {}
 
 
-def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_the_global_batch():
+def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_the_global_batch(caplog):
     """2 ranks x 4 resumed on 1 rank said to leave the flags out (they were: the per-device batch is the
     checkpoint's); it names --per-device-train-batch-size 8, or the checkpoint's number of ranks. A global batch
     the new world size does not divide says so."""
@@ -406,8 +409,12 @@ def test_a_resume_on_another_world_size_names_the_per_device_batch_that_keeps_th
                                          r"rank' .*\. Give --per-device-train-batch-size 16 \(the global batch of 16 on "
                                          r"1 rank\), or resume on 2 ranks$"):
         compare_settings(saved, TrainConfig(**TINY), world_size=1)
-    assert compare_settings(saved, TrainConfig(**{**TINY, "per_device_train_batch_size": 16}),
-                            world_size=1) == {"world_size": (2, 1)}
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        changes = compare_settings(saved, TrainConfig(**{**TINY, "per_device_train_batch_size": 16}), world_size=1)
+    # the global batch stays; the per-rank share's change is one (it was neither logged nor in the segment)
+    assert changes == {"world_size": (2, 1), "per_device_train_batch_size": (8, 16)}
+    assert [r.getMessage() for r in caplog.records] == ["resume: world_size changed 2 -> 1 (applied)",
+                                                        "resume: per_device_train_batch_size changed 8 -> 16 (applied)"]
     for world in (3, 8):  # 16 does not split over 3 ranks; over 8, 2 per rank are no whole group of 4
         with pytest.raises(ValueError, match=r"Resume on a number of ranks over which the global batch of 16 splits "
                                              r"into whole groups of num_generations \(4\), or resume on 2 ranks$"):
@@ -445,9 +452,11 @@ def test_a_resume_that_would_change_a_data_sets_training_rows_is_refused(tmp_pat
     rows = datasets.Dataset.from_json(data)
     Trainer(_config(tmp_path / "py", **{**common, "task": "chain_sum"}), train_dataset=rows,
             reward_funcs=[digit_fraction]).train()
-    with pytest.raises(ValueError, match=r"the training rows of data set 'train_dataset:.*' are not the checkpoint's"):
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"), \
+            pytest.raises(ValueError, match=r"the training rows of data set 'train_dataset:.*' are not the checkpoint's"):
         Trainer(resume_config(tmp_path / "py", eval_size=6, max_steps=2), train_dataset=rows,
                 reward_funcs=[digit_fraction]).train()
+    assert not [r for r in caplog.records if r.getMessage().startswith("resume: ")]  # no "(applied)" before refusing
     _data_file(tmp_path / "d.jsonl", 31)
     with pytest.raises(ValueError, match=r"the training rows of data set '.*d.jsonl' are not the checkpoint's"):
         _train(tmp_path / "run", **{**common, "max_steps": 2, "resume": "latest"})
