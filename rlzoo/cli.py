@@ -133,27 +133,30 @@ def _refuse_trl_spellings(argv: Sequence[str]) -> None:
 def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None, *,
                        train: bool = True) -> tuple[dict[str, Any], list[str]]:
     """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments;
-    for ``train`` a run's config.json whose loss or rewards were Python objects is checked (:func:`_check_python_parts`)."""
+    for ``train`` a run's config.json whose loss or rewards were Python objects is checked (:func:`_check_python_parts`).
+    A ``--task`` flag other than the file's task drops the file's ``task_kwargs`` (that task's options;
+    :func:`~rlzoo.trainer.run_config.settings_for_task`) before the ``--task.NAME`` flags are laid over."""
     from rlzoo.trainer.config_files import load_config_file
+    from rlzoo.trainer.run_config import settings_for_task
 
     argv = list(argv)
     base: dict[str, Any] = {}
+    path: str | None = None
     for i, arg in enumerate(argv):
         if arg == "--config":
             if i + 1 >= len(argv):
                 raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
-            base = load_config_file(argv[i + 1])
-            if train:
-                _check_python_parts(argv[i + 1], argv)
+            path = argv[i + 1]
             del argv[i:i + 2]
             break
         if arg.startswith("--config="):
-            base = load_config_file(arg.split("=", 1)[1])
-            if train:
-                _check_python_parts(arg.split("=", 1)[1], argv)
+            path = arg.split("=", 1)[1]
             del argv[i]
             break
-    base = lay_over(under or {}, base)
+    if path is not None:
+        base = load_config_file(path)
+        if train:
+            _check_python_parts(path, argv)
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
     i = 0
@@ -170,7 +173,20 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
         else:
             rest.append(argv[i])
         i += 1
-    return lay_over(base, dotted), rest
+    if path is not None:
+        base = settings_for_task(base, _task_flag(rest), source=path)
+    return lay_over(lay_over(under or {}, base), dotted), rest
+
+
+def _task_flag(argv: Sequence[str]) -> str | None:
+    """The value of the last ``--task TASK`` (or ``--task=TASK``) in ``argv`` (without the dotted flags), or None."""
+    task = None
+    for i, arg in enumerate(argv):
+        if arg == "--task" and i + 1 < len(argv):
+            task = argv[i + 1]
+        elif arg.startswith("--task="):
+            task = arg.split("=", 1)[1]
+    return task
 
 
 def _check_python_parts(path: str, argv: Sequence[str]) -> None:

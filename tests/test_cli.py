@@ -316,6 +316,61 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
         main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
 
 
+def test_another_task_leaves_the_runs_task_options_and_eval_size_0_names_the_run(tmp_path, monkeypatch, capsys,
+                                                                                   caplog):
+    """`rlzoo eval --run RUN --task other.jsonl` (and `rlzoo train --config RUN/config.json --task other.jsonl`)
+    applied the run's chain_sum options to the data set: "unknown option(s) ['max_terms'] for data set task". They
+    are dropped now, with an INFO line naming them; --task.NAME flags still apply (eval: they replace the run's
+    options; train: laid over the file's), and the same task, a path as typed or absolute, keeps them. A run
+    trained with --eval-size 0 said "eval_size must be >= 1 to evaluate, got 0": the message names the run's
+    setting and --eval-size N, and for a data set trained on in full, that its rows were trained on."""
+    from rlzoo.trainer.eval_run import EvalArgs, eval_config
+
+    monkeypatch.chdir(tmp_path)
+    Path("std.jsonl").write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                                         for i in range(30)))
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max-steps", "1", "--num-generations", "2",
+                 "--per-device-train-batch-size", "4", "--max-completion-length", "4", "--eval-size", "0",
+                 "--task", "chain_sum", "--task.max_terms", "3", "--output-dir", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=rf"^--run {re.escape(str(run))} was trained with eval_size 0 \(its "
+                                         r"config.json\): .* pass --eval-size N to evaluate N problems$"):
+        main(["eval", "--run", str(run)])
+    with caplog.at_level("INFO", logger="rlzoo.train"):
+        assert main(["eval", "--run", str(run), "--task", "std.jsonl", "--eval-size", "2",
+                     "--max-completion-length", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["task_kwargs"] == {}
+    assert re.search(r"task options \{'max_terms': 3\} dropped: they are those of its task 'chain_sum', not of "
+                     r"--task std.jsonl", caplog.text)
+
+    def task_options(**given):
+        return eval_config(EvalArgs(run=str(run), eval_size=2, **given))[0].task_kwargs
+
+    assert task_options(task="std.jsonl", task_kwargs={"prompt_column": "prompt"}) == {"prompt_column": "prompt"}
+    assert task_options(task="chain_sum") == {"max_terms": 3}
+    assert task_options(task_kwargs={"min_terms": 3}) == {"min_terms": 3}  # as before: flags replace the run's
+
+    config = str(run / "config.json")
+    assert parse_train_args(["--config", config, "--task", "std.jsonl"]).task_kwargs is None
+    assert parse_train_args(["--config", config, "--task=std.jsonl", "--task.prompt_column", "prompt"]
+                            ).task_kwargs == {"prompt_column": "prompt"}
+    assert parse_train_args(["--config", config, "--task", "chain_sum", "--task.min_terms", "2"]
+                            ).task_kwargs == {"max_terms": 3, "min_terms": 2}  # as before: laid over the file's
+    data = Path("data.yaml")
+    data.write_text("task: std.jsonl\ntask_kwargs: {prompt_column: prompt}\n")
+    for task in ("std.jsonl", str(tmp_path / "std.jsonl")):
+        assert parse_train_args(["--config", str(data), "--task", task]).task_kwargs == {"prompt_column": "prompt"}
+
+    trained = tmp_path / "data_run"  # a data set's rows were all trained on (only its config.json is read)
+    trained.mkdir()
+    (trained / "config.json").write_text(json.dumps({"task": str(tmp_path / "std.jsonl"), "eval_size": 0,
+                                                     "segments": []}))
+    with pytest.raises(ValueError, match=r"pass --eval-size N to evaluate N problems \(of '.*std.jsonl', a data set "
+                                         r"the run trained on in full, those are rows it trained on\)$"):
+        eval_config(EvalArgs(run=str(trained)))
+
+
 def test_tasks_lists_tasks_and_options(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 ``rlzoo eval --run RUN`` evaluates the run's newest checkpoint (or ``--checkpoint``) on the task, prompts (system
 prompt), answer extraction and held-out set it was trained with, read from ``RUN/config.json``; any option given
-overrides the run's (a run trained on a data set given from Python needs ``--task``). ``rlzoo eval --model M
+overrides the run's (a run trained on a data set given from Python needs ``--task``; a ``--task`` other than the
+run's leaves out the run's task options, which are that task's). ``rlzoo eval --model M
 --task T`` evaluates any model (not a run directory: that is ``--run``). The result is one JSON object
 (:func:`eval_result`), printed and, with ``--output FILE``, written to a file.
 """
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
-from rlzoo.trainer.tasks import check_loadable_task
+from rlzoo.trainer.run_config import settings_for_task
+from rlzoo.trainer.tasks import check_loadable_task, list_reasoning_gym_tasks
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
 
@@ -64,7 +66,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     Raises:
         ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``; a ``--model`` that is
             a run directory (names ``--run``; a checkpoint directory stands for its ``model/``); a run that trained
-            on a data set given from Python, without ``--task``.
+            on a data set given from Python, without ``--task``; a run trained without a held-out set
+            (``eval_size`` 0), without ``--eval-size`` (names it).
         FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
     """
     if args.run is None and args.model is None:
@@ -84,12 +87,14 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         run = Path(args.run)
         if not (run / "config.json").is_file():
             raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
-        settings = load_config_file(run / "config.json")
+        settings = settings_for_task(load_config_file(run / "config.json"), args.task, source=f"--run {run}")
         if args.task is None:
             try:
                 check_loadable_task(str(settings.get("task", "")))
             except ValueError as err:
                 raise ValueError(f"--run {run}: {err}") from None
+        if args.eval_size is None:
+            _check_held_out_set(run, settings, own_task=args.task is None)
         path = Path(args.checkpoint) if args.checkpoint else Checkpointer(CheckpointConfig(),
                                                                           run / "checkpoints").find("latest")
         checkpoint = str(path)
@@ -98,6 +103,28 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
+
+
+def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) -> None:
+    """Refuse to evaluate with a run's ``eval_size`` below 1 (trained without a held-out set), saying where the
+    value came from and what to give.
+
+    Args:
+        own_task: the run's own task is evaluated (no ``--task``): of a data set without an ``eval_split``, the
+            message says that the rows ``--eval-size`` draws were trained on.
+
+    Raises:
+        ValueError: names the run, its ``eval_size`` and ``--eval-size N``.
+    """
+    size = settings.get("eval_size")
+    if not isinstance(size, int) or size >= 1:
+        return
+    task, options = settings.get("task"), settings.get("task_kwargs")
+    split = isinstance(options, dict) and options.get("eval_split")
+    seen = (f" (of {task!r}, a data set the run trained on in full, those are rows it trained on)"
+            if own_task and task not in list_reasoning_gym_tasks() and not split else "")
+    raise ValueError(f"--run {run} was trained with eval_size {size} (its config.json): it has no held-out set to "
+                     f"evaluate; pass --eval-size N to evaluate N problems{seen}")
 
 
 def _check_is_model(path: Path) -> None:

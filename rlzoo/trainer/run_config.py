@@ -2,6 +2,7 @@
 live tracking (joined into :class:`~rlzoo.trainer.config.TrainConfig`, importable from there)."""
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Any
 from rlzoo.trainer.section import OptionalDottedOptions, Section
 
 __all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig",
-           "absolute_paths"]
+           "absolute_paths", "settings_for_task"]
+
+log = logging.getLogger("rlzoo.train")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,3 +155,20 @@ def _absolute_reward(spec: Any) -> Any:
     if not sep and Path(spec).is_dir():
         return os.path.abspath(spec)
     return recorded_module_reward(spec)
+
+
+def settings_for_task(settings: Mapping[str, Any], task: str | None, *, source: str) -> dict[str, Any]:
+    """``settings`` (a config file's or a run's ``config.json``) to be used with ``task``, a ``--task`` given anew:
+    when it names another task than ``settings["task"]``, the settings' ``task_kwargs`` are dropped, with an INFO
+    line naming them and ``source``: they are the other task's options (chain_sum's ``max_terms`` is no option of
+    a data set). ``--task.NAME`` flags, laid over the result, still apply. Kept: the settings of the same task (a
+    path compared as :func:`absolute_paths` records it), and those that name no task. Never raises.
+    """
+    old, options = settings.get("task"), settings.get("task_kwargs")
+    if not (isinstance(task, str) and isinstance(old, str) and options):
+        return dict(settings)
+    if absolute_paths({"task": task})["task"] == absolute_paths({"task": old})["task"]:
+        return dict(settings)
+    log.info("%s: task options %s dropped: they are those of its task %r, not of --task %s (--task.NAME VALUE "
+             "sets that task's)", source, dict(options) if isinstance(options, Mapping) else options, old, task)
+    return {k: v for k, v in settings.items() if k != "task_kwargs"}
