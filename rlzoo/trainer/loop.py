@@ -279,6 +279,11 @@ class Trainer:
             source_run = run_of(checkpoint)
             if main and source_run == self.run_dir.path.resolve():
                 self.run_dir.abandon_after(self.step)
+            elif main:  # a fork: say where it goes (without --output-dir, a new directory, not the checkpoint's run)
+                own = (f"; --output-dir {source_run} continues that run instead" if self.config.output_dir is None
+                       and source_run.parent.name != "abandoned" else "")
+                log.info("resume: checkpoint %s continues as a new run in %s (its metrics up to step %d come along%s)",
+                         checkpoint, self.run_dir.path, self.step, own)
         if main:
             previous = timeline_rows(source_run, self.step) if source_run else []
             self.logger.open(self.step, previous=previous, row_due=self._pending_row is not None)

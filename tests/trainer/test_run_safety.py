@@ -33,7 +33,7 @@ def digit_fraction(prompts, completions, **columns):
 
 
 def _config(run, **overrides) -> TrainConfig:
-    return TrainConfig(**{**TINY, "output_dir": str(run), **overrides})
+    return TrainConfig(**{**TINY, "output_dir": None if run is None else str(run), **overrides})
 
 
 def _train(run, **overrides) -> tuple[Trainer, list[dict]]:
@@ -217,7 +217,7 @@ def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     assert _rows(tmp_path / "fork" / "metrics.jsonl")[:3] == _rows(abandoned / "metrics.jsonl")
 
 
-def test_a_fork_of_an_abandoned_timeline_keeps_its_rows_and_segments_after_later_abandons(tmp_path):
+def test_a_fork_of_an_abandoned_timeline_keeps_its_rows_and_segments_after_later_abandons(tmp_path, caplog):
     """Two abandons, the second going back before the first's step (resume from 3, then from 1): a fork of the
     first abandoned timeline's step-4 checkpoint continues that timeline's rows 1-4 and its segments (they were
     read from RUN/metrics.jsonl, which by then held rows 1 only, and the segments started afresh)."""
@@ -230,12 +230,30 @@ def test_a_fork_of_an_abandoned_timeline_keeps_its_rows_and_segments_after_later
     assert sorted(timelines) == [1, 3]
     assert [r["step"] for r in _rows(timelines[1] / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     fork = tmp_path / "fork"
-    _train(fork, max_steps=5, resume=str(timelines[3] / "checkpoints" / "step-000004"), **common)
+    with caplog.at_level("INFO", logger="rlzoo.train"):
+        _train(fork, max_steps=5, resume=str(timelines[3] / "checkpoints" / "step-000004"), **common)
+    assert (f"resume: checkpoint {timelines[3] / 'checkpoints' / 'step-000004'} continues as a new run in {fork} (its "
+            "metrics up to step 4 come along)") in [r.getMessage() for r in caplog.records]
     rows = _rows(fork / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[:4] == first
     segments = json.loads((fork / "config.json").read_text())["segments"]
     assert [(s["start_step"], s["resumed_from"]) for s in segments] == [
         (0, None), (4, str((timelines[3] / "checkpoints" / "step-000004").resolve()))]
+
+
+def test_a_resume_of_another_runs_checkpoint_without_output_dir_says_where_it_goes(tmp_path, monkeypatch, caplog):
+    """``--resume RUN/checkpoints/step-N`` without ``--output-dir`` forks into a new runs/... directory (TRL users
+    expect RUN to go on): the log says so, and how to continue RUN itself."""
+    run = tmp_path / "run"
+    _train(run, max_steps=1, save_steps=1, eval_size=0)
+    monkeypatch.chdir(tmp_path)
+    checkpoint = run / "checkpoints" / "step-000001"
+    with caplog.at_level("INFO", logger="rlzoo.train"):
+        trainer, _ = _train(None, max_steps=2, eval_size=0, resume=str(checkpoint))
+    assert trainer.run_dir.path.parent.name == "runs"
+    assert (f"resume: checkpoint {checkpoint} continues as a new run in {trainer.run_dir.path} (its metrics up to "
+            f"step 1 come along; --output-dir {run.resolve()} continues that run instead)") in [
+        r.getMessage() for r in caplog.records]
 
 
 def test_checkpoints_order_by_step_number_and_ignore_temporaries(tmp_path):
