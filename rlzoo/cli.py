@@ -279,7 +279,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         return 2
     import inspect
 
+    from rlzoo.losses import kl_estimate, kl_estimators
     from rlzoo.losses.policy_loss import SLOTS
+    from rlzoo.registry import UnknownNameError
 
     if args.loss_options:  # the preset's card, then the loss these options build
         loss = get_loss(args.name, **args.loss_options)  # an unknown preset or option: did-you-mean
@@ -300,7 +302,26 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print(f"{args.name} ({slot.base.__name__}, PolicyLoss.{slot.field}; {cls.__module__}.{cls.__qualname__})\n")
             print(inspect.cleandoc(cls.__doc__ or ""))
             return 0
-    print(presets.get(args.name).card())  # any case (DAPO); else UnknownNameError with a did-you-mean
+    if args.name in kl_estimators:  # functions: the penalty module's docstring describes them
+        print(f"{args.name} (KL estimator: --loss.kl_estimator of the kl penalty, distillation_loss_mode of the "
+              "distillation penalty; rlzoo.losses.kl_estimate)\n")
+        print(inspect.cleandoc(sys.modules[kl_estimate.__module__].__doc__ or ""))
+        return 0
+    for slot in SLOTS:  # an option's alternatives, as rlzoo list shows them (is_correction's modes, ...)
+        for part, cls in slot.base.registry.items():
+            for option, registry in cls.choices().items():
+                if args.name in registry:
+                    entry = registry.get(args.name)
+                    print(f"{args.name} (option {option} of the {slot.field} part {part}; "
+                          f"{entry.__module__}.{entry.__qualname__})\n")
+                    print(inspect.cleandoc(entry.__doc__ or ""))
+                    return 0
+    try:
+        card = presets.get(args.name)  # any case (DAPO)
+    except UnknownNameError as err:  # the presets' did-you-mean, and what else explain takes
+        raise UnknownNameError(f"rlzoo explain: {args.name!r} is no preset, part, option value or advantage estimator "
+                               f"(rlzoo list names them all); {err}") from None
+    print(card.card())
     return 0
 
 

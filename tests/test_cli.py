@@ -40,8 +40,20 @@ def test_explain_without_a_name_says_what_it_takes(capsys):
 
 
 def test_explain_unknown_name_lists_presets():
-    with pytest.raises(UnknownNameError, match="dapo"):
+    with pytest.raises(UnknownNameError, match=r"^rlzoo explain: 'not-a-loss' is no preset, part, option value or "
+                                               r"advantage estimator .*valid names: .*dapo"):
         main(["explain", "not-a-loss"])
+
+
+def test_explain_takes_the_option_values_rlzoo_list_shows_under_parts(capsys):
+    """rlzoo list shows is_correction's modes and the KL estimators under "rlzoo explain PART"; explain refused
+    them as unknown loss presets."""
+    assert main(["explain", "sequence_mask"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sequence_mask (option is_correction of the is_correction part is; ") and "TRL" in out
+    assert main(["explain", "low_var_kl+"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("low_var_kl+ (KL estimator: --loss.kl_estimator of the kl penalty") and "Schulman" in out
 
 
 def test_train_flags_are_kebab_case_and_dotted_options_are_parsed():
