@@ -12,6 +12,7 @@ probabilities (nats), so they are <= 0 (up to rounding: :func:`logprob_tolerance
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -262,7 +263,7 @@ def _check_count(name: str, value: float) -> None:
         raise BatchError(f"Normalizer.{name} must be a finite number >= 0, got {value}")
 
 
-def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
+def _as_count(name: str, value: "numbers.Real | Tensor") -> "float | Tensor":
     """``value`` as a float or a 0-d tensor, or a :class:`BatchError` naming ``Normalizer.<name>``.
 
     A tensor count is checked for its value (negative, NaN, inf) only on the CPU and outside
@@ -278,7 +279,7 @@ def _as_count(name: str, value: "int | float | Tensor") -> "float | Tensor":
         if value.device.type == "cpu" and not torch.compiler.is_compiling():
             _check_count(name, value.detach().item())
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numbers.Real: numpy's scalars too
         raise BatchError(f"Normalizer.{name} must be a number or a 0-d tensor, got {type(value).__name__}")
     _check_count(name, value)
     return float(value)

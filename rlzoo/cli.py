@@ -39,9 +39,12 @@ _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task
 
 
 def _scalar(text: str) -> Any:
-    """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number)."""
+    """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number); ``None``, Python's
+    spelling of null that TRL users type (``--loss.dual_clip None``), is null too (YAML reads it as a string)."""
     import yaml
 
+    if text == "None":
+        return None
     from rlzoo.trainer.config_files import yaml_load
 
     try:

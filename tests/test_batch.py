@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -131,6 +132,8 @@ def test_normalizer_accepts_numbers_and_scalar_tensors():
     t = Normalizer(num_tokens=torch.tensor([7]), num_sequences=torch.tensor(3))
     assert t.num_tokens.shape == () and int(t.num_tokens) == 7
     Normalizer(num_tokens=0, num_sequences=0)  # an all-masked step is allowed (loss 0)
+    counted = Normalizer(num_tokens=np.int64(7), num_sequences=np.float32(3.0))  # numpy's counts (were refused)
+    assert (counted.num_tokens, counted.num_sequences) == (7.0, 3.0) and isinstance(counted.num_tokens, float)
 
 
 @pytest.mark.parametrize("field", ["num_tokens", "num_sequences"])

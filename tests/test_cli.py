@@ -56,6 +56,12 @@ def test_explain_takes_the_option_values_rlzoo_list_shows_under_parts(capsys):
     assert out.startswith("low_var_kl+ (KL estimator: --loss.kl_estimator of the kl penalty") and "Schulman" in out
 
 
+def test_a_dotted_option_takes_pythons_none_as_null():
+    """``--loss.dual_clip None`` (Python's spelling, as TRL users type it) failed: "got str 'None'"."""
+    assert parse_train_args(["--loss.dual_clip", "None", "--loss.beta", "null"]).loss == {"dual_clip": None,
+                                                                                           "beta": None}
+
+
 def test_train_flags_are_kebab_case_and_dotted_options_are_parsed():
     config = parse_train_args([
         "--algorithm", "dapo", "--max-steps", "7", "--num-generations", "4", "--num-iterations", "2",
