@@ -81,6 +81,10 @@ Metrics = dict[str, Tensor]
 class LossInputs:
     """The per-token tensors every part reads, sanitized and broadcast once per call (frozen).
 
+    Every tensor is in the dtype of ``PolicyBatch.logprobs``, or float32 for a bf16 / fp16 batch (a loss sums over
+    the batch: fp16 overflows at 65504, a sum of 65536 ratios of 1; bf16 keeps 8 bits of it), so a loss and its
+    metrics are float32 or float64; the gradient reaches the half-precision log-probs through the cast.
+
     Masked positions hold 0 in every tensor (whatever the batch held there), so parts can compute freely
     and only the aggregation looks at ``mask``; gradients at masked positions are exactly 0. ``logprobs`` and
     ``old_logprobs`` rounded above 0 (accepted by :class:`PolicyBatch` within
@@ -153,7 +157,8 @@ class LossInputs:
                 and ``num_positive_tokens`` when the batch has rewards).
         """
         mask = batch.completion_mask
-        logprobs = at_most_zero(zero_masked(batch.logprobs, mask))
+        work = torch.promote_types(batch.logprobs.dtype, torch.float32)  # half inputs: sums of 65536 fp16 overflow
+        logprobs = at_most_zero(zero_masked(batch.logprobs.to(work), mask))
         old_source = batch.old_logprobs if old_logprobs is None else old_logprobs
         if old_source is None:
             old = logprobs.detach()

@@ -870,3 +870,21 @@ def test_entropy_mask_with_bf16_entropies_keeps_trls_tokens(q):
     assert torch.equal(lp.grad != 0, kept)  # GPG: d loss / d logp = -A M / N, 0 exactly where M = 0
     if q == 0.0:
         assert int(kept.sum()) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_batches_are_summed_in_float32(dtype):
+    """fp16 log-probs of 65536 counted tokens (32 x 2048, an ordinary batch) gave dapo a loss of -inf and every loss
+    a ratio/mean of inf: the sums ran in fp16, which ends at 65504 (bf16 kept 8 bits of them). Every loss now
+    computes in float32 at least (its loss and metrics in float32, dr_grpo's too, whose count made it float32
+    alone), and the gradient reaches the half-precision log-probs."""
+    b, t = 32, 2048
+    lp = torch.full((b, t), -0.5, dtype=dtype, requires_grad=True)
+    batch = PolicyBatch(logprobs=lp, advantages=torch.ones(b, dtype=dtype),
+                        completion_mask=torch.ones(b, t, dtype=torch.bool))
+    for name, expected in (("dapo", -1.0), ("cispo", 0.5), ("dr_grpo", -1.0), ("gspo", -1.0)):
+        out = rlzoo.get_loss(name, max_completion_length=t)(batch)
+        assert out.loss.dtype == torch.float32 and float(out.loss) == expected, name
+        assert float(out.metrics["ratio/mean"]) == 1.0
+        (grad,) = torch.autograd.grad(out.loss, lp)
+        assert grad.dtype == dtype and bool(torch.isfinite(grad).all())
