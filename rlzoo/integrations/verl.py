@@ -48,7 +48,7 @@ from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from rlzoo.batch import BatchError, Normalizer, PolicyBatch
-from rlzoo.losses import PolicyLoss, get_loss
+from rlzoo.losses import PolicyLoss, PPOClip, get_loss
 
 __all__ = ["VerlPolicyLoss", "register"]
 
@@ -65,7 +65,10 @@ _VERL_INSTEAD = {
 }
 _AGG_COUNT = {"token-mean": "batch_num_tokens", "seq-mean-token-mean": "global_batch_size",
               "seq-mean-token-sum": "global_batch_size", "seq-mean-token-sum-norm": "global_batch_size"}
-# rlzoo metric -> verl's name for the same statistic (verl's vanilla loss: pg_clipfrac, pg_clipfrac_lower).
+# rlzoo metric -> verl's name for the same statistic, for a PPO-clip surrogate (verl's vanilla and gspo losses:
+# pg_clipfrac, pg_clipfrac_lower). verl's other losses give pg_clipfrac meanings of their own (cispo: ratio !=
+# its clip, whatever the advantage's sign), so a loss with another surrogate reports its clip metrics under
+# rlzoo's names only.
 _VERL_METRIC_NAMES = {"clip_ratio/region_mean": "actor/pg_clipfrac", "clip_ratio/dual_mean": "actor/pg_clipfrac_lower"}
 
 
@@ -118,8 +121,9 @@ class VerlPolicyLoss:
         Returns:
             ``(loss, metrics)``: the 0-d loss, ``dp_size * loss_fn(batch, Normalizer(batch_num_tokens,
             global_batch_size))``, and floats named ``actor/<rlzoo metric>``, plus verl's ``actor/ppo_kl`` (mean of
-            ``old - log_prob``), ``actor/pg_clipfrac`` (``clip_ratio/region_mean``) and ``actor/pg_clipfrac_lower``
-            (``clip_ratio/dual_mean``) where the loss has them.
+            ``old - log_prob``), and for a PPO-clip surrogate (verl's vanilla and gspo losses) ``actor/pg_clipfrac``
+            (``clip_ratio/region_mean``) and ``actor/pg_clipfrac_lower`` (``clip_ratio/dual_mean``) where the loss
+            has them.
 
         Raises:
             ValueError: ``dp_size > 1`` without the global count the aggregation divides by (as verl), or an
@@ -145,7 +149,8 @@ class VerlPolicyLoss:
 
         with torch.no_grad():
             metrics = {f"actor/{k}": v for k, v in out.metrics.items() if not k.startswith("sampling/")}
-            metrics.update({verl: out.metrics[k] for k, verl in _VERL_METRIC_NAMES.items() if k in out.metrics})
+            if isinstance(loss_fn.surrogate, PPOClip):
+                metrics.update({verl: out.metrics[k] for k, verl in _VERL_METRIC_NAMES.items() if k in out.metrics})
             old = torch.where(mask, old_log_prob.detach(), 0.0)
             metrics["actor/ppo_kl"] = (old - torch.where(mask, log_prob.detach(), 0.0)).sum() / mask.sum().clamp(min=1)
             bad = torch.zeros((), dtype=torch.bool, device=mask.device)
