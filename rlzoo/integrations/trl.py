@@ -77,6 +77,7 @@ from rlzoo.compat.trl import (
     loss_from_grpo_config,
 )
 from rlzoo.losses import OffPolicySequenceMask, PolicyLoss, get_loss
+from rlzoo.losses.functional import working_dtype
 
 __all__ = ["GRPOTrainer", "resolve_loss"]
 
@@ -601,7 +602,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         with torch.no_grad():
             tokens = mask.sum()
             # TRL logs the entropy of every completion token whatever the loss (its fused LM head returns it).
-            metrics["entropy"] = torch.where(mask, entropies.detach(), 0.0).sum() / tokens.clamp(min=1)
+            entropy = entropies.detach().to(working_dtype(entropies.dtype))  # an fp16 sum overflows at 65504
+            metrics["entropy"] = torch.where(mask, entropy, 0.0).sum() / tokens.clamp(min=1)
             own_tokens = {k: v for k, v in out.metric_tokens.items() if k != "entropy"}  # entropy: TRL's, above
             if aux_loss is not None:
                 metrics["aux_loss"] = aux_loss.detach()

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from rlzoo.batch import BatchError, Normalizer, PolicyBatch
 from rlzoo.losses import PolicyLoss, PPOClip, get_loss
+from rlzoo.losses.functional import working_dtype
 
 __all__ = ["VerlPolicyLoss", "register"]
 
@@ -142,8 +143,9 @@ class VerlPolicyLoss:
         mask = response_mask.bool()
         batch = PolicyBatch(logprobs=log_prob, old_logprobs=old_log_prob, advantages=advantages, completion_mask=mask)
         if rollout_is_weights is not None:
-            weights = rollout_is_weights.detach().to(old_log_prob.dtype)
-            sampler = old_log_prob.detach() - torch.log(weights)  # exp(old - sampler) == weights
+            work = working_dtype(old_log_prob.dtype)  # as the loss computes (a bf16 log(1.01) next to -5 is lost)
+            weights = rollout_is_weights.detach().to(work)
+            sampler = old_log_prob.detach().to(work) - torch.log(weights)  # exp(old - sampler) == weights
             batch = dataclasses.replace(batch, rollout_logprobs=sampler, check_values=False)  # checked above
         out = loss_fn(batch, _normalizer(info, aggregation, mask, dp_size))
 
@@ -151,8 +153,10 @@ class VerlPolicyLoss:
             metrics = {f"actor/{k}": v for k, v in out.metrics.items() if not k.startswith("sampling/")}
             if isinstance(loss_fn.surrogate, PPOClip):
                 metrics.update({verl: out.metrics[k] for k, verl in _VERL_METRIC_NAMES.items() if k in out.metrics})
-            old = torch.where(mask, old_log_prob.detach(), 0.0)
-            metrics["actor/ppo_kl"] = (old - torch.where(mask, log_prob.detach(), 0.0)).sum() / mask.sum().clamp(min=1)
+            work = working_dtype(old_log_prob.dtype)
+            old = torch.where(mask, old_log_prob.detach().to(work), 0.0)
+            metrics["actor/ppo_kl"] = ((old - torch.where(mask, log_prob.detach().to(work), 0.0)).sum()
+                                       / mask.sum().clamp(min=1))
             bad = torch.zeros((), dtype=torch.bool, device=mask.device)
             if rollout_is_weights is not None:
                 bad = ((~torch.isfinite(weights) | (weights < 0)) & mask).any()

@@ -59,7 +59,15 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import Normalizer, PolicyBatch
-from rlzoo.losses.functional import at_most_zero, masked_max, masked_mean, masked_min, require, zero_masked
+from rlzoo.losses.functional import (
+    at_most_zero,
+    masked_max,
+    masked_mean,
+    masked_min,
+    require,
+    working_dtype,
+    zero_masked,
+)
 from rlzoo.registry import Component
 
 __all__ = [
@@ -157,8 +165,7 @@ class LossInputs:
                 and ``num_positive_tokens`` when the batch has rewards).
         """
         mask = batch.completion_mask
-        work = torch.promote_types(batch.logprobs.dtype, torch.float32)  # half inputs: sums of 65536 fp16 overflow
-        logprobs = at_most_zero(zero_masked(batch.logprobs.to(work), mask))
+        logprobs = at_most_zero(zero_masked(batch.logprobs.to(working_dtype(batch.logprobs.dtype)), mask))
         old_source = batch.old_logprobs if old_logprobs is None else old_logprobs
         if old_source is None:
             old = logprobs.detach()

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rlzoo.batch import BatchError
 
-__all__ = ["at_most_zero", "masked_max", "masked_mean", "masked_min", "require", "zero_masked"]
+__all__ = ["at_most_zero", "masked_max", "masked_mean", "masked_min", "require", "working_dtype", "zero_masked"]
 
 
 def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
@@ -54,3 +54,9 @@ def require(x: Tensor | None, field: str, owner: str) -> Tensor:
     if x is None:
         raise BatchError(f"{owner} needs PolicyBatch.{field}, which is None")
     return x
+
+
+def working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a loss computes in: ``dtype``, or float32 for bf16 / fp16 (fp16 sums overflow at 65504; a loss sums
+    over the batch). Every view of a batch (the loss, its mask of counted tokens) judges in it alike."""
+    return torch.promote_types(dtype, torch.float32)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from rlzoo.batch import BatchError, LossOutput, Normalizer, PolicyBatch
 from rlzoo.losses.base import LossInputs, Metrics, Part, PartOutput
-from rlzoo.losses.functional import at_most_zero, zero_masked
+from rlzoo.losses.functional import at_most_zero, working_dtype, zero_masked
 from rlzoo.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover - the loss imports this module
@@ -94,14 +94,14 @@ def loglinear_proximal_logprobs(
         current_version: the version being trained (:math:`v_\theta`).
 
     Returns:
-        ``Float[B, T]`` detached, in the dtype of ``logprobs``.
+        ``Float[B, T]`` detached, in the dtype of ``logprobs`` (float32 for bf16 / fp16: the loss's working dtype).
 
     References:
         Li, Wu, Shen 2025, "A-3PO: Accelerating Asynchronous LLM Training with Staleness-aware Proximal Policy
         Approximation", arXiv:2512.06547. Matches AReaL ``areal/trainer/ppo/actor.py``
         ``compute_prox_logp_approximations`` (method ``"loglinear"``; ``actor.prox_logp_method="loglinear"``).
     """
-    lp = logprobs.detach()
+    lp = logprobs.detach().to(working_dtype(logprobs.dtype))
     behave = behaviour_logprobs.detach().to(lp.dtype)
     v = versions if versions.ndim == 2 else versions.unsqueeze(-1).expand(lp.shape)
     v_behave = v.to(lp.dtype)
@@ -193,7 +193,7 @@ def loss_mask(
             f"loss {loss.name or ''!s} rejects tokens by comparing the old and the sampler's log-probs: "
             "loss_mask needs old_logprobs (or logprobs, when the old policy is the current one)"
         )
-    trainer = at_most_zero(zero_masked(reference.detach(), mask))
+    trainer = at_most_zero(zero_masked(reference.detach().to(working_dtype(reference.dtype)), mask))  # as the loss
     rollout = None if rollout_logprobs is None else zero_masked(rollout_logprobs.detach().to(trainer.dtype), mask)
     zeros = torch.zeros_like(trainer)
     x = LossInputs(logprobs=trainer, old_logprobs=trainer, log_ratio=zeros, advantages=zeros, mask=mask,

@@ -149,8 +149,8 @@ def test_registered_loss_is_verls_loss(verl, name, data):
     shared = {"actor/ppo_kl"} | (clipfrac if name in ("vanilla", "gspo") else set())
     for key in shared & set(want_metrics) & set(got_metrics):  # (gspo has no dual clip: verl reports a 0)
         assert got_metrics[key] == pytest.approx(want_metrics[key], abs=REFERENCE_ATOL), key
-    if name in ("vanilla", "gspo"):
-        assert "actor/pg_clipfrac" in got_metrics
+    if name in ("vanilla", "gspo"):  # vanilla has a dual clip here: both names; gspo none: verl's lower is its 0
+        assert got_metrics.keys() >= (clipfrac if name == "vanilla" else {"actor/pg_clipfrac"})
     else:  # verl's own meaning of the name (cispo's, clip_cov's, ...): not rlzoo's
         assert not clipfrac & set(got_metrics)
 

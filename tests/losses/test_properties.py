@@ -888,3 +888,28 @@ def test_half_precision_batches_are_summed_in_float32(dtype):
         assert float(out.metrics["ratio/mean"]) == 1.0
         (grad,) = torch.autograd.grad(out.loss, lp)
         assert grad.dtype == dtype and bool(torch.isfinite(grad).all())
+
+
+@pytest.mark.parametrize(("rollout_rs", "threshold"), [("token_k1", "0.9_1.1"), ("seq_mean_k1", "0.99_1.01"),
+                                                       ("token_k2", "0.005")])
+def test_a_half_precision_batch_counts_the_tokens_its_loss_keeps(rollout_rs, threshold):
+    """bf16 log-probs with float32 sampler log-probs (TRL's inputs beside vLLM's): loss_mask judged the rejection in
+    bf16 (the sampler's log-probs cast down) while the loss judged it in float32, so a Normalizer from loss_mask
+    counted other tokens than the loss kept (7-12 % of them) and micro-batch losses no longer summed to the
+    full-batch loss. Both judge in float32 now: the same mask, and the sum is the full-batch loss."""
+    g = torch.Generator().manual_seed(5)
+    b, t = 16, 64
+    old = (-3 * torch.rand(b, t, generator=g)).bfloat16()
+    lp = (old.float() + 0.05 * torch.randn(b, t, generator=g)).clamp(max=0).bfloat16().requires_grad_()
+    rollout = old.float() + 0.1 * torch.randn(b, t, generator=g)
+    mask = torch.rand(b, t, generator=g) < 0.9
+    batch = PolicyBatch(logprobs=lp, old_logprobs=old, rollout_logprobs=rollout.clamp(max=0),
+                        advantages=torch.randn(b, generator=g).bfloat16(), completion_mask=mask)
+    loss_fn = rlzoo.get_loss("dapo", rollout_rs=rollout_rs, rollout_rs_threshold=threshold)
+    counted = loss_fn.loss_mask(mask, old_logprobs=old, rollout_logprobs=batch.rollout_logprobs)
+    assert 0 < int(counted.sum()) < int(mask.sum())  # some tokens rejected, some kept
+    normalizer = rlzoo.Normalizer.from_batch(batch, loss=loss_fn)
+    assert float(normalizer.num_tokens) == float(counted.sum())
+    whole = loss_fn(batch)
+    parts = sum(loss_fn(micro, normalizer=normalizer).loss for micro in batch.split(4))
+    torch.testing.assert_close(parts, whole.loss, rtol=1e-6, atol=1e-7)
