@@ -253,13 +253,16 @@ class RunDirectory:
                      source: Path | None = None) -> None:
         """Write ``config.json``: the current ``settings`` and ``resolved`` values at the top level, and the list
         of segments (one per start or resume: its first step, checkpoint, changed settings and all settings),
-        continued from this directory's ``config.json`` or else from ``source`` (the run a checkpoint came from)."""
+        continued from this directory's ``config.json`` or else from ``source`` (the run a checkpoint came from),
+        less those that started after ``start_step`` (their work is not on this timeline)."""
         segments: list[Any] = []
         for candidate in (self.path / "config.json", source):
             if candidate is not None and candidate.is_file():
                 with contextlib.suppress(ValueError, OSError):
                     segments = list(json.loads(candidate.read_text()).get("segments", []))
                 break
+        segments = [s for s in segments  # (a segment of a hand-edited file without a step number is kept)
+                    if not (isinstance(s, Mapping) and isinstance(s.get("start_step"), int) and s["start_step"] > start_step)]
         segments.append({"start_step": start_step, "resumed_from": resumed_from,
                          "changes": {k: list(v) for k, v in changes.items()}, "settings": dict(settings),
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

@@ -228,6 +228,9 @@ def test_a_fork_of_an_abandoned_timeline_keeps_its_rows_and_segments_after_later
     _train(run, max_steps=2, resume=str(run / "checkpoints" / "step-000001"), **common)
     timelines = {int(p.name.split("-")[2]): p for p in (run / "abandoned").iterdir()}
     assert sorted(timelines) == [1, 3]
+    segments = json.loads((run / "config.json").read_text())["segments"]
+    assert [s["start_step"] for s in segments] == [0, 1]  # the segment from step 3 went with its timeline
+    assert [s["start_step"] for s in json.loads((timelines[1] / "config.json").read_text())["segments"]] == [0, 3]
     assert [r["step"] for r in _rows(timelines[1] / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     fork = tmp_path / "fork"
     with caplog.at_level("INFO", logger="rlzoo.train"):
