@@ -372,9 +372,6 @@ class Trainer:
                 f"which algorithm {saved.get('algorithm')!r} does not rebuild: pass it again, "
                 "Trainer(resume_config(RUN), loss=...)")
         dropped = [name for name in saved.get(PYTHON_REWARDS) or [] if name not in self._reward_names]
-        if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied, logged
-            log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "
-                        "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))
         checkpoint = self.checkpointer.load(path, policy=self.policy, optimizer=self.optimizer.optimizer,
                                             dist=self.dist)
         row_missing = checkpoint.row is not None and not self.dist.broadcast_object(  # the same on every rank
@@ -398,8 +395,11 @@ class Trainer:
         self.rollouts.load_state_dict(rollouts, same_world_size=same_world_size)
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
-        if self.dist.is_main:
+        if self.dist.is_main:  # what changed, once nothing more can refuse the resume
             log_setting_changes(changes)
+            if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied
+                log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "
+                            "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))
             log.info("resumed from %s at step %d", path, self.step)
         return changes
 

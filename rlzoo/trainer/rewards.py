@@ -234,6 +234,7 @@ class RewardSet:
         self._warned_extra: set[tuple[str, tuple[str, ...]]] = set()
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
         self._metric_owners: dict[str, dict[str, None]] = {}  # metric -> the functions that logged it (names)
+        self._taken_owners: dict[str, dict[str, None]] = {}  # those of the metrics take_logged returned last
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -294,7 +295,7 @@ class RewardSet:
         """
         for name in metrics:
             if name in row or name == "step" or name.startswith("eval/"):
-                owners = tuple(self._metric_owners.get(name, ()))
+                owners = tuple(self._taken_owners.get(name, ()))
                 raise RewardFunctionError(_clash(name, owners, _reserved_because(name)))
         return {**row, **metrics}
 
@@ -373,6 +374,7 @@ class RewardSet:
                     self._metric_owners.setdefault(name, {}).update(dict.fromkeys(functions))
             sums = merged
         self._metrics.clear()
+        self._taken_owners, self._metric_owners = self._metric_owners, {}  # an error names this round's functions
         return {name: total / count for name, (total, count) in sums.items()}, self.take_extra()
 
     def set_progress(self, *, global_step: int, rows_drawn: int, train_rows: int | None,

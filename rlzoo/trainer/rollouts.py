@@ -390,7 +390,7 @@ class RolloutSource:
             ValueError: the task state is from another training stream; or the restored generation batch lacks
                 reference, teacher, old or sampler log-probs the loss now needs (names the field and what to do).
         """
-        self.task.load_state_dict(state["task"])
+        self.task.load_state_dict(state["task"], warn=self.dist.is_main)
         cfg = self.config
         period = cfg.effective_steps_per_generation * cfg.num_iterations
         generated_at = state["micro_step"] - state["micro_step"] % period  # the unfinished batch's micro-step

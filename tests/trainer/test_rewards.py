@@ -526,6 +526,14 @@ def test_a_metric_named_as_one_of_the_trainers_is_an_error_naming_the_function_a
     assert row == {"step": 1, "loss": 0.25, "reward": 0.0, "kl": 0.0}  # not changed
     with pytest.raises(RewardFunctionError, match="'eval/x' with log_metric, but the held-out evaluation"):
         rewards.add_logged(row, {"eval/x": 1.0})  # (logged with the public log_metric it is refused at once)
+    # a later round names the functions that logged the name in that round only (they were kept from every round)
+    later = RewardSet((logs("loss"), logs("mine")))
+    later(["p"], ["a"])
+    later.take_logged()
+    later.log_metric("loss", 1.0)  # this round: logged by no function of the set
+    metrics, _ = later.take_logged()
+    with pytest.raises(RewardFunctionError, match=r"^a reward function logged the metric 'loss'"):
+        later.add_logged(row, metrics)
 
 
 def test_trainer_state_progress_is_trls():

@@ -210,11 +210,12 @@ class TaskStream:
         """JSON-able state: the training position and what identifies the stream."""
         return {"position": self.position, **self._identity()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, warn: bool = True) -> None:
         """Restore the training position.
 
         A data set whose rows changed in content (an edited file; the same number of rows, split alike) is
-        resumed with a warning: the run goes on with the rows as they are now.
+        resumed with a warning (unless ``warn`` is False: a rank other than the first): the run goes on with the
+        rows as they are now.
 
         Raises:
             ValueError: the state belongs to a different stream (task name, options, train seed; a data set's
@@ -232,7 +233,7 @@ class TaskStream:
             and json.dumps(mine[k], sort_keys=True, default=str) != json.dumps(theirs[k], sort_keys=True, default=str)
         )
         changed_content, differ = "content" in differ, [k for k in differ if k != "content"]
-        if changed_content and not differ:
+        if changed_content and not differ and warn:
             log.warning("resume: the rows of data set %s differ from those the checkpoint trained on (the data "
                         "changed since): the run goes on with the rows as they are now", mine["name"])
         if "rows" in differ:
