@@ -135,9 +135,10 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             from rlzoo.trainer.adapters import built_adapter  # peft's defaults, target_modules as a set
 
             old, new = built_adapter(old), built_adapter(new)
-        if name == "loss" and isinstance(old, Mapping) and isinstance(new, Mapping):  # an option at the preset's
-            old = _without_defaults(old, saved.get("algorithm", config.algorithm))  # default is no change
-            new = _without_defaults(new, config.algorithm)
+        if name == "loss" and isinstance(old, Mapping) and isinstance(new, Mapping) and _normal(  # an option at
+                _without_defaults(old, saved.get("algorithm", config.algorithm))) == _normal(  # the preset's default
+                _without_defaults(new, config.algorithm)):  # is no change (a change is logged as given)
+            continue
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs

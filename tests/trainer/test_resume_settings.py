@@ -3,6 +3,7 @@
 changed LoRA options and of ``--resume`` with ``--overwrite``; ``--resume auto`` for job scripts that are
 requeued; and the built-in task options under the user's. Tiny random model, through the console script."""
 
+import dataclasses
 import json
 import logging
 
@@ -117,13 +118,18 @@ def test_changes_of_mapping_options_are_named_option_by_option(caplog):
     config = TrainConfig(**TINY, loss={"epsilon_high": 0.3, "beta": 0.04, "delta": 4.0})
     with caplog.at_level(logging.INFO, logger="rlzoo.train"):
         changes = compare_settings(saved, config)
-    assert changes == {"loss": ({"epsilon_high": 0.28}, {"epsilon_high": 0.3, "delta": 4.0})}  # beta: grpo's
+    assert changes == {"loss": ({"epsilon_high": 0.28, "beta": 0.04}, {"epsilon_high": 0.3, "beta": 0.04,
+                                                                        "delta": 4.0})}
     assert [r.getMessage() for r in caplog.records] == ["resume: loss.epsilon_high changed 0.28 -> 0.3 (applied)",
                                                         "resume: loss.delta changed (not set) -> 4.0 (applied)"]
     # an option given at the preset's default builds the same loss: no change (it was logged as one, and recorded)
     saved = TrainConfig(**TINY).to_dict()
     assert compare_settings(saved, TrainConfig(**TINY, loss={"beta": 0.04, "epsilon_low": 0.2})) == {}
     assert compare_settings(saved, TrainConfig(**TINY, loss={"beta": 0.1})) == {"loss": ({}, {"beta": 0.1})}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):  # back to the default, given: logged as given
+        compare_settings(TrainConfig(**TINY, loss={"beta": 0.1}).to_dict(), TrainConfig(**TINY, loss={"beta": 0.04}))
+    assert [r.getMessage() for r in caplog.records] == ["resume: loss.beta changed 0.1 -> 0.04 (applied)"]
     saved = TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 8}).to_dict()
     with pytest.raises(ValueError, match=r"changed settings: peft\.lora_alpha 8 -> 16 \(the checkpoint holds"):
         compare_settings(saved, TrainConfig(**TINY, peft={"r": 4, "lora_alpha": 16}))
@@ -446,6 +452,8 @@ def test_a_resume_that_would_change_a_data_sets_training_rows_is_refused(tmp_pat
                                              "set's held-out rows are cut from its training rows"):
             Trainer(_config(tmp_path / "run", **{**common, **change, "max_steps": 2, "resume": "latest"}),
                     reward_funcs=[digit_fraction])
+    unscored = TrainConfig(**{**TINY, **common, "task_kwargs": {"answer_column": None}})  # nothing held out
+    assert compare_settings(unscored.to_dict(), dataclasses.replace(unscored, eval_size=6)) == {"eval_size": (4, 6)}
     split = {**common, "task_kwargs": {"eval_split": "train[:4]", "split": "train[4:]"}}
     _train(tmp_path / "split", **split)
     _train(tmp_path / "split", **{**split, "eval_size": 3, "max_steps": 2, "resume": "latest"})  # applied

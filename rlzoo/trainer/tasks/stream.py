@@ -54,11 +54,12 @@ def check_loadable_task(task: str) -> None:
 
 def holds_out_training_rows(config: TaskConfig) -> bool:
     """Whether the task is a data file or hub data set whose held-out rows are cut from its training rows (no
-    ``--task.eval_split``), so that ``eval_size`` and ``eval_seed`` decide which rows it trains on. (A data set
-    given from Python may have an ``eval_dataset``, which its config does not record.)"""
+    ``--task.eval_split``; an answer column, without which nothing is held out), so that ``eval_size`` and
+    ``eval_seed`` decide which rows it trains on. (A data set given from Python may have an ``eval_dataset``,
+    which its config does not record.)"""
     task, options = config.task, config.task_kwargs or {}
     return (is_dataset_spec(task) and task not in list_reasoning_gym_tasks() and not task.startswith(PYTHON_DATASET)
-            and not options.get("eval_split"))
+            and not options.get("eval_split") and options.get("answer_column", "answer") is not None)
 
 
 def recorded_task(task: str, train_dataset: Any = None) -> str:
