@@ -135,10 +135,8 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             from rlzoo.trainer.adapters import built_adapter  # peft's defaults, target_modules as a set
 
             old, new = built_adapter(old), built_adapter(new)
-        if name == "loss" and isinstance(old, Mapping) and isinstance(new, Mapping) and _normal(  # an option at
-                _without_defaults(old, saved.get("algorithm", config.algorithm))) == _normal(  # the preset's default
-                _without_defaults(new, config.algorithm)):  # is no change (a change is logged as given)
-            continue
+        if name == "loss" and _same_loss(old, new, saved.get("algorithm", config.algorithm), config.algorithm):
+            continue  # options at the preset's defaults are no change (a change is logged as given)
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs
@@ -173,6 +171,12 @@ def log_setting_changes(changes: Mapping[str, tuple[Any, Any]]) -> None:
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
         for label, before, after in _changed_options(name, old, new):
             log.info("resume: %s changed %r -> %r (%s)", label, before, after, where)
+
+
+def _same_loss(old: Any, new: Any, old_algorithm: Any, new_algorithm: Any) -> bool:
+    """Whether two ``--loss`` option mappings are the same once options at their preset's default are left out."""
+    return (isinstance(old, Mapping) and isinstance(new, Mapping)
+            and _normal(_without_defaults(old, old_algorithm)) == _normal(_without_defaults(new, new_algorithm)))
 
 
 def _without_defaults(options: Mapping[str, Any], algorithm: Any) -> dict[str, Any]:

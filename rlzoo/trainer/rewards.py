@@ -269,7 +269,7 @@ class RewardSet:
         if not isinstance(name, str):
             raise _MetricNameError(f"{_who(functions)} logged a metric named {name!r} ({type(name).__name__}) with "
                                    "log_metric; a metric's name is a string")
-        if name == "step" or name.startswith("eval/"):
+        if _always_reserved(name):
             raise _MetricNameError(_clash(name, functions, _reserved_because(name)))
         self._metrics[name].append(float(value))
         if function is not None:
@@ -294,7 +294,7 @@ class RewardSet:
                 and says to rename it).
         """
         for name in metrics:
-            if name in row or name == "step" or name.startswith("eval/"):
+            if name in row or _always_reserved(name):
                 owners = tuple(self._taken_owners.get(name, ()))
                 raise RewardFunctionError(_clash(name, owners, _reserved_because(name)))
         return {**row, **metrics}
@@ -541,6 +541,12 @@ def _who(functions: Sequence[str]) -> str:
     if not functions:
         return "a reward function"
     return f"reward function{'s' if len(functions) > 1 else ''} {' and '.join(map(repr, functions))}"
+
+
+def _always_reserved(name: str) -> bool:
+    """Whether metric ``name`` is the trainer's in every row: ``step``, and ``eval/*`` (the evaluation's, joined
+    after the reward metrics)."""
+    return name == "step" or name.startswith("eval/")
 
 
 def _reserved_because(name: str) -> str:
