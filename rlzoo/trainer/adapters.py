@@ -7,20 +7,19 @@ adapter disabled (``PeftModel.disable_adapter()``), so ``beta > 0`` costs no sec
 1.16 (``GRPOTrainer``: "If PEFT is used, the reference model is not needed since the adapter can be disabled").
 A checkpoint's ``model/`` then holds the adapter (``adapter_model.safetensors``, ``adapter_config.json`` naming the
 base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads such a directory onto its base, and
-:func:`export_model` writes it merged into a plain Hugging Face checkpoint.
+:func:`export_model` writes it merged into a plain Hugging Face checkpoint. The ``--peft`` options (checked, recorded
+and compared on a resume) are in :mod:`rlzoo.trainer.adapter_options`.
 """
 
 import contextlib
 import dataclasses
-import math
-import re
-import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlzoo.trainer.adapter_options import built_adapter, lora_config, peft_options, recorded_peft
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
@@ -42,202 +41,6 @@ def causal_lm(model: Any) -> Any:
     """The Hugging Face ``*ForCausalLM`` under a PEFT wrapper (its adapter layers are in place, so calling it
     applies the adapter), or ``model`` itself. The scorer and the sampler take the body and the head from it."""
     return model.get_base_model() if is_peft_model(model) else model
-
-
-def lora_config(options: Mapping[str, Any]) -> Any:
-    """A ``peft.LoraConfig`` (task ``CAUSAL_LM``) from the ``--peft.NAME VALUE`` options.
-
-    Each value is checked against the type ``LoraConfig`` declares for its field (:func:`_fits`: every item of a
-    list, an int accepted for a float, a bool never for a number), so a typo fails here, before the model loads,
-    instead of deep inside peft or, worse, silently (``--peft.use_dora yes`` would otherwise be stored and read
-    as true).
-
-    Raises:
-        ImportError: peft is not installed (names the extra to install).
-        ValueError: an option that is not a field of ``LoraConfig`` (lists the fields), a value of the wrong type
-            (names the option, the type it takes and the value), or peft's own check (as one line naming --peft).
-    """
-    import typing
-
-    try:
-        from peft import LoraConfig
-    except ImportError as err:
-        raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
-    if options.get("peft_type") not in (None, "LORA"):  # recorded for a peft_config object of another method
-        raise ValueError(f"peft: the run's adapter is a {options['peft_type']} adapter (a peft_config object), which "
-                         "--peft options cannot rebuild: resume from Python with the same object "
-                         "(Trainer(resume_config(RUN), peft_config=...))")
-    fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
-    unknown = sorted(set(options) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown --peft option(s) {unknown}; the fields of peft.LoraConfig: {', '.join(fields)}")
-    hints = typing.get_type_hints(LoraConfig)
-    hints["lora_alpha"] = float  # declared int, used only as the scale lora_alpha / r: 16.0 and 0.5 work in peft
-    for name, value in options.items():
-        hint = hints.get(name, Any)
-        if not (_fits(value, hint) or _is_pattern_choice(value, hint)):
-            raise ValueError(f"--peft.{name} takes {_type_name(hint)}, got {value!r}")
-    if options.get("r", 1) <= 0:
-        raise ValueError(f"--peft.r must be a positive integer (the adapter's rank), got {options['r']}")
-    alpha = options.get("lora_alpha", 1)
-    if not (math.isfinite(alpha) and alpha > 0):  # 0 scales the adapter away: training would change nothing
-        raise ValueError(f"--peft.lora_alpha must be a finite number > 0 (the adapter's scale is lora_alpha / r), "
-                         f"got {alpha}")
-    options = {k: _module_names(v) if k in ("target_modules", "exclude_modules") else v for k, v in options.items()}
-    try:
-        return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
-    except (TypeError, ValueError) as err:  # peft's own checks of option combinations
-        raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
-
-
-def peft_options(peft_config: Any, *, defaults: bool = False) -> dict[str, Any]:
-    """The options of a PEFT config object (``Trainer(config, peft_config=LoraConfig(...))``) as ``--peft``
-    options: its fields that differ from the class's defaults, as JSON values (a set as a sorted list; a value
-    JSON cannot hold as its ``repr``), without ``task_type="CAUSAL_LM"`` (what :func:`lora_config` adds) and with
-    ``peft_type`` for another method than LoRA. What ``config.json`` records for the run, so that a resume compares
-    the adapter's options (``peft.lora_alpha 8 -> 64`` is refused) and rebuilds a LoRA adapter from them.
-
-    Args:
-        defaults: every field, those at their default too (:func:`built_adapter` compares two adapters so)."""
-    import enum
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, enum.Enum):
-            return plain(value.value)
-        if isinstance(value, (set, frozenset)):
-            return sorted((plain(v) for v in value), key=repr)
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return plain(dataclasses.asdict(value))
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        return repr(value)
-
-    out: dict[str, Any] = {}
-    for field in dataclasses.fields(peft_config):
-        if not field.init or field.name in ("base_model_name_or_path", "revision", "inference_mode", "peft_type",
-                                            "peft_version"):  # where it is saved, and peft's own bookkeeping
-            continue
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = dataclasses.MISSING
-        value = plain(getattr(peft_config, field.name))
-        if defaults or default is dataclasses.MISSING or value != plain(default):
-            out[field.name] = value
-    if out.get("task_type") == "CAUSAL_LM":
-        del out["task_type"]
-    peft_type = plain(getattr(peft_config, "peft_type", None))
-    if peft_type not in (None, "LORA"):
-        out["peft_type"] = peft_type
-    return out
-
-
-def built_adapter(options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The adapter that ``--peft`` options (as recorded) build, for comparing two runs' options: every field of the
-    ``peft.LoraConfig`` of :func:`lora_config`, defaults filled in and ``target_modules`` as a sorted list (peft
-    holds it as a set). ``{"lora_dropout": 0.0}`` and ``{}`` build the same adapter, so do
-    ``["v_proj", "q_proj"]`` and ``["q_proj", "v_proj"]``. Options that build no LoRA config (another method's,
-    or options :func:`lora_config` refuses) are returned as they are, name lists sorted."""
-    try:
-        return peft_options(lora_config(options), defaults=True)
-    except (ImportError, ValueError, TypeError):
-        return _sorted_names(options)
-
-
-def _sorted_names(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with ``target_modules`` and ``exclude_modules`` lists (name sets to peft) in sorted order."""
-    return {k: sorted(v, key=repr) if k in ("target_modules", "exclude_modules") and isinstance(v, (list, tuple))
-            else v for k, v in options.items()}
-
-
-def recorded_peft(peft: Mapping[str, Any] | None, peft_config: Any, *, resuming: bool) -> Mapping[str, Any] | None:
-    """What a run records as its ``peft`` setting: ``peft`` (the ``--peft`` options, a ``target_modules`` list in
-    sorted order, as peft's set of names), or with a PEFT config object its :func:`peft_options` (a resume then
-    compares them with the checkpoint's, as :func:`built_adapter`).
-
-    Raises:
-        ValueError: a fresh run given both ``peft_config`` and other ``--peft`` options (on a resume ``peft``
-            holds the checkpoint's options, and the object given now is the change the resume judges).
-    """
-    if peft_config is None:
-        return None if peft is None else _sorted_names(peft)
-    options = peft_options(peft_config)
-    if peft is not None and built_adapter(peft) != built_adapter(options) and not resuming:
-        raise ValueError("give the adapter either as peft_config or as --peft options, not both")
-    return options
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` (parsed from a flag or a config file: None, bool, int, float, str, list, dict) has type
-    ``hint``, checking every item of a container. A bool is no int or float (Python's subclassing aside: never a
-    rank or a scale to a user); an int is a float. A class hint other than these takes an instance of it."""
-    import typing
-
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if hint is type(None) or hint is None:
-        return value is None
-    if origin is typing.Literal:
-        return any(type(value) is type(choice) and value == choice for choice in args)  # True is no 1 here
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
-    if origin in (list, tuple):  # a JSON or YAML list stands for a tuple too
-        if not isinstance(value, (list, tuple)):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(args) == len(value) and all(map(_fits, value, args))
-        return not args or all(_fits(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and (not args or all(_fits(k, args[0]) and _fits(v, args[1])
-                                                            for k, v in value.items()))
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    try:
-        return isinstance(value, origin or hint)
-    except TypeError:  # a hint isinstance cannot take (a NewType, a TypeVar...): peft checks the value itself
-        return True
-
-
-def _module_names(value: Any) -> Any:
-    """``--peft.target_modules q_proj`` or ``q_proj,v_proj`` as the list of names it means. peft takes a string as
-    a regular expression that must match a module's whole name (``model.layers.0.self_attn.q_proj``), which a bare
-    name never does ("Target modules q_proj not found"); a string of names, dots and commas only is split into a
-    list (peft matches each as the name's last components). ``all-linear`` and real patterns (``.*q_proj``) stay."""
-    if isinstance(value, str) and value != "all-linear" and re.fullmatch(r"[\w.-]+(\s*,\s*[\w.-]+)*", value):
-        return [name.strip() for name in value.split(",")]
-    return value
-
-
-def _is_pattern_choice(value: Any, hint: Any) -> bool:
-    """Whether ``value`` fills a placeholder choice of a ``Literal`` in ``hint`` (peft's init_lora_weights offers
-    ``'pissa_niter_[number of iters]'``: "pissa_niter_16" is valid); peft checks the rest of the string."""
-    import typing
-
-    literals = [hint] if typing.get_origin(hint) is typing.Literal else [
-        arg for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal]
-    prefixes = [str(c).split("[")[0] for lit in literals for c in typing.get_args(lit) if "[" in str(c)]
-    return isinstance(value, str) and any(value.startswith(p) for p in prefixes)
-
-
-def _type_name(hint: Any) -> str:
-    """``int`` -> "int"; ``Literal['none', 'all']`` -> "one of 'none', 'all'"; unions sorted and joined with " or "
-    (typing caches unions, so their order of arguments is not the declared one)."""
-    import typing
-
-    if typing.get_origin(hint) is typing.Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(sorted(_type_name(arg) for arg in typing.get_args(hint) if arg is not type(None)))
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -269,7 +269,7 @@ def test_lora_option_types_are_checked_item_by_item(field, value, fits):
     declared types (beartype's is_bearable samples one item of a list: [1, 'a'] passed half the time)."""
     import typing
 
-    from rlzoo.trainer.adapters import _fits
+    from rlzoo.trainer.adapter_options import _fits
 
     assert _fits(value, typing.get_type_hints(LoraConfig)[field]) is fits
 
