@@ -1,10 +1,8 @@
 """Tasks from data sets: anything ``datasets`` loads, in TRL's standard or conversational prompt format.
 
-Sources (:func:`load_dataset_source`): a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a directory
-written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a directory laid out as a hub data set
-repository (``data/train-*.parquet``, ...), or a hub data set id (``org/name``), which ``datasets`` downloads when
-online and reads from its cache when ``HF_HUB_OFFLINE=1``; and, from the Python API, a ``datasets.Dataset`` or
-``IterableDataset``.
+Sources: a local data file, a ``save_to_disk`` or hub-style data set directory, or a hub data set id, loaded by
+:func:`load_dataset_source` (:mod:`~rlzoo.trainer.tasks.dataset_loading`); and, from the Python API, a
+``datasets.Dataset`` or ``IterableDataset``.
 
 Each row is one problem: its prompt column (default ``prompt``) is a string (TRL's standard format: the model
 sees it as it is) or a list of chat messages (TRL's conversational format: the chat template is applied); its
@@ -20,10 +18,15 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
+from rlzoo.trainer.tasks.dataset_loading import (
+    FILE_BUILDERS,
+    is_dataset_spec,
+    load_dataset_rows,
+    load_dataset_source,
+)
 from rlzoo.trainer.tasks.extraction import normalized_match
 from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, content_digest, describe, row_problem
 
@@ -31,9 +34,6 @@ __all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec",
            "load_dataset_source"]
 
 log = logging.getLogger("rlzoo.train")
-
-FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-"""File suffix -> the ``datasets`` builder that reads it."""
 
 DATASET_OPTIONS: Mapping[str, str] = {
     "split": "the training split (default train), or datasets' split syntax: train[:1000], train[10%:], ...",
@@ -49,196 +49,6 @@ DATASET_OPTIONS: Mapping[str, str] = {
 
 MAX_EVAL_FRACTION = 0.2
 """A held-out split cut from the training rows takes at most this share of them (capped with a warning)."""
-
-
-def is_dataset_spec(spec: str) -> bool:
-    """Whether ``--task spec`` names a data set (a path, a data file name or a hub id) rather than a
-    reasoning-gym task."""
-    return Path(spec).exists() or Path(spec).suffix in FILE_BUILDERS or "/" in spec
-
-
-def _is_saved_to_disk(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
-def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | None = None, name: str | None = None,
-                        data_dir: str | None = None, revision: str | None = None) -> tuple[Any, Any | None]:
-    """The ``(training, held-out or None)`` data sets that ``spec`` names, loaded with ``datasets``.
-
-    Args:
-        spec: a data file, a ``save_to_disk`` directory, a hub-style data set directory or a hub id.
-        split, eval_split: split names, or ``datasets``' split syntax (``train[:100]``, ``train[10%:]``,
-            ``train[:5]+test[:5]``), read with ``datasets.ReadInstruction`` (``eval_split`` None: no separate
-            held-out split). A data file's rows are its one split, ``train``; so are a saved Dataset's.
-        name, data_dir, revision: passed to ``datasets.load_dataset`` (hub ids and data set directories).
-
-    Raises:
-        FileNotFoundError: a data file path that does not exist.
-        ValueError: an unknown split (names the available ones; a split other than "train" of a saved Dataset,
-            which has none), a split slice that is not valid or selects no row, or a data set that cannot be
-            loaded (names it; a hub id offline or not found says so; an empty file says so; a file that is not
-            valid names the file and, for JSON lines, the first bad line).
-    """
-    train, held_out, _, _ = load_dataset_rows(spec, split=split, eval_split=eval_split, name=name, data_dir=data_dir,
-                                              revision=revision)
-    return train, held_out
-
-
-def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None = None, name: str | None = None,
-                      data_dir: str | None = None, revision: str | None = None
-                      ) -> tuple[Any, Any | None, RowOrigin, RowOrigin | None]:
-    """:func:`load_dataset_source`'s data sets and where their rows come from (:class:`RowOrigin`, for errors: a
-    data file's rows as the file numbers them, ``task file 'd.jsonl' row 7 (line 8)``, a directory's or hub id's
-    by split; a slice's rows as its split numbers them).
-
-    Raises:
-        the errors of :func:`load_dataset_source`.
-    """
-    import datasets
-
-    path = Path(spec)
-    if path.is_file():
-        if path.suffix not in FILE_BUILDERS:
-            raise ValueError(f"task file {spec!r}: unknown data file type {path.suffix!r}; "
-                             f"rlzoo reads {', '.join(FILE_BUILDERS)}")
-        blank = path.stat().st_size == 0
-        if path.suffix != ".parquet":
-            blank = not _check_utf8(path).strip()  # Arrow's readers would replace bad bytes silently
-        if blank:
-            raise ValueError(f"task file {spec!r} is empty: it has no rows")
-    try:
-        if path.is_file():
-            loaded = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
-        elif path.suffix in FILE_BUILDERS:
-            raise FileNotFoundError(f"task file {spec!r} does not exist")
-        elif path.is_dir() and _is_saved_to_disk(path):
-            loaded = datasets.load_from_disk(str(path))
-        else:
-            loaded = datasets.load_dataset(spec, name=name, data_dir=data_dir, revision=revision)
-    except (FileNotFoundError, ValueError) as err:
-        if path.is_file() or isinstance(err, FileNotFoundError) and path.suffix in FILE_BUILDERS:
-            raise _file_error(path, err) from err
-        raise ValueError(_load_error(spec, err)) from err
-    except Exception as err:  # datasets' own errors (DatasetGenerationError, DatasetNotFoundError, ...)
-        if path.is_file():
-            raise _file_error(path, err) from err
-        raise ValueError(_load_error(spec, err)) from err
-    label = f"task file {spec!r}" if path.is_file() else f"data set {spec!r}"
-    if not isinstance(loaded, Mapping):  # a save_to_disk Dataset: one split, which has no name
-        asked = {option: value for option, value in (("split", split), ("eval_split", eval_split))
-                 if value is not None and _split_names(value) != {"train"}}
-        if asked:
-            raise ValueError(f"data set {spec!r} is one saved Dataset (save_to_disk), without named splits: drop "
-                             + ", ".join(f"--task.{option} {value}" for option, value in asked.items())
-                             + " (the held-out set is then a seeded split of it), or slice it as train[...]")
-        loaded = {"train": loaded}
-    file_path = spec if path.is_file() else None
-    train, origin = _split(loaded, split, spec, "split", label, file_path)
-    if eval_split is None:
-        return train, None, origin, None
-    held_out, eval_origin = _split(loaded, eval_split, spec, "eval_split", label, file_path)
-    if eval_split == split:
-        log.warning("data set %r: --task.eval_split %s is the training split: the held-out accuracy is measured on "
-                    "training problems", spec, split)
-    elif origin.label == eval_origin.label:  # one split, sliced on either side (an unsliced one: all its rows)
-        ours, theirs = (o.ranges or (range(len(d)),) for o, d in ((origin, train), (eval_origin, held_out)))
-        shared = sum(max(0, min(a.stop, b.stop) - max(a.start, b.start)) for a in ours for b in theirs)
-        if shared:
-            log.warning("data set %r: --task.eval_split %s and --task.split %s share %d rows: the held-out accuracy "
-                        "is partly measured on training problems", spec, eval_split, split, shared)
-    return train, held_out, origin, eval_origin
-
-
-def _check_utf8(path: Path) -> bytes:
-    """The content of ``path``; raise naming the line and column of its first byte that is not UTF-8."""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        newline = b"\n"
-        line, column = data.count(newline, 0, bad.start) + 1, bad.start - data.rfind(newline, 0, bad.start)
-        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[bad.start]:#04x} at column {column}); task "
-                         "files must be UTF-8") from None
-    return data
-
-
-def _split_names(split: str) -> set[str] | None:
-    """The split names in ``split`` (``datasets``' split syntax), or None when it is not valid syntax."""
-    import datasets
-
-    try:
-        datasets.ReadInstruction.from_spec(split)  # NAME, NAME[SLICE], joined by +
-    except ValueError:
-        return None
-    return {part.split("[")[0].strip() for part in split.split("+")}
-
-
-def _split(loaded: Mapping[str, Any], split: str, spec: str, option: str, label: str,
-           path: str | None) -> tuple[Any, RowOrigin]:
-    """The data set that ``split`` names in ``loaded`` (a split name, or ``datasets``' split syntax, resolved with
-    ``datasets.ReadInstruction``) and where its rows come from."""
-    import datasets
-
-    if split in loaded:
-        return loaded[split], RowOrigin(label if path else f"{label} split {split!r}", path=path)
-    names = _split_names(split)
-    if names is None or not names <= set(loaded):
-        if names is None and "[" in split:
-            try:
-                datasets.ReadInstruction.from_spec(split)
-                why = ""
-            except ValueError as err:
-                why = f" ({err})"
-            raise ValueError(f"data set {spec!r}: --task.{option} {split!r} is not valid in datasets' split syntax"
-                             f"{why}: e.g. train[:100], train[10%:], train[:50%]; its splits: {', '.join(loaded)}")
-        raise ValueError(f"data set {spec!r} has no split {split!r}; its splits: {', '.join(loaded)} "
-                         f"(choose one with --task.{option}; slice one as train[:100], train[10%:])")
-    try:
-        parts = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in loaded.items()})
-    except ValueError as err:  # e.g. a percent boundary out of range
-        raise ValueError(f"data set {spec!r}: --task.{option} {split!r}: {err}") from None
-    ranges = tuple(range(part.from_, part.to) for part in parts)
-    if not any(ranges):
-        raise ValueError(f"data set {spec!r}: --task.{option} {split!r} selects no row (its splits: "
-                         + ", ".join(f"{k} has {len(v)}" for k, v in loaded.items()) + ")")
-    pieces = [loaded[part.splitname].select(rows) for part, rows in zip(parts, ranges, strict=True)]
-    data = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
-    if len(names) == 1:  # rows numbered as their split numbers them
-        base = next(iter(names))
-        return data, RowOrigin(label if path else f"{label} split {base!r}", path=path, ranges=ranges)
-    return data, RowOrigin(f"{label} split {split!r}")
-
-
-def _load_error(spec: str, err: BaseException) -> str:
-    import huggingface_hub.constants
-
-    offline = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if huggingface_hub.constants.HF_HUB_OFFLINE \
-        else ""
-    return (f"cannot load data set {spec!r}{offline}: not a reasoning-gym task, a data file "
-            f"({', '.join(FILE_BUILDERS)}), a data set directory nor a loadable hub id ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})")
-
-
-def _file_error(path: Path, err: BaseException) -> BaseException:
-    """The error for a data file ``datasets`` could not read: the first line of JSON lines that is not a JSON
-    object, a CSV file without rows, else the file and ``datasets``' message."""
-    if isinstance(err, FileNotFoundError) and not path.exists():
-        return err
-    if path.suffix == ".jsonl":
-        import json
-
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as bad:
-                    return ValueError(f"{path}:{lineno}: invalid JSON: {bad.msg} (column {bad.colno})")
-                if not isinstance(row, dict):
-                    return ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-    if path.suffix == ".csv" and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
-        return ValueError(f"task file {path} has no rows (a header at most)")
-    cause = err.__cause__ or err.__context__ or err
-    return ValueError(f"cannot read task file {path}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
