@@ -255,3 +255,13 @@ def test_functional_helpers_are_read_by_their_names():
         if isinstance(node, ast.FunctionDef):
             body = _code_lines(FUNCTIONAL, node) - set(range(_span(node).start, node.body[0].lineno))
             assert len(body) <= FUNCTIONAL_MAX_LINES, f"functional.{node.name} has {len(body)} lines of code"
+
+
+TRAINER_MAX_MODULE_LINES = 400
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "trainer").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_trainer_module_is_over_400_lines(path):
+    """Issue 8: one concept per module, none under rlzoo/trainer over ~400 lines (docstrings included)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= TRAINER_MAX_MODULE_LINES, f"{path.relative_to(ROOT.parent)} has {lines} lines"

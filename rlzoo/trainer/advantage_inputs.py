@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.trainer.distributed import Distributed
-from rlzoo.trainer.kl_reward import KLRewardShaping
+from rlzoo.trainer.reward_shaping import KLRewardShaping
 from rlzoo.trainer.rollout import Rollout
 
 __all__ = ["batch_advantages"]

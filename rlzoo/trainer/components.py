@@ -33,11 +33,11 @@ from rlzoo.trainer.config import (
 from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.evaluation import Evaluator
 from rlzoo.trainer.generation import HFGenerator, build_generator
-from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.metrics import MetricsLogger
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.reward_shaping import KLRewardShaping
 from rlzoo.trainer.rollouts import RolloutSource
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.tasks import TaskStream

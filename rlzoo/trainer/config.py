@@ -272,7 +272,7 @@ its "k3" is the clamped ``low_var_kl``)."""
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SignalConfig(Section):
     """What is scored at generation time besides the policy: a teacher (on-policy distillation) and the KL in the
-    reward (verl's ``algorithm.use_kl_in_reward`` / ``algorithm.kl_ctrl``; rlzoo/trainer/kl_reward.py)."""
+    reward (verl's ``algorithm.use_kl_in_reward`` / ``algorithm.kl_ctrl``; rlzoo/trainer/reward_shaping.py)."""
 
     teacher: str | None = None
     """A frozen teacher model (same specs as --model; it must share the policy's tokenizer) scored at generation

@@ -57,8 +57,8 @@ from rlzoo.trainer.resume import (
     ranks,
     saved_settings,
 )
-from rlzoo.trainer.run_config import absolute_paths
-from rlzoo.trainer.run_dir import RunDirectory, RunLockedError, timeline_rows
+from rlzoo.trainer.run_config import absolute_paths, resolved_settings
+from rlzoo.trainer.run_dir import RunDirectory, RunLockedError, default_output_dir, timeline_rows
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import build_task, check_python_dataset, recorded_task
 from rlzoo.trainer.trackers import Trackers
@@ -124,7 +124,8 @@ class Trainer:
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
         self.required = self.loss_fn.required_fields()
         score_old = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
-        output_dir = config.output_dir or dist.broadcast_object(self._default_output_dir(train_dataset))
+        output_dir = config.output_dir or dist.broadcast_object(default_output_dir(
+            self.loss_fn.name, config.task, python_dataset=train_dataset is not None))
         self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
         # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
         self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
@@ -166,13 +167,6 @@ class Trainer:
     def output_dir(self) -> Path:
         """The run directory."""
         return self.run_dir.path
-
-    def _default_output_dir(self, train_dataset: Any) -> str:
-        """``runs/ALGORITHM-DATA-TIMESTAMP``: DATA is the task's name or data file's stem, or ``dataset`` for a
-        data set given from Python (not the ``--task`` it replaces)."""
-        task = Path(self.config.task).stem or self.config.task.replace("/", "-")
-        task = "dataset" if train_dataset is not None else task
-        return os.path.join("runs", f"{self.loss_fn.name or 'custom'}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, Any]]:
@@ -288,7 +282,11 @@ class Trainer:
             previous = timeline_rows(source_run, self.step) if source_run else []
             self.logger.open(self.step, previous=previous, row_due=self._pending_row is not None)
             if checkpoint is None or self.step < self.config.max_steps:  # else --resume auto of a complete run
-                self.run_dir.write_config(self.config.to_dict(), self._resolved(), start_step=self.step,
+                resolved = resolved_settings(self.config, self.loss_fn, advantage=self.advantage_name,
+                                             precision=self.precision, policy=self.policy, dist=self.dist,
+                                             python_loss=self._python_loss, python_rewards=self._python_rewards,
+                                             output_dir=self.run_dir.path)
+                self.run_dir.write_config(self.config.to_dict(), resolved, start_step=self.step,
                                           resumed_from=str(Path(checkpoint).resolve()) if checkpoint else None, changes=changes,
                                           source=source_run / "config.json" if source_run else None)
             log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
@@ -313,20 +311,6 @@ class Trainer:
         initial = self.evaluator.maybe_run(self.policy, 0, final=False)
         if initial:
             self.logger.write({"step": 0, **initial})
-
-    def _resolved(self) -> dict[str, Any]:
-        precision = self.precision
-        return {"resolved_loss": self.loss_fn.to_config(), "resolved_advantage": self.advantage_name,
-                "resolved_python_loss": self._python_loss, "resolved_python_reward_funcs": self._python_rewards,
-                "resolved_task_kwargs": self.config.resolved_task_kwargs,
-                "resolved_steps_per_generation": self.config.effective_steps_per_generation,
-                "resolved_device": str(precision.device),
-                "resolved_dtype": str(precision.param_dtype).removeprefix("torch."),
-                "resolved_autocast_dtype": (str(precision.autocast_dtype).removeprefix("torch.")
-                                            if precision.autocast_dtype else None),
-                "resolved_world_size": self.dist.world_size,
-                "resolved_parallelism": "fsdp" if self.policy.sharded else "ddp" if self.dist.enabled else None,
-                "output_dir": str(self.run_dir.path)}
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, *, plot: bool = False, row: dict[str, Any] | None = None) -> Path:

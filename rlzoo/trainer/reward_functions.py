@@ -2,9 +2,12 @@
 errors of reward functions. How a :class:`~rlzoo.trainer.rewards.RewardSet` calls them: :mod:`rlzoo.trainer.rewards`."""
 
 import inspect
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -18,9 +21,11 @@ __all__ = [
     "RewardFunction",
     "RewardFunctionError",
     "accuracy_reward",
+    "check_reward_values",
     "completion_text",
     "factory_error",
     "format_reward",
+    "is_async_reward",
     "nanstd",
     "reward_error",
 ]
@@ -220,3 +225,47 @@ def nanstd(values: Float[Tensor, "..."]) -> Float[Tensor, ""]:
         return torch.tensor(float("nan"), dtype=values.dtype)
     mean = torch.nanmean(values)
     return torch.sqrt(torch.nansum((values - mean) ** 2) / (count - 1))
+
+
+def is_async_reward(fn: Any) -> bool:
+    """An ``async def`` function or an object whose ``__call__`` is one (TRL's ``is_async_callable``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def check_reward_values(values: Any, n: int, name: str) -> list[float]:
+    """One reward function's output (``name``'s, ``n`` completions) as ``n`` floats, None -> NaN; a 1-D tensor or
+    array is read as a list (TRL iterates whatever is returned).
+
+    Raises:
+        RewardFunctionError: not a sequence, a count other than ``n``, a non-number, NaN or inf (names the function).
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        if isinstance(values, Tensor | np.ndarray) and values.ndim == 1:  # TRL iterates whatever is returned
+            values = values.tolist()
+        else:
+            raise RewardFunctionError(
+                f"reward function {name!r} must return a list of {n} floats (or None), "
+                f"got {type(values).__name__}"
+            )
+    if len(values) != n:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(values)} rewards, but {n} were expected "
+            "(one per prompt-completion pair)"
+        )
+    out: list[float] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(float("nan"))
+            continue
+        if not isinstance(value, numbers.Real):  # bool counts as 0/1, as in TRL
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {value!r} ({type(value).__name__}) at index {i}; "
+                "expected a float or None"
+            )
+        value = float(value)
+        if not math.isfinite(value):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {value} at index {i}; return None for 'not applicable'"
+            )
+        out.append(value)
+    return out

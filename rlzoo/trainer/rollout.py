@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["Rollout", "position_ids_for"]
+__all__ = ["Rollout", "check_restored_batch", "position_ids_for"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -118,3 +118,26 @@ def position_ids_for(prompt_mask: Bool[Tensor, "Np P"]) -> Int[Tensor, "Np P"]:
     """Position ids of left-padded prompts, as ``generate`` assigns them: real tokens count from 0."""
     return (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
 
+
+_RESTORED_NEEDS = {  # field -> why this run needs it, and the other way out than a generation boundary
+    "old_logprobs": (("this run needs (the data is stale, the loss rejects tokens or normalises its IS weights over the "
+                     "batch, and bypass_mode / prox_logp_method='loglinear' are off)"),
+                     "keep the loss options until then"),
+    "ref_logprobs": ("the loss now needs (beta > 0)", "keep --loss.beta 0 for now"),
+    "teacher_logprobs": ("the loss now needs", "add --teacher later"),
+    "rollout_logprobs": ("the loss now needs", "add the option later"),
+}
+
+
+def check_restored_batch(buffer: list[Rollout], *, old: bool, ref: bool, teacher: bool, rollout: bool) -> None:
+    """Check that an unfinished generation batch restored from a checkpoint holds the log-probs this run needs:
+    ``old`` / ``ref`` / ``teacher`` / ``rollout`` say whether it needs old, reference, teacher or sampler log-probs.
+
+    Raises:
+        ValueError: a needed field is missing from some rollout (names it, why it is needed and what to do).
+    """
+    needed = {"old_logprobs": old, "ref_logprobs": ref, "teacher_logprobs": teacher, "rollout_logprobs": rollout}
+    for field, (why, instead) in _RESTORED_NEEDS.items():
+        if needed[field] and any(getattr(r, field) is None for r in buffer):
+            raise ValueError(f"the checkpoint holds an unfinished generation batch without {field}, which {why}: "
+                             f"resume from a checkpoint at a generation boundary, or {instead}")

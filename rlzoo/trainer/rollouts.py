@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool
 from torch import Tensor
 
 from rlzoo.batch import BatchError
@@ -31,51 +31,20 @@ from rlzoo.trainer.config import RewardConfig, RolloutConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
 from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_generation_batch
-from rlzoo.trainer.kl_reward import KLRewardShaping
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.reward_shaping import KLRewardShaping, shape_rewards
 from rlzoo.trainer.rewards import RewardSet
-from rlzoo.trainer.rollout import Rollout
+from rlzoo.trainer.rollout import Rollout, check_restored_batch
 from rlzoo.trainer.scorer import Scorer
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import TaskItem, TaskStream
 from rlzoo.trainer.tasks.base import derive_seed
 from rlzoo.trainer.trackers import CompletionLog
 
-__all__ = ["RolloutSource", "shape_rewards"]
+__all__ = ["RolloutSource"]
 
 log = logging.getLogger("rlzoo.train")
-
-
-def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
-                  weights: tuple[float, ...], group_size: int, max_completion_length: int) -> Float[Tensor, " N"]:
-    """The combined reward ``[N]`` of per-function rewards ``[N, K]``, plus DAPO's soft overlong punishment.
-
-    A completion whose every function returned None (NaN) gets reward 0 (TRL: "unscorable"), with a warning.
-    The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`);
-    with ``config.overlong_buffer`` = L_cache > 0, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at
-    -1, times ``overlong_penalty`` is added (DAPO arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``).
-
-    Raises:
-        ValueError: a None reward under ``normalize_then_sum`` (which needs every reward).
-    """
-    from rlzoo.advantages import combine_rewards
-
-    unscorable = torch.isnan(values).all(dim=1)
-    if config.multi_reward_aggregation == "normalize_then_sum" and bool(torch.isnan(values).any()):
-        raise ValueError("a reward function returned None; multi_reward_aggregation='normalize_then_sum' "
-                         "needs every reward of every completion")
-    if bool(unscorable.any()):
-        log.warning("%d completions were unscorable (every reward function returned None): reward 0",
-                    int(unscorable.sum()))
-    values = torch.nan_to_num(values, nan=0.0)
-    reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
-    if config.overlong_buffer > 0:
-        lengths = completion_mask.sum(-1).to(reward.dtype)
-        start = max_completion_length - config.overlong_buffer
-        penalty = ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
-        reward = reward + penalty
-    return reward
 
 
 class RolloutSource:
@@ -398,31 +367,11 @@ class RolloutSource:
         buffer = [Rollout(**{"version": generated_at // cfg.gradient_accumulation_steps,  # older: no version
                              **{k: v.to(device) if isinstance(v, Tensor) else v for k, v in r.items()}})
                   for r in state["buffer"]]
-        if self.score_old and any(r.old_logprobs is None for r in buffer):
-            raise ValueError(
-                "the checkpoint holds an unfinished generation batch without old_logprobs, which this run needs (the "
-                "data is stale, the loss rejects tokens or normalises its IS weights over the batch, and bypass_mode / "
-                "prox_logp_method='loglinear' are off): "
-                "resume from a checkpoint at a generation boundary, or keep the loss options until then"
-            )
+        check_restored_batch(buffer, old=self.score_old, ref=self.reference is not None,
+                             teacher=self.teacher is not None, rollout=self.generator.rollout_logprobs)
         if not self.score_old:  # the loss takes its old policy from the sampler (bypass / loglinear): none given
             for r in buffer:
                 r.old_logprobs = None
-        if self.reference is not None and any(r.ref_logprobs is None for r in buffer):
-            raise ValueError(
-                "the checkpoint holds an unfinished generation batch without ref_logprobs, which the loss now needs "
-                "(beta > 0): resume from a checkpoint at a generation boundary, or keep --loss.beta 0 for now"
-            )
-        if self.teacher is not None and any(r.teacher_logprobs is None for r in buffer):
-            raise ValueError(
-                "the checkpoint holds an unfinished generation batch without teacher_logprobs, which the loss now "
-                "needs: resume from a checkpoint at a generation boundary, or add --teacher later"
-            )
-        if self.generator.rollout_logprobs and any(r.rollout_logprobs is None for r in buffer):
-            raise ValueError(
-                "the checkpoint holds an unfinished generation batch without rollout_logprobs, which the loss now "
-                "needs: resume from a checkpoint at a generation boundary, or add the option later"
-            )
         if self.kl_reward is not None and "kl_ctrl" in state:
             self.kl_reward.load_state_dict(state["kl_ctrl"])
         if not state.get("global_prompt_ids"):  # written before prompt ids were global: this rank's prompts

@@ -11,7 +11,7 @@ from typing import Any
 from rlzoo.trainer.section import OptionalDottedOptions, Section
 
 __all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig",
-           "absolute_paths", "settings_for_task"]
+           "absolute_paths", "resolved_settings", "settings_for_task"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -172,3 +172,23 @@ def settings_for_task(settings: Mapping[str, Any], task: str | None, *, source: 
     log.info("%s: task options %s dropped: they are those of its task %r, not of --task %s (--task.NAME VALUE "
              "sets that task's)", source, dict(options) if isinstance(options, Mapping) else options, old, task)
     return {k: v for k, v in settings.items() if k != "task_kwargs"}
+
+
+def resolved_settings(config: Any, loss: Any, *, advantage: str, precision: Any, policy: Any, dist: Any,
+                      python_loss: bool, python_rewards: Any, output_dir: Path) -> dict[str, Any]:
+    """What a run resolved from its settings, recorded in ``config.json`` beside them (``resolved_*``): the loss as
+    built (:meth:`~rlzoo.losses.PolicyLoss.to_config`) and the advantage estimator's name, whether the loss and which
+    reward functions came from Python, the task's options, ``steps_per_generation``, the device and dtypes
+    (:class:`~rlzoo.trainer.precision.Precision`), the world size and parallelism (``fsdp``, ``ddp``, or None for one
+    process) and the run directory."""
+    return {"resolved_loss": loss.to_config(), "resolved_advantage": advantage,
+            "resolved_python_loss": python_loss, "resolved_python_reward_funcs": python_rewards,
+            "resolved_task_kwargs": config.resolved_task_kwargs,
+            "resolved_steps_per_generation": config.effective_steps_per_generation,
+            "resolved_device": str(precision.device),
+            "resolved_dtype": str(precision.param_dtype).removeprefix("torch."),
+            "resolved_autocast_dtype": (str(precision.autocast_dtype).removeprefix("torch.")
+                                        if precision.autocast_dtype else None),
+            "resolved_world_size": dist.world_size,
+            "resolved_parallelism": "fsdp" if policy.sharded else "ddp" if dist.enabled else None,
+            "output_dir": str(output_dir)}

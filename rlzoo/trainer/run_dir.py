@@ -34,7 +34,7 @@ from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, step_
 from rlzoo.trainer.io import atomic_write_text, recover_interrupted_writes, umask_mode
 from rlzoo.trainer.metrics import read_metrics, write_metrics
 
-__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError", "timeline_rows"]
+__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError", "default_output_dir", "timeline_rows"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -268,6 +268,14 @@ class RunDirectory:
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         payload = {**settings, **resolved, "segments": segments}
         atomic_write_text(self.path / "config.json", json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def default_output_dir(loss_name: str | None, task: str, *, python_dataset: bool) -> str:
+    """``runs/ALGORITHM-DATA-TIMESTAMP``, a run's directory without ``--output-dir``: ALGORITHM is the loss's name
+    (``custom`` for a loss without one), DATA the task's name or data file's stem, or ``dataset`` for a data set given
+    from Python (``python_dataset``; not the ``--task`` it replaces)."""
+    data = "dataset" if python_dataset else Path(task).stem or task.replace("/", "-")
+    return os.path.join("runs", f"{loss_name or 'custom'}-{data}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def timeline_rows(run: Path, step: int) -> list[dict[str, Any]]:

@@ -189,7 +189,7 @@ def test_kl_penalty_takes_verls_names_with_verls_meanings():
     clamped low_var_kl (rlzoo's loss estimator 'k3' is TRL's unclamped one: -1799.5 here instead of verl's -10)."""
     from rlzoo.advantages import kl_in_reward
     from rlzoo.trainer.config import SignalConfig
-    from rlzoo.trainer.kl_reward import KLRewardShaping
+    from rlzoo.trainer.reward_shaping import KLRewardShaping
 
     old, ref = torch.tensor([[-8.0, -1.0]], dtype=torch.float64), torch.tensor([[-0.5, -1.2]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.bool)

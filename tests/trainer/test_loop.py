@@ -313,7 +313,7 @@ def test_dynamic_sampling_gives_up_after_the_cap(tmp_path, caplog):
 def test_overlong_punishment_follows_dapo():
     """R_length = min(0, (L_max - L_cache - |o|) / L_cache), floored at -1 (DAPO eq. 13), times the penalty."""
     from rlzoo.trainer.config import RewardConfig
-    from rlzoo.trainer.rollouts import shape_rewards
+    from rlzoo.trainer.reward_shaping import shape_rewards
 
     lengths = torch.tensor([1, 4, 5, 6, 6, 3, 2, 4])
     mask = torch.arange(6)[None, :] < lengths[:, None]

@@ -1,5 +1,7 @@
-"""KL in the reward at generation time: the per-token KL penalty to the reference folded into the rewards before
-the advantage, with its fixed or adaptive coefficient (verl ``algorithm.use_kl_in_reward``, ``algorithm.kl_ctrl``).
+"""Reward shaping at generation time, before the advantage: the reward functions' values combined, with DAPO's soft
+overlong punishment (:func:`shape_rewards`), and KL in the reward (:class:`KLRewardShaping`): the per-token KL
+penalty to the reference folded into the rewards, with its fixed or adaptive coefficient (verl
+``algorithm.use_kl_in_reward``, ``algorithm.kl_ctrl``).
 
 The math is :func:`rlzoo.advantages.kl_in_reward` and the controllers of :mod:`rlzoo.advantages.kl_reward`
 (equal to verl 0.9.1's ``apply_kl_penalty`` and ``AdaptiveKLController``: tests/advantages). This module decides
@@ -8,15 +10,50 @@ optimal_token_baseline) the penalty as ``token_rewards``, an outcome estimator (
 total ``R_i - beta sum_t kl_{i,t}`` as its reward (verl's GRPO sums ``token_level_rewards`` over the tokens).
 """
 
+import logging
 from typing import Any
 
+import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
-from rlzoo.trainer.config import VERL_KL_PENALTIES, SignalConfig
+from rlzoo.trainer.config import VERL_KL_PENALTIES, RewardConfig, SignalConfig
 
-__all__ = ["KLRewardShaping"]
+__all__ = ["KLRewardShaping", "shape_rewards"]
+
+log = logging.getLogger("rlzoo.train")
+
+
+def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
+                  weights: tuple[float, ...], group_size: int, max_completion_length: int) -> Float[Tensor, " N"]:
+    """The combined reward ``[N]`` of per-function rewards ``[N, K]``, plus DAPO's soft overlong punishment.
+
+    A completion whose every function returned None (NaN) gets reward 0 (TRL: "unscorable"), with a warning.
+    The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`);
+    with ``config.overlong_buffer`` = L_cache > 0, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at
+    -1, times ``overlong_penalty`` is added (DAPO arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``).
+
+    Raises:
+        ValueError: a None reward under ``normalize_then_sum`` (which needs every reward).
+    """
+    from rlzoo.advantages import combine_rewards
+
+    unscorable = torch.isnan(values).all(dim=1)
+    if config.multi_reward_aggregation == "normalize_then_sum" and bool(torch.isnan(values).any()):
+        raise ValueError("a reward function returned None; multi_reward_aggregation='normalize_then_sum' "
+                         "needs every reward of every completion")
+    if bool(unscorable.any()):
+        log.warning("%d completions were unscorable (every reward function returned None): reward 0",
+                    int(unscorable.sum()))
+    values = torch.nan_to_num(values, nan=0.0)
+    reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
+    if config.overlong_buffer > 0:
+        lengths = completion_mask.sum(-1).to(reward.dtype)
+        start = max_completion_length - config.overlong_buffer
+        penalty = ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
+        reward = reward + penalty
+    return reward
 
 
 class KLRewardShaping:
