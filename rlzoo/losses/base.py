@@ -61,6 +61,7 @@ from torch import Tensor
 from rlzoo.batch import Normalizer, PolicyBatch
 from rlzoo.losses.functional import (
     at_most_zero,
+    finite_exp,
     masked_max,
     masked_mean,
     masked_min,
@@ -248,14 +249,14 @@ class LossInputs:
 
     @property
     def weight(self) -> Float[Tensor, "B T"]:
-        """The importance weight ``exp(log_weight)`` (carries the gradient).
+        """The importance weight ``exp(log_weight)`` (carries the gradient; :func:`finite_exp`: never inf).
 
         Raises:
             RuntimeError: read before the ratio stage set ``log_weight`` (a part-ordering bug).
         """
         if self.log_weight is None:
             raise RuntimeError("log_weight is set by the ratio level before the surrogate runs")
-        return torch.exp(self.log_weight)
+        return finite_exp(self.log_weight)
 
     def seq_sum(self, x: Float[Tensor, "B T"]) -> Float[Tensor, "B 1"]:
         """Per-sequence sum over counted tokens, shape ``[B, 1]`` (inputs are already 0 at masked slots)."""

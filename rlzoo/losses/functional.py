@@ -6,13 +6,16 @@ holds them to that), so that the slot contracts (:mod:`rlzoo.losses.base`) and t
 (:mod:`rlzoo.losses.policy_loss`) read without them.
 """
 
+import math
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.batch import BatchError
 
-__all__ = ["at_most_zero", "masked_max", "masked_mean", "masked_min", "require", "working_dtype", "zero_masked"]
+__all__ = ["at_most_zero", "finite_exp", "masked_max", "masked_mean", "masked_min", "require", "working_dtype",
+           "zero_masked"]
 
 
 def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
@@ -60,3 +63,11 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a loss computes in: ``dtype``, or float32 for bf16 / fp16 (fp16 sums overflow at 65504; a loss sums
     over the batch). Every view of a batch (the loss, its mask of counted tokens) judges in it alike."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def finite_exp(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """``exp(x)`` with ``x`` clamped at ``floor(log(finfo.max))`` of its dtype (88 in float32, 709 in float64): equal
+    to ``exp(x)`` wherever that is finite, never inf, so a clip or gate that selects another branch at such an
+    importance weight leaves a gradient of 0 (not ``0 * inf = NaN``); the gradient is 0 where clamped (as verl's
+    clamp of the log-ratio at 20)."""
+    return torch.exp(x.clamp(max=math.floor(math.log(torch.finfo(x.dtype).max))))

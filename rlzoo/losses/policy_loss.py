@@ -29,7 +29,7 @@ from rlzoo.losses.aggregation import Aggregation
 from rlzoo.losses.base import LossInputs, Metrics, Part
 from rlzoo.losses.composition import SLOTS  # re-exported: rlzoo.losses.policy_loss.SLOTS
 from rlzoo.losses.correction import Correction
-from rlzoo.losses.functional import masked_max, masked_mean, masked_min, require
+from rlzoo.losses.functional import finite_exp, masked_max, masked_mean, masked_min, require
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs
 from rlzoo.losses.penalty import Penalty
 from rlzoo.losses.ratio import RatioLevel
@@ -215,7 +215,7 @@ class PolicyLoss:
         the policy term's tokens (``ratio/mean``, ``ratio/min``, ``ratio/max``) and, with entropies, their mean
         over every term's tokens (``entropy``)."""
         with torch.no_grad():
-            ratio = torch.exp(log_weight.detach())
+            ratio = finite_exp(log_weight.detach())  # as the weight: never inf
             metrics["ratio/mean"] = masked_mean(ratio, policy.mask)
             metrics["ratio/min"] = masked_min(ratio, policy.mask)
             metrics["ratio/max"] = masked_max(ratio, policy.mask)

@@ -126,6 +126,33 @@ def test_gradients_finite_and_exactly_zero_on_padding(name, data):
     assert torch.equal(grad[~batch.completion_mask], torch.zeros_like(grad[~batch.completion_mask]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", PRESETS)
+def test_an_overflowing_importance_weight_leaves_the_gradient_finite(name, dtype):
+    """A counted token whose log-ratio is 95 (exp overflows float32, in which bf16 is computed) and negative
+    advantages: every preset's gradient is finite (a clip, dual clip or gate that selects another branch there
+    once gave 0 * inf = NaN; verl clamps the log-ratio at 20), and the other tokens' gradients are those of the
+    same batch without that token's overflow (log-ratio 0 there)."""
+    t = 3
+    loss_fn = _loss(name, t)
+    lp = torch.tensor([[-0.01, -1.0, -2.0], [-0.5, -0.25, -1.0]], dtype=dtype)
+    old = lp.detach().clone()
+    old[0, 0] = -95.0
+    fields = {f: lp - 0.1 for f in ("ref_logprobs", "rollout_logprobs", "teacher_logprobs")}
+    fields |= {f: example_field(f, 2, t, dtype=dtype) for f in loss_fn.required_fields() if f not in fields}
+    if batch_options_for(loss_fn).get("old") is False:
+        del fields["old_logprobs"]
+    else:
+        fields["old_logprobs"] = old
+    batch = rlzoo.PolicyBatch(logprobs=lp.clone().requires_grad_(True), advantages=torch.tensor([-1.0, -0.5], dtype=dtype),
+                              completion_mask=torch.ones(2, t, dtype=torch.bool), **fields)
+    torch.manual_seed(0)
+    out = loss_fn(batch)
+    out.loss.backward()
+    assert torch.isfinite(batch.logprobs.grad).all(), batch.logprobs.grad
+    assert all(bool(torch.isfinite(v).all()) for k, v in out.metrics.items() if k.startswith("ratio/")), out.metrics
+
+
 @pytest.mark.parametrize("name", PRESETS)
 @FAST
 @given(data=st.data())
