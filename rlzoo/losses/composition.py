@@ -186,6 +186,8 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
     owners = _optional_owners()
     new_parts: dict[type[Part], tuple[Slot, dict[str, Any]]] = {}
     for option, value in unowned.items():
+        if option in owners and all(not cls().active and value == getattr(cls(), option) for _, cls in owners[option]):
+            continue  # an absent part's default, as options() reports it: adding that inactive part changes nothing
         if option not in owners:
             close = close_names(option, loss.options())
             meant = f"did you mean {' or '.join(map(repr, close))}? " if close else ""

@@ -372,7 +372,8 @@ class PolicyLoss:
         part that owns it (``beta`` adds a :class:`~rlzoo.losses.KLPenalty`, ``is_correction`` an
         :class:`~rlzoo.losses.ISCorrection`, ``rollout_is`` a :class:`~rlzoo.losses.RolloutCorrection`,
         ``rollout_rs`` a :class:`~rlzoo.losses.RolloutRejection`, ...). An option of a part that is inactive at
-        the time is kept (``kl_estimator`` before ``beta``, ``is_max`` before ``is_correction``).
+        the time is kept (``kl_estimator`` before ``beta``, ``is_max`` before ``is_correction``); an option of an
+        absent optional part at that part's default adds nothing, so ``get_loss(name, **loss.options())`` is ``loss``.
 
         Raises:
             UnknownNameError: an option no part of this loss accepts; lists the valid options.
