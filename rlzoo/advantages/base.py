@@ -139,10 +139,9 @@ def _raise_not_finite(owner: str, checks: list[tuple[str, Tensor]]) -> None:
             where = " at a counted position (completion_mask True)" if name in TOKEN_INPUTS else ""
             if name in _RANGES:
                 raise ValueError(f"{owner}: {name} holds NaN/inf or a value outside {_RANGES[name][2]}{where}")
-            raise ValueError(
-                f"{owner}: {name} holds NaN/inf{where}; rewards must be finite (score unscorable "
-                "completions explicitly, e.g. 0)"
-            )
+            hint = ("; rewards must be finite (score unscorable completions explicitly, e.g. 0)"
+                    if "reward" in name else "; it must be finite")
+            raise ValueError(f"{owner}: {name} holds NaN/inf{where}{hint}")
 
 
 _RANGES: dict[str, tuple[float, float, str]] = {

@@ -79,8 +79,8 @@ def test_token_input_errors() -> None:
         build_inputs("remax", REWARDS, {"baseline_rewards": torch.zeros(3, dtype=F64)})
     bad = values.clone()
     bad[1, 2] = float("nan")
-    with pytest.raises(ValueError, match="values holds NaN/inf at a counted position"):
-        gae(REWARDS, completion_mask=MASK, values=bad)
+    with pytest.raises(ValueError, match=r"values holds NaN/inf at a counted position \(completion_mask True\); it must be finite$"):
+        gae(REWARDS, completion_mask=MASK, values=bad)  # (not a hint about rewards, which are fine)
     masked = MASK.clone()
     masked[1, 2] = False
     out = gae(REWARDS, completion_mask=masked, values=bad)  # NaN only at a masked position: inert
