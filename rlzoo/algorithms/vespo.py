@@ -25,10 +25,12 @@ from rlzoo.registry import check_number
 __all__ = ["VESPO", "vespo"]
 
 
-def _seq_metric(x: LossInputs, per_seq: torch.Tensor) -> torch.Tensor:
-    """Mean over the sequences that have a counted token, of a ``[B, 1]`` per-sequence quantity."""
-    has = (x.lengths > 0).to(per_seq.dtype)
-    return (per_seq.squeeze(-1) * has).sum() / has.sum().clamp(min=1)
+def _phi_mean(x: LossInputs, phi: torch.Tensor) -> torch.Tensor:
+    """TRL 1.16's ``vespo/phi_seq_mean``: with one advantage per sequence, the mean over every sequence of its phi (1
+    for a sequence without a counted token: ``log W = 0``); with per-token advantages, the mean over counted tokens."""
+    if not x.advantages_per_sequence:
+        return x.mean(phi)
+    return torch.where(x.lengths > 0, x.seq_mean(phi).squeeze(-1), torch.ones_like(x.lengths)).mean()
 
 
 class VESPO(Surrogate, name="vespo"):
@@ -86,7 +88,7 @@ class VESPO(Surrogate, name="vespo"):
             lam = lam.clamp(min=1e-4)
             phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
         loss = -phi * x.advantages * x.logprobs
-        return PartOutput(loss, {"vespo/phi_seq_mean": _seq_metric(x, x.seq_mean(phi))})
+        return PartOutput(loss, {"vespo/phi_seq_mean": _phi_mean(x, phi)})
 
 
 @preset(

@@ -741,6 +741,19 @@ def test_clip_metrics_equal_trl(level: str, per_token_adv: bool, seed: int, loss
         assert got[key].item() == pytest.approx(ref[key], abs=REFERENCE_ATOL), key
 
 
+@pytest.mark.parametrize("per_token_adv", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vespo_phi_metric_equals_trl(per_token_adv: bool, seed: int) -> None:
+    """vespo/phi_seq_mean is TRL's: over every sequence (a fully masked one counts phi = 1) with one advantage per
+    sequence, over the counted tokens with per-token advantages. It was the mean over the non-empty sequences."""
+    cfg = {"loss_type": "vespo"}
+    mask = torch.arange(6)[None, :] < torch.tensor([[6], [0], [3], [5], [2]])
+    case = make_case(cfg, seed=seed, mask=mask, old=True, per_token_adv=per_token_adv, drift=0.3, zero_adv=False)
+    ref = trl_metrics(cfg, case)["vespo/phi_seq_mean"]
+    got = build(cfg)(batch_from_trl_inputs(case.inputs, case.logps, case.entropies)).metrics["vespo/phi_seq_mean"]
+    assert got.item() == pytest.approx(ref, abs=REFERENCE_ATOL)
+
+
 # -------------------------------------------------------------------------------- the cards' TRL claims
 @pytest.mark.parametrize("name", rlzoo.list_losses())
 def test_cards_state_where_they_leave_trls_kl_default(name: str) -> None:
