@@ -172,6 +172,10 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
                     raise CommandLineError(f"{argv[i]} needs a value (read as YAML: 0.28, 1e-3, true, null)")
                 value = argv[i + 1]
                 i += 1
+                if i + 1 < len(argv) and not argv[i + 1].startswith("-"):  # --peft.target_modules q_proj v_proj
+                    raise CommandLineError(f"unexpected argument {argv[i + 1]!r} after {argv[i - 1]} {value}: a dotted "
+                                           f"option takes one value; a list is given comma-separated ({argv[i - 1]} "
+                                           f"{value},{argv[i + 1]})")
             dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = _scalar(value)
         else:
             rest.append(argv[i])

@@ -62,6 +62,16 @@ def test_a_dotted_option_takes_pythons_none_as_null():
                                                                                            "beta": None}
 
 
+def test_a_dotted_option_given_two_values_says_how_to_give_a_list():
+    """``--peft.target_modules q_proj v_proj`` (argparse's list habit) said "unexpected argument 'v_proj'" without
+    saying that a dotted option takes one value and a list is comma-separated."""
+    with pytest.raises(CommandLineError, match=r"^unexpected argument 'v_proj' after --peft.target_modules q_proj: a "
+                       r"dotted option takes one value; a list is given comma-separated \(--peft.target_modules "
+                       r"q_proj,v_proj\)$"):
+        parse_train_args(["--peft.target_modules", "q_proj", "v_proj", "--max-steps", "2"])
+    assert parse_train_args(["--peft.target_modules", "q_proj,v_proj"]).peft == {"target_modules": "q_proj,v_proj"}
+
+
 def test_train_flags_are_kebab_case_and_dotted_options_are_parsed():
     config = parse_train_args([
         "--algorithm", "dapo", "--max-steps", "7", "--num-generations", "4", "--num-iterations", "2",
