@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     loss = rlzoo.get_loss("my_gspo")  # or PolicyLoss(...) directly, without registering it
     print(rlzoo.losses.presets.get("my_gspo").card())
     config = TrainConfig(model=args.model, algorithm="my_gspo", max_steps=args.max_steps,
-                         output_dir=args.output_dir, eval_size=20, eval_steps=0, progress=False)
+                         output_dir=args.output_dir, overwrite=True, eval_size=20, eval_steps=0, progress=False)
     # The trainer builds the preset by name; a loss that is not registered is passed as Trainer(config, loss=...).
     history = Trainer(config).train()
     print(f"loss {loss.name}: final reward {history[-1]['reward']:.3f}, "
