@@ -60,8 +60,16 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
     unsupported = set(estimator.needs) - TRAINER_INPUTS
     if unsupported:
         usable = [n for n, cls in advantage_estimators.items() if cls.needs <= TRAINER_INPUTS]
+        missing = "; ".join(f"{name}: {_NOT_PROVIDED.get(name, 'not computed by the trainer')}"
+                            for name in sorted(unsupported))
         raise ValueError(
-            f"advantage estimator {advantage_name!r} needs {sorted(unsupported)}, which the trainer does not "
-            f"provide (no value model / token rewards); choose one of {', '.join(usable)}"
+            f"advantage estimator {advantage_name!r} needs what the trainer does not provide ({missing}); choose one "
+            f"of {', '.join(usable)}"
         )
     return loss, estimator, advantage_name
+
+
+_NOT_PROVIDED = {  # an estimator input the trainer cannot give, and why
+    "values": "a value model's per-token values (the trainer trains no critic)",
+    "baseline_rewards": "the reward of a greedy completion per prompt (ReMax's baseline rollout; not sampled)",
+}

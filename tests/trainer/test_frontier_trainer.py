@@ -216,3 +216,15 @@ def test_a_batch_coupled_loss_under_gradient_accumulation_says_its_statistics_ar
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         _trainer(tmp_path / "b", algorithm="dapo", loss={"top_entropy_quantile": 0.5})
     assert "uses statistics of the batch" not in caplog.text
+
+
+@pytest.mark.parametrize(("estimator", "why"), [("remax", "baseline_rewards: the reward of a greedy completion"),
+                                                  ("gae", "values: a value model's per-token values")])
+def test_an_estimator_whose_inputs_the_trainer_lacks_is_refused_naming_what_is_missing(estimator, why):
+    """``--advantage remax`` was refused with "(no value model / token rewards)", though remax needs neither: it needs
+    the reward of a greedy baseline completion. The refusal names each missing input and what it is."""
+    from rlzoo.trainer.algorithm import AlgorithmConfig, build_loss
+
+    with pytest.raises(ValueError, match=rf"advantage estimator '{estimator}' needs what the trainer does not provide "
+                                         rf"\({why}.*choose one of .*grpo"):
+        build_loss(AlgorithmConfig(advantage=estimator), None, max_completion_length=8)
