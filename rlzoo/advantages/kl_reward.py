@@ -108,8 +108,11 @@ class AdaptiveKLController(KLController):
         self.value *= factor
 
 
-def get_kl_controller(kl_ctrl_type: str, *, kl_coef: float, target_kl: float, horizon: int) -> KLController:
-    """The controller verl's ``algorithm.kl_ctrl`` describes: ``"fixed"`` or ``"adaptive"``.
+def get_kl_controller(kl_ctrl_type: str, *, kl_coef: float = 0.001, target_kl: float = 0.1,
+                      horizon: int = 10000) -> KLController:
+    """The controller verl's ``algorithm.kl_ctrl`` describes: ``"fixed"`` or ``"adaptive"``, with verl 0.9.1's
+    ``KLControlConfig`` defaults (``target_kl`` and ``horizon`` are the adaptive controller's; a fixed one ignores
+    them).
 
     Raises:
         ValueError: an unknown type (lists both), or an option out of range (names it).

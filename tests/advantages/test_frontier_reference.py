@@ -196,6 +196,16 @@ def test_adaptive_controller_is_proportional_control(kls, n, target, horizon, in
     assert fixed.value == init
 
 
+def test_kl_controller_defaults_are_verls():
+    """``get_kl_controller("fixed", kl_coef=0.1)`` (as docs/advantages.md spells it) raised a TypeError for the adaptive
+    controller's target_kl and horizon; they default to verl 0.9.1's KLControlConfig (0.001, 0.1, 10000)."""
+    assert get_kl_controller("fixed", kl_coef=0.1).value == 0.1
+    assert get_kl_controller("fixed").value == 0.001
+    adaptive = get_kl_controller("adaptive")
+    adaptive.update(1.0, 10000)  # KL 10x the target 0.1 over one horizon: the factor is 1.2
+    assert adaptive.value == pytest.approx(0.001 * 1.2, rel=1e-12)
+
+
 def test_kl_controller_errors_name_the_option():
     with pytest.raises(ValueError, match="kl_ctrl_type"):
         get_kl_controller("pid", kl_coef=0.1, target_kl=0.1, horizon=10)
