@@ -17,7 +17,9 @@ this script only watches it from outside:
 Usage (about 20 minutes on 2 idle cores; several times longer on a shared machine)::
 
     python benchmarks/grpo_explained.py run --steps 8 --eval-size 50      # the runs -> benchmarks/results/grpo_explained/
+    python benchmarks/grpo_explained.py run --model tiny-random --steps 2 --eval-size 0   # smoke test -> runs/
     python benchmarks/grpo_explained.py figures                           # the figures -> docs/grpo_explained/
+    (--results DIR: another results directory, for run, figures (then drawn into DIR/figures) and tables)
     python benchmarks/grpo_explained.py tables                            # the doc's tables (markdown)
 
 ``run`` writes ``ni{N}_metrics.jsonl`` (the trainer's own metrics.jsonl), ``ni{N}_watch.json`` (events and
@@ -375,17 +377,27 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RESULTS, FIGURES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train the built-in job at each num_iterations, watched")
     run.add_argument("--steps", type=int, default=8)
     run.add_argument("--eval-size", type=int, default=50)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--model", default="smollm2-135m", help="tiny-random for a smoke test of the script")
+    run.add_argument("--model", default="smollm2-135m", help="tiny-random for a smoke test of the script (its "
+                     "results go to runs/grpo_explained-tiny-random unless --results says otherwise)")
     run.add_argument("--num-iterations", type=int, nargs="+", default=[1, 2, 4])
-    sub.add_parser("figures", help="draw docs/grpo_explained/*.png from the results")
-    sub.add_parser("tables", help="print the markdown tables of docs/grpo-explained.md from the results")
+    figures = sub.add_parser("figures", help="draw docs/grpo_explained/*.png from the results")
+    tables = sub.add_parser("tables", help="print the markdown tables of docs/grpo-explained.md from the results")
+    for command in (run, figures, tables):
+        command.add_argument("--results", type=Path, default=None,
+                             help=f"the results directory (default {RESULTS.relative_to(ROOT)}, the committed one)")
     args = parser.parse_args(argv)
+    if args.results is not None:
+        RESULTS = args.results
+        FIGURES = args.results / "figures"  # the committed figures are drawn from the committed results only
+    elif args.command == "run" and args.model != "smollm2-135m":  # a smoke test never replaces the measured runs
+        RESULTS = Path("runs") / f"grpo_explained-{args.model}"
     return {"run": cmd_run, "figures": cmd_figures, "tables": cmd_tables}[args.command](args)
 
 
