@@ -71,6 +71,7 @@ class KLRewardShaping:
         self.kl_penalty = VERL_KL_PENALTIES[config.kl_penalty]  # verl's meaning of the name ("k3" clamps)
         self.controller: KLController = get_kl_controller(config.kl_ctrl, kl_coef=config.kl_coef,
                                                           target_kl=config.target_kl, horizon=config.kl_horizon)
+        self._start = {"kl_ctrl": config.kl_ctrl, "kl_coef": config.kl_coef}  # what the coefficient started from
 
     def apply(self, reward: Float[Tensor, " N"], sampling_logprobs: Float[Tensor, "N C"],
               ref_logprobs: Float[Tensor, "N C"], completion_mask: Bool[Tensor, "N C"], *,
@@ -100,9 +101,13 @@ class KLRewardShaping:
         return reward + penalty.sum(-1).to(reward.dtype), None, metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """The controller's coefficient (checkpoints: a resume continues with the same beta)."""
-        return self.controller.state_dict()
+        """The controller's coefficient (checkpoints: a resume continues with the same beta) and the ``kl_ctrl`` and
+        ``kl_coef`` it started from."""
+        return {**self.controller.state_dict(), "start": dict(self._start)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.controller.load_state_dict(state)
+        """Restore :meth:`state_dict`, unless this run's ``kl_ctrl`` or ``kl_coef`` differ from those the saved
+        coefficient started from: a resume that changes them starts the coefficient anew from them (a fixed
+        ``--kl-coef`` given on resume is the one used). Checkpoints that predate the record restore as they were."""
+        if state.get("start", self._start) == self._start:
+            self.controller.load_state_dict({k: v for k, v in state.items() if k != "start"})

@@ -140,6 +140,19 @@ def test_resume_restores_the_kl_controller_exactly(tmp_path):
         assert torch.equal(p, q)
 
 
+@pytest.mark.parametrize(("first", "then"), [({"kl_ctrl": "fixed", "kl_coef": 0.001}, {"kl_ctrl": "fixed", "kl_coef": 0.05}),
+                                             ({"kl_ctrl": "adaptive", "kl_coef": 0.2}, {"kl_ctrl": "fixed", "kl_coef": 0.01})])
+def test_a_kl_coef_changed_on_resume_is_the_one_used(tmp_path, first, then):
+    """``--resume latest --kl-coef 0.05`` was logged "(applied)" while the checkpoint's coefficient kept being used
+    (the controller's state overwrote it), also when switching an adaptive run to a fixed one: a resume that changes
+    kl_ctrl or kl_coef starts the coefficient from the new settings."""
+    common = {"max_steps": 2, "save_steps": 1, "use_kl_in_reward": True, "target_kl": 0.01, "kl_horizon": 20}
+    _trainer(tmp_path / "a", **common, **first).train()
+    resumed = _trainer(tmp_path / "b", resume=str(tmp_path / "a" / "checkpoints" / "step-000001"), **common, **then)
+    history = resumed.train()
+    assert history[-1]["reward_kl_penalty_coeff"] == then["kl_coef"]
+
+
 def test_kl_in_reward_errors_name_the_option(tmp_path):
     with pytest.raises(ValueError, match="kl_horizon"):
         TrainConfig(**TINY, kl_horizon=0)
