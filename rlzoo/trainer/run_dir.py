@@ -254,15 +254,20 @@ class RunDirectory:
         """Write ``config.json``: the current ``settings`` and ``resolved`` values at the top level, and the list
         of segments (one per start or resume: its first step, checkpoint, changed settings and all settings),
         continued from this directory's ``config.json`` or else from ``source`` (the run a checkpoint came from),
-        less those that started after ``start_step`` (their work is not on this timeline)."""
+        less those that started after ``start_step`` or resumed at it (their work is not on this timeline: the
+        checkpoint at ``start_step`` was written before them)."""
         segments: list[Any] = []
         for candidate in (self.path / "config.json", source):
             if candidate is not None and candidate.is_file():
                 with contextlib.suppress(ValueError, OSError):
                     segments = list(json.loads(candidate.read_text()).get("segments", []))
                 break
-        segments = [s for s in segments  # (a segment of a hand-edited file without a step number is kept)
-                    if not (isinstance(s, Mapping) and isinstance(s.get("start_step"), int) and s["start_step"] > start_step)]
+
+        def later(s: Any) -> bool:  # (a segment of a hand-edited file without a step number is kept)
+            step = s.get("start_step") if isinstance(s, Mapping) else None
+            return isinstance(step, int) and (step > start_step or step == start_step and bool(s.get("resumed_from")))
+
+        segments = [s for s in segments if not later(s)]
         segments.append({"start_step": start_step, "resumed_from": resumed_from,
                          "changes": {k: list(v) for k, v in changes.items()}, "settings": dict(settings),
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

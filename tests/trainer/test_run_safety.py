@@ -190,6 +190,32 @@ def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- 3. timelines
+def test_config_segments_hold_the_timeline_of_the_checkpoint_a_run_starts_from(tmp_path):
+    """config.json's segments drop those of abandoned work: the ones started after the resumed step, and those that
+    resumed at it (a second resume from checkpoint 2 kept the first one's segment, whose timeline went to abandoned/;
+    a fork from checkpoint 3 inherited the source run's segment that resumed at 3). The fresh start at step 0 stays."""
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+
+    def start(step: int, resumed_from: str | None, lr: float) -> None:
+        run.write_config({"learning_rate": lr}, {}, start_step=step, resumed_from=resumed_from, changes={})
+
+    start(0, None, 1e-3)
+    start(2, "ck/step-000002", 2e-3)
+    start(4, "ck/step-000004", 3e-3)
+    start(2, "ck/step-000002", 4e-3)  # back to checkpoint 2: the segments at 2 and 4 were abandoned work
+    segments = json.loads((run.path / "config.json").read_text())["segments"]
+    assert [(s["start_step"], s["settings"]["learning_rate"]) for s in segments] == [(0, 1e-3), (2, 4e-3)]
+    fork = RunDirectory(tmp_path / "fork")
+    fork.path.mkdir()
+    fork.write_config({}, {}, start_step=2, resumed_from="ck/step-000002", changes={}, source=run.path / "config.json")
+    segments = json.loads((fork.path / "config.json").read_text())["segments"]
+    assert [(s["start_step"], s["settings"]) for s in segments] == [(0, {"learning_rate": 1e-3}), (2, {})]
+    start(0, "ck/step-000000", 5e-3)  # resumed at step 0: the fresh start's segment stays
+    segments = json.loads((run.path / "config.json").read_text())["segments"]
+    assert [(s["start_step"], s["resumed_from"]) for s in segments] == [(0, None), (0, "ck/step-000000")]
+
+
 def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     run = tmp_path / "run"
     common = {"save_steps": 1, "save_total_limit": 5, "eval_size": 0}
