@@ -223,8 +223,8 @@ class RunDirectory:
                     self.path, ", ".join(p.name for p in leftovers), target)
 
     def abandon_after(self, step: int) -> Path | None:
-        """Start a new timeline at ``step``: move the checkpoints and metrics rows after it (work of the run
-        this one resumes from an earlier point of) into ``abandoned/``; returns where, or None if there was
+        """Start a new timeline at ``step``: move the checkpoints, metrics rows and completions tables after it (work
+        of the run this one resumes from an earlier point of) into ``abandoned/``; returns where, or None if there was
         nothing after ``step``. The abandoned directory is the old timeline whole: its ``metrics.jsonl`` holds
         every row (those up to ``step`` too) and its ``config.json`` the segments, so a later fork of one of its
         checkpoints finds them however many abandons follow (:func:`timeline_rows`)."""
@@ -232,7 +232,10 @@ class RunDirectory:
         later_rows = [r for r in rows if r.get("step", 0) > step]
         later_checkpoints = [p for p in (self.checkpoints.iterdir() if self.checkpoints.is_dir() else [])
                              if p.is_dir() and (step_of(p) or 0) > step]
-        if not later_rows and not later_checkpoints:
+        tables = self.path / "completions"  # --log-completions: step-N.parquet, the table of step N's generation
+        later_tables = [p for p in (tables.iterdir() if tables.is_dir() else [])
+                        if p.is_file() and (step_of(p.with_suffix("")) or 0) > step]
+        if not later_rows and not later_checkpoints and not later_tables:
             return None
         target = self.path / "abandoned" / f"after-step-{step:06d}-{time.strftime('%Y%m%d-%H%M%S')}"
         target.mkdir(parents=True, exist_ok=True)
@@ -244,6 +247,9 @@ class RunDirectory:
         for checkpoint in later_checkpoints:
             (target / "checkpoints").mkdir(exist_ok=True)
             os.replace(checkpoint, target / "checkpoints" / checkpoint.name)
+        for table in later_tables:
+            (target / "completions").mkdir(exist_ok=True)
+            os.replace(table, target / "completions" / table.name)
         log.warning("resumed at step %d: the later work of this run (%d checkpoints, %d metrics rows) moved to %s",
                     step, len(later_checkpoints), len(later_rows), target)
         return target

@@ -216,6 +216,22 @@ def test_config_segments_hold_the_timeline_of_the_checkpoint_a_run_starts_from(t
     assert [(s["start_step"], s["resumed_from"]) for s in segments] == [(0, None), (0, "ck/step-000000")]
 
 
+def test_an_abandoned_timeline_takes_its_completions_tables_along(tmp_path):
+    """Resuming in place from checkpoint 2 moved the later checkpoints and metrics rows to abandoned/ but left the
+    completions tables of steps 3 and 4 in completions/, where a new timeline without --log-completions kept showing
+    them as its own."""
+    run = RunDirectory(tmp_path / "run")
+    (run.path / "completions").mkdir(parents=True)
+    for n in (1, 2, 3, 4):
+        (run.checkpoints / f"step-{n:06d}").mkdir(parents=True)
+        (run.path / "completions" / f"step-{n:06d}.parquet").write_text(str(n))
+    (run.path / "metrics.jsonl").write_text("".join(json.dumps({"step": n}) + "\n" for n in (1, 2, 3, 4)))
+    target = run.abandon_after(2)
+    assert sorted(p.name for p in (run.path / "completions").iterdir()) == ["step-000001.parquet", "step-000002.parquet"]
+    assert sorted(p.name for p in (target / "completions").iterdir()) == ["step-000003.parquet", "step-000004.parquet"]
+    assert sorted(p.name for p in (target / "checkpoints").iterdir()) == ["step-000003", "step-000004"]
+
+
 def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     run = tmp_path / "run"
     common = {"save_steps": 1, "save_total_limit": 5, "eval_size": 0}
