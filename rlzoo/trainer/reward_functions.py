@@ -13,7 +13,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.registry import UnknownNameError
-from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, EXTRACTIONS, DatasetTask, Task
+from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, DatasetTask, Task
+from rlzoo.trainer.tasks.extraction import check_extraction
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -157,8 +158,7 @@ def accuracy_reward(task: Task, extraction: str = DEFAULT_EXTRACTION) -> RewardF
     Raises:
         UnknownNameError: unknown ``extraction`` (lists :data:`~rlzoo.trainer.tasks.EXTRACTIONS`).
     """
-    if extraction not in EXTRACTIONS:
-        raise UnknownNameError(f"unknown answer extraction {extraction!r}; valid: {', '.join(EXTRACTIONS)}")
+    check_extraction(extraction, "answer extraction")
     if not task.has_answers:
         option = "set --task.answer_column, or " if isinstance(task, DatasetTask) else ""
         raise ValueError(f"reward 'accuracy' needs reference answers; task {task.name!r} has none ({option}choose "

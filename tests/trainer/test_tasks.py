@@ -429,6 +429,22 @@ def test_extract_answer_unknown():
         extract_answer("1", "number")
 
 
+def test_a_misspelt_answer_extraction_gets_a_did_you_mean():
+    """`--answer-extraction lastnumber` listed the valid names without the did-you-mean other names get."""
+    from rlzoo.trainer.reward_functions import accuracy_reward
+
+    task = load_task("chain_sum", kwargs=ONE_DIGIT, eval_size=4)
+    for refuse, field in ((lambda name: make_task("chain_sum", ONE_DIGIT, eval_size=4, answer_extraction=name),
+                           "answer_extraction"),
+                          (lambda name: extract_answer("1", name), "answer extraction"),
+                          (lambda name: accuracy_reward(task, name), "answer extraction")):
+        with pytest.raises(UnknownNameError, match=rf"^unknown {field} 'lastnumber'; did you mean 'last_number'\?; "
+                           rf"valid: {', '.join(EXTRACTIONS)}$"):
+            refuse("lastnumber")
+    with pytest.raises(UnknownNameError, match=r"^unknown answer_extraction 'regex'; valid: "):  # nothing close
+        make_task("chain_sum", ONE_DIGIT, eval_size=4, answer_extraction="regex")
+
+
 @pytest.mark.parametrize("system_prompt", [None, "Answer with a number only."])
 def test_format_prompt_matches_trl(system_prompt):
     _, tok = build_tiny_random()

@@ -4,9 +4,9 @@ import decimal
 import re
 from typing import Final
 
-from rlzoo.registry import UnknownNameError
+from rlzoo.registry import UnknownNameError, close_names
 
-__all__ = ["DEFAULT_EXTRACTION", "EXTRACTIONS", "extract_answer", "normalized_match"]
+__all__ = ["DEFAULT_EXTRACTION", "EXTRACTIONS", "check_extraction", "extract_answer", "normalized_match"]
 
 EXTRACTIONS: Final[tuple[str, ...]] = ("full", "first_line", "first_number", "last_number", "tag")
 """Ways to turn a completion into an answer string (:func:`extract_answer`)."""
@@ -15,6 +15,26 @@ DEFAULT_EXTRACTION: Final[str] = "last_number"
 arithmetic problem is 15."), so ``full`` scores ~0 (reasoning-gym's partial credit: mean 0.013 on 200
 held-out 2-term 1-digit problems, greedy) while ``last_number`` gives 40.0 %: a learnable reward. The last
 number rather than the first: worked answers end with the result ("5 - 9 = -4")."""
+
+def check_extraction(extraction: object, field: str = "answer_extraction") -> None:
+    """Refuse an unknown answer extraction, named as ``field``, with a did-you-mean and the valid names.
+
+    Raises:
+        UnknownNameError: ``extraction`` is not one of :data:`EXTRACTIONS`.
+
+    Example:
+        >>> check_extraction("lastnumber")
+        Traceback (most recent call last):
+        ...
+        rlzoo.registry.UnknownNameError: unknown answer_extraction 'lastnumber'; did you mean 'last_number'?; valid: \
+full, first_line, first_number, last_number, tag
+    """
+    if extraction in EXTRACTIONS:
+        return
+    close = close_names(extraction, EXTRACTIONS, n=2, cutoff=0.75) if isinstance(extraction, str) else []
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise UnknownNameError(f"unknown {field} {extraction!r}{hint}; valid: {', '.join(EXTRACTIONS)}")
+
 
 _NUMBER = re.compile(r"(?:(?<![\w)\]])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
@@ -57,7 +77,8 @@ def extract_answer(completion: str, extraction: str = DEFAULT_EXTRACTION) -> str
         from reasoning_gym.utils import extract_answer as rg_extract_answer
 
         return rg_extract_answer(completion, tag_name="answer", strip=True)
-    raise UnknownNameError(f"unknown answer extraction {extraction!r}; valid: {', '.join(EXTRACTIONS)}")
+    check_extraction(extraction, "answer extraction")
+    raise AssertionError(extraction)  # pragma: no cover (every extraction is handled above)
 
 
 def normalized_match(answer: str | None, reference: str) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlzoo.registry import UnknownNameError, WrongTypeError
+from rlzoo.registry import WrongTypeError
 from rlzoo.trainer.config import DEFAULT_TASK, TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
 from rlzoo.trainer.tasks.datasets_source import (
@@ -18,7 +18,7 @@ from rlzoo.trainer.tasks.datasets_source import (
     is_dataset_spec,
     load_dataset_rows,
 )
-from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, EXTRACTIONS, extract_answer
+from rlzoo.trainer.tasks.extraction import DEFAULT_EXTRACTION, check_extraction, extract_answer
 from rlzoo.trainer.tasks.prompts import format_prompt, render_prompt
 from rlzoo.trainer.tasks.reasoning_gym_source import ReasoningGymTask, list_reasoning_gym_tasks
 from rlzoo.trainer.tasks.rows import RowOrigin
@@ -144,10 +144,7 @@ class TaskStream:
 
     def __init__(self, task: Task, *, answer_extraction: str = DEFAULT_EXTRACTION,
                  system_prompt: str | None = None) -> None:
-        if answer_extraction not in EXTRACTIONS:
-            raise UnknownNameError(
-                f"unknown answer_extraction {answer_extraction!r}; valid: {', '.join(EXTRACTIONS)}"
-            )
+        check_extraction(answer_extraction)
         self.task = task
         self.answer_extraction = answer_extraction
         self.system_prompt = system_prompt
