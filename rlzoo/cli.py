@@ -4,6 +4,7 @@
 
     rlzoo list                          presets (with papers), advantage estimators, parts
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
+    rlzoo explain grpo --kind advantage a part or advantage estimator (--kind: where a preset has the name too)
     rlzoo explain dapo --loss.beta 0.04 ... and the components those loss options build
     rlzoo explain --all --markdown      docs/algorithms.md
     rlzoo plot dapo [--output FILE] [--loss.OPTION VALUE]   a PNG of the objective and its gradient vs. the ratio
@@ -168,9 +169,7 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
         if match:
             kind, key, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
             if value is None:
-                if i + 1 >= len(argv):
-                    raise CommandLineError(f"{argv[i]} needs a value (read as YAML: 0.28, 1e-3, true, null)")
-                value = argv[i + 1]
+                value = _dotted_value(argv, i)
                 i += 1
                 if i + 1 < len(argv) and not argv[i + 1].startswith("-"):  # --peft.target_modules q_proj v_proj
                     raise CommandLineError(f"unexpected argument {argv[i + 1]!r} after {argv[i - 1]} {value}: a dotted "
@@ -183,6 +182,18 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
     if path is not None:
         base = settings_for_task(base, _task_flag(rest), source=path)
     return lay_over(lay_over(under or {}, base), dotted), rest
+
+
+def _dotted_value(argv: Sequence[str], i: int) -> str:
+    """The value of the dotted flag ``argv[i]`` given as the next argument. A next argument that begins with ``--``
+    is a flag, not the value (``--loss.beta --max-steps 1``); a negative number (``-0.1``) is a value.
+
+    Raises:
+        CommandLineError: no value follows (names the flag and how values are read).
+    """
+    if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+        raise CommandLineError(f"{argv[i]} needs a value (read as YAML: 0.28, 1e-3, true, null)")
+    return argv[i + 1]
 
 
 def _task_flag(argv: Sequence[str]) -> str | None:
@@ -239,6 +250,27 @@ def lay_over(below: Mapping[str, Any], above: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+_ABBREVIATIONS = frozenset({"e.g.", "i.e.", "Dr.", "vs.", "cf.", "al.", "eq.", "Eq.", "sec.", "Sec.", "Fig.", "approx."})
+"""Words ending in a period that end no sentence (for :func:`_summary`)."""
+
+
+def _summary(doc: str | None, limit: int = 110) -> str:
+    """The first sentence of a docstring, its lines joined (a period inside ``literal`` or `role` markup, or ending
+    an abbreviation such as ``Dr.``, ends none); longer than ``limit`` characters, cut at a word boundary and ended
+    with ``...``. ``""`` for no docstring."""
+    import inspect
+
+    text = " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+    masked = re.sub(r"``.*?``|`[^`]*`", lambda m: "x" * len(m.group()), text)  # same length: offsets carry over
+    for end in re.finditer(r"[.!?](?=\s|$)", masked):
+        if masked[:end.end()].rsplit(" ", 1)[-1] not in _ABBREVIATIONS:
+            text = text[:end.end()]
+            break
+    if len(text) > limit:
+        text = text[:limit - 2].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+    return text
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from rlzoo.advantages import advantage_estimators
     from rlzoo.losses import kl_estimators, presets
@@ -249,14 +281,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name, card in presets.items():
         paper = f"arXiv:{card.arxiv}" if card.arxiv else "-"
         print(f"  {name:<{width}} {card.title}  [{paper}]")
-    print("\nadvantage estimators (rlzoo.get_advantage / --advantage):")
+    print("\nadvantage estimators (rlzoo.get_advantage / --advantage; rlzoo explain NAME, with --kind advantage where "
+          "a preset has the name):")
     width = max(map(len, advantage_estimators.names()))
     for name, cls in advantage_estimators.items():
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        print(f"  {name:<{width}} {summary}")
+        print(f"  {name:<{width}} {_summary(cls.__doc__)}")
         for option, registry in cls.choices().items():
             print(f"  {'':<{width}}   {option}: {', '.join(registry.names())}")
-    print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART):")
+    print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART, with --kind part where a preset has "
+          "the name):")
     for slot in SLOTS:
         how = f" ({slot.swap_option})" if slot.swap_option else ""
         print(f"  {slot.field}{how}: {', '.join(slot.base.registry.names())}")
@@ -268,13 +301,85 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_explain(args: argparse.Namespace) -> int:
-    from rlzoo.advantages import advantage_estimators
-    from rlzoo.losses import algorithms_markdown, get_loss, presets
+_EXPLAIN_KINDS = {"preset": "loss preset", "advantage": "advantage estimator", "part": "part",
+                  "kl": "KL estimator", "option": "option value of a part"}
+"""What ``rlzoo explain NAME`` can explain, in the order it tries them (``--kind`` picks one): a loss preset, an
+advantage estimator, a part of :class:`~rlzoo.losses.PolicyLoss`, a KL estimator, an option value of a part."""
 
-    if args.loss_options and (args.all or not args.name):
+
+def _explanations(name: str) -> dict[str, tuple[str, str]]:
+    """Every meaning of ``name`` that ``rlzoo explain`` shows, by kind (:data:`_EXPLAIN_KINDS`, in that order):
+    ``{kind: (what it is, in a few words, the text printed)}``. A name matches as the registries resolve it (case
+    and ``-`` / ``_`` folded: ``DAPO``, ``dr-grpo``); of the option values, the first part's is shown."""
+    import inspect
+
+    from rlzoo.advantages import advantage_estimators
+    from rlzoo.losses import kl_estimate, kl_estimators, presets
+    from rlzoo.losses.policy_loss import SLOTS
+
+    found: dict[str, tuple[str, str]] = {}
+
+    def add(kind: str, what: str, header: str, entry: Any) -> None:  # the first of a kind only
+        found.setdefault(kind, (what, f"{header}\n\n{inspect.cleandoc(entry.__doc__ or '')}"))
+
+    if (key := presets.canonical(name)) in presets:
+        found["preset"] = ("a loss preset", presets.get(key).card())
+    if (key := advantage_estimators.canonical(name)) in advantage_estimators:
+        add("advantage", "an advantage estimator", f"{key} (advantage estimator)", advantage_estimators.get(key))
+    for slot in SLOTS:
+        if (key := slot.base.registry.canonical(name)) in slot.base.registry:
+            cls = slot.base.registry.get(key)
+            add("part", f"a {slot.field} part of PolicyLoss",
+                f"{key} ({slot.base.__name__}, PolicyLoss.{slot.field}; {cls.__module__}.{cls.__qualname__})", cls)
+    if (key := kl_estimators.canonical(name)) in kl_estimators:  # functions: the penalty module's docstring
+        add("kl", "a KL estimator", f"{key} (KL estimator: --loss.kl_estimator of the kl penalty, "
+            "distillation_loss_mode of the distillation penalty; rlzoo.losses.kl_estimate)",
+            sys.modules[kl_estimate.__module__])
+    for slot in SLOTS:  # an option's alternatives, as rlzoo list shows them (is_correction's modes, ...)
+        for part, cls in slot.base.registry.items():
+            for option, registry in cls.choices().items():
+                if (key := registry.canonical(name)) in registry:
+                    entry = registry.get(key)
+                    add("option", f"a value of option {option} of the {slot.field} part {part}",
+                        f"{key} (option {option} of the {slot.field} part {part}; {entry.__module__}."
+                        f"{entry.__qualname__})", entry)
+    return found
+
+
+def _names_of_kind(kind: str) -> list[str]:
+    """The names ``rlzoo explain --kind KIND`` takes, sorted."""
+    from rlzoo.advantages import advantage_estimators
+    from rlzoo.losses import kl_estimators, presets
+    from rlzoo.losses.policy_loss import SLOTS
+
+    if kind == "preset":
+        return presets.names()
+    if kind == "advantage":
+        return advantage_estimators.names()
+    if kind == "kl":
+        return kl_estimators.names()
+    if kind == "part":
+        return sorted({n for slot in SLOTS for n in slot.base.registry.names()})
+    return sorted({n for slot in SLOTS for cls in slot.base.registry.values() for registry in cls.choices().values()
+                   for n in registry.names()})
+
+
+def _also_means(name: str, meanings: Mapping[str, tuple[str, str]], shown: str) -> str | None:
+    """The line that ends a card of ``name`` with more than one meaning: the others and how to show them."""
+    others = [f"{what}: rlzoo explain {name} --kind {kind}" for kind, (what, _) in meanings.items() if kind != shown]
+    return f"{name} is also {'; '.join(others)}" if others else None
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from rlzoo.losses import algorithms_markdown, get_loss, presets
+    from rlzoo.registry import UnknownNameError, close_names
+
+    if args.loss_options and (args.all or not args.name or args.kind not in (None, "preset")):
         raise ValueError("rlzoo explain: --loss.NAME VALUE options go with one preset name (rlzoo list)")
     if args.all:
+        if args.kind or args.name:
+            raise ValueError("rlzoo explain --all shows every preset: give no NAME or --kind (rlzoo explain NAME "
+                             "--kind KIND shows one)")
         if args.markdown:
             sys.stdout.write(algorithms_markdown())
         else:
@@ -284,51 +389,32 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         print("rlzoo explain: give a preset, a part or an advantage estimator (rlzoo list names them), or --all",
               file=sys.stderr)
         return 2
-    import inspect
-
-    from rlzoo.losses import kl_estimate, kl_estimators
-    from rlzoo.losses.policy_loss import SLOTS
-    from rlzoo.registry import UnknownNameError
-
-    if args.loss_options:  # the preset's card, then the loss these options build
-        loss = get_loss(args.name, **args.loss_options)  # an unknown preset or option: did-you-mean
-        given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())
-        print(presets.get(args.name).card())
-        print(f"\ncomponents (with {given}):\n" + "\n".join("  " + line for line in loss.describe().splitlines()))
-        return 0
-    if args.name in presets:
-        print(presets.get(args.name).card())
-        return 0
-    if args.name in advantage_estimators:
-        print(f"{args.name} (advantage estimator)\n")
-        print(inspect.cleandoc(advantage_estimators.get(args.name).__doc__ or ""))
-        return 0
-    for slot in SLOTS:
-        if args.name in slot.base.registry:
-            cls = slot.base.registry.get(args.name)
-            print(f"{args.name} ({slot.base.__name__}, PolicyLoss.{slot.field}; {cls.__module__}.{cls.__qualname__})\n")
-            print(inspect.cleandoc(cls.__doc__ or ""))
-            return 0
-    if args.name in kl_estimators:  # functions: the penalty module's docstring describes them
-        print(f"{args.name} (KL estimator: --loss.kl_estimator of the kl penalty, distillation_loss_mode of the "
-              "distillation penalty; rlzoo.losses.kl_estimate)\n")
-        print(inspect.cleandoc(sys.modules[kl_estimate.__module__].__doc__ or ""))
-        return 0
-    for slot in SLOTS:  # an option's alternatives, as rlzoo list shows them (is_correction's modes, ...)
-        for part, cls in slot.base.registry.items():
-            for option, registry in cls.choices().items():
-                if args.name in registry:
-                    entry = registry.get(args.name)
-                    print(f"{args.name} (option {option} of the {slot.field} part {part}; "
-                          f"{entry.__module__}.{entry.__qualname__})\n")
-                    print(inspect.cleandoc(entry.__doc__ or ""))
-                    return 0
-    try:
-        card = presets.get(args.name)  # any case (DAPO)
-    except UnknownNameError as err:  # the presets' did-you-mean, and what else explain takes
-        raise UnknownNameError(f"rlzoo explain: {args.name!r} is no preset, part, option value or advantage estimator "
-                               f"(rlzoo list names them all); {err}") from None
-    print(card.card())
+    meanings = _explanations(args.name)
+    if args.kind is not None and args.kind not in meanings:
+        names = _names_of_kind(args.kind)
+        close = close_names(args.name, names)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        other = f" (it is {' and '.join(what for what, _ in meanings.values())})" if meanings else ""
+        raise UnknownNameError(f"rlzoo explain --kind {args.kind}: {args.name!r} is no {_EXPLAIN_KINDS[args.kind]}"
+                               f"{other}{hint}; "
+                               f"valid names: {', '.join(names)}")
+    if not meanings:
+        try:
+            presets.get(args.name)  # the presets' did-you-mean
+        except UnknownNameError as err:  # and what else explain takes
+            raise UnknownNameError(f"rlzoo explain: {args.name!r} is no preset, part, option value or advantage "
+                                   f"estimator (rlzoo list names them all); {err}") from None
+    kind = args.kind or next(iter(meanings))
+    print(meanings[kind][1])
+    if kind == "preset":
+        name = presets.canonical(args.name)
+        also = _also_means(name, meanings, kind)
+        if also:
+            print(f"\n{also}")
+        if args.loss_options:  # the components these options build
+            loss = get_loss(name, **args.loss_options)  # an unknown option: did-you-mean
+            given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())
+            print(f"\ncomponents (with {given}):\n" + "\n".join("  " + line for line in loss.describe().splitlines()))
     return 0
 
 
@@ -337,7 +423,8 @@ def _loss_options(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, 
     values read as YAML scalars, as ``rlzoo train`` takes them.
 
     Raises:
-        ValueError: another dotted option (``--task.x``), or ``--loss.OPTION`` without a value (names ``prog``).
+        ValueError: another dotted option (``--task.x``; names ``prog``).
+        CommandLineError: ``--loss.OPTION`` without a value (:func:`_dotted_value`).
     """
     rest, overrides = [], {}
     i, argv = 0, list(argv)
@@ -350,9 +437,7 @@ def _loss_options(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, 
         else:
             value = match.group(3)
             if value is None:
-                if i + 1 >= len(argv):
-                    raise ValueError(f"{prog}: {argv[i]} needs a value")
-                value, i = argv[i + 1], i + 1
+                value, i = _dotted_value(argv, i), i + 1
             overrides[match.group(2).replace("-", "_")] = _scalar(value)
         i += 1
     return rest, overrides
@@ -667,7 +752,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("list", help="presets, advantage estimators and parts")
     explain = sub.add_parser("explain", help="a preset's card (formula, components, defaults, paper), or a part's "
                              "or advantage estimator's documentation")
-    explain.add_argument("name", nargs="?")
+    explain.add_argument("name", nargs="?", help="a preset, advantage estimator, part, KL estimator or a part's "
+                         "option value (rlzoo list); a name of more than one kind shows the preset (--kind)")
+    explain.add_argument("--kind", choices=list(_EXPLAIN_KINDS), help="which meaning of NAME to show, where it names "
+                         "more than one (grpo: the preset, or --kind advantage; cispo: --kind part)")
     explain.add_argument("--all", action="store_true", help="every preset")
     explain.add_argument("--markdown", action="store_true", help="markdown (docs/algorithms.md)")
     tasks = sub.add_parser("tasks", help="the tasks and their options")

@@ -21,6 +21,25 @@ def test_list_shows_presets_estimators_and_parts(capsys):
     assert "arXiv:2503.14476" in out and "seq-mean-token-sum-norm" in out and "k3+" in out
 
 
+def test_list_summaries_are_whole_first_sentences(capsys):
+    """rlzoo list took each estimator's first docstring line: "dr_grpo ... GRPO without the std (``grpo`` with",
+    "reinforce_pp ... whitened over every counted token of the"."""
+    assert main(["list"]) == 0
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("  ") and not line.startswith("   ") and len(line.split()) > 1}
+    assert lines["dr_grpo"] == ("Dr. GRPO's advantage ``A_i = r_i - mean(group)``: GRPO without the std (``grpo`` "
+                                "with ``scale=\"none\"``).")
+    assert lines["reinforce_pp"].endswith("whitened over every counted token of the batch.")
+    for name in rlzoo.list_advantages():
+        assert lines[name].endswith((".", "...")), lines[name]
+    from rlzoo.cli import _summary
+
+    assert _summary("One ``x = 1. 2``, e.g. a. Two.\n\nMore.") == "One ``x = 1. 2``, e.g. a."
+    assert _summary("A first\n    sentence over lines. Then.") == "A first sentence over lines."
+    long = _summary("word " * 40, limit=30)
+    assert long == "word word word word word..." and len(long) <= 30
+
+
 def test_explain_prints_the_card(capsys):
     assert main(["explain", "gspo"]) == 0
     out = capsys.readouterr().out
@@ -43,6 +62,50 @@ def test_explain_unknown_name_lists_presets():
     with pytest.raises(UnknownNameError, match=r"^rlzoo explain: 'not-a-loss' is no preset, part, option value or "
                                                r"advantage estimator .*valid names: .*dapo"):
         main(["explain", "not-a-loss"])
+
+
+@pytest.mark.parametrize(("name", "kind", "also"), [
+    ("grpo", "advantage", "an advantage estimator"), ("dr_grpo", "advantage", "an advantage estimator"),
+    ("gpg", "advantage", "an advantage estimator"), ("cispo", "part", "a surrogate part of PolicyLoss"),
+    ("dppo_tv", "part", "a surrogate part of PolicyLoss"), ("m2po", "part", "a rejections part of PolicyLoss"),
+])
+def test_explain_reaches_every_meaning_of_a_name_and_the_preset_card_names_the_others(name, kind, also, capsys):
+    """A name that is a preset and an advantage estimator (grpo) or a surrogate part (cispo) showed only the preset,
+    although rlzoo list says "rlzoo explain PART": --kind picks the meaning, and the preset card ends saying how."""
+    from rlzoo.losses import presets
+
+    assert main(["explain", name]) == 0
+    out = capsys.readouterr().out
+    card = presets.get(name).card()
+    assert out == f"{card}\n\n{name} is also {also}: rlzoo explain {name} --kind {kind}\n"
+    assert main(["explain", name.upper(), "--kind", "preset"]) == 0
+    assert capsys.readouterr().out == out
+    assert main(["explain", name, "--kind", kind]) == 0
+    other = capsys.readouterr().out
+    assert other.startswith(f"{name} (advantage estimator)\n\n" if kind == "advantage" else f"{name} (") and (
+        "PolicyLoss." in other.splitlines()[0] if kind == "part" else True)
+    assert card not in other and "is also" not in other
+
+
+def test_explain_of_one_meaning_is_unchanged_and_a_wrong_kind_says_what_the_name_is(capsys):
+    from rlzoo.losses import presets
+
+    assert main(["explain", "dapo"]) == 0
+    assert capsys.readouterr().out == presets.get("dapo").card() + "\n"
+    assert main(["explain", "ppo_clip"]) == 0 and "is also" not in capsys.readouterr().out
+    assert main(["explain", "seq_mean_token_mean", "--kind", "part"]) == 0  # spelt with _ as registries take it
+    assert capsys.readouterr().out.startswith("seq-mean-token-mean (Aggregation, PolicyLoss.aggregation; ")
+    with pytest.raises(UnknownNameError, match=r"^rlzoo explain --kind advantage: 'cispo' is no advantage estimator "
+                                               r"\(it is a loss preset and a surrogate part of PolicyLoss\); valid "
+                                               r"names: dr_grpo, gae, "):
+        main(["explain", "cispo", "--kind", "advantage"])
+    with pytest.raises(UnknownNameError, match=r"^rlzoo explain --kind part: 'ppo_clp' is no part; did you mean "
+                                               r"'ppo_clip'.*\?; valid names: "):
+        main(["explain", "ppo_clp", "--kind", "part"])
+    with pytest.raises(ValueError, match="go with one preset name"):
+        main(["explain", "grpo", "--kind", "advantage", "--loss.beta", "0.1"])
+    with pytest.raises(ValueError, match=r"^rlzoo explain --all shows every preset: give no NAME or --kind"):
+        main(["explain", "--all", "--kind", "part"])
 
 
 def test_explain_takes_the_option_values_rlzoo_list_shows_under_parts(capsys):
@@ -70,6 +133,13 @@ def test_a_dotted_option_given_two_values_says_how_to_give_a_list():
                        r"q_proj,v_proj\)$"):
         parse_train_args(["--peft.target_modules", "q_proj", "v_proj", "--max-steps", "2"])
     assert parse_train_args(["--peft.target_modules", "q_proj,v_proj"]).peft == {"target_modules": "q_proj,v_proj"}
+
+
+def test_a_dotted_option_takes_a_negative_number():
+    """A value that begins with ``--`` is the next flag; one with a single ``-`` (a negative number) is a value."""
+    config = parse_train_args(["--loss.beta", "-0.1", "--advantage.scale=none", "--loss.dual_clip", "-1e-3",
+                               "--max-steps", "1"])
+    assert (config.loss, config.max_steps) == ({"beta": -0.1, "dual_clip": -0.001}, 1)
 
 
 def test_train_flags_are_kebab_case_and_dotted_options_are_parsed():
@@ -470,6 +540,13 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     (["train", "stray"], "unexpected argument 'stray'"),
     (["train", "--config"], "--config needs a file"),
     (["train", "--loss.beta"], "--loss.beta needs a value"),
+    # a flag after a dotted one is not its value: it said "unexpected argument '1'", or "epsilon_high must be a
+    # number, got str '--dynamic-sampling'"
+    (["train", "--loss.beta", "--max-steps", "1"], "--loss.beta needs a value (read as YAML: 0.28, 1e-3, true, null)"),
+    (["train", "--loss.epsilon_high", "--dynamic-sampling"], "--loss.epsilon_high needs a value (read as YAML"),
+    (["train", "--loss.beta=0.1", "--advantage.scale", "--max-steps=1"], "--advantage.scale needs a value"),
+    (["eval", "--task.max_terms", "--eval-size", "2"], "--task.max_terms needs a value (read as YAML"),
+    (["explain", "dapo", "--loss.beta", "--kind", "preset"], "--loss.beta needs a value (read as YAML"),
     (["train", "--lr", "1e-3"], "unknown option: TRL's --lr is --learning-rate in rlzoo"),
     (["train", "--loss_type", "dapo"], "unknown option: TRL's --loss_type is --algorithm NAME"),
     (["eval", "--eval-size", "x"], "--eval-size takes an integer, or None, got 'x'"),
@@ -540,6 +617,33 @@ def test_eval_model_of_a_run_directory_points_to_run(tmp_path):
     with pytest.raises(ValueError, match=f"^--model {run} is an rlzoo run directory, not a model: evaluate its newest "
                                          f"checkpoint with --run {run}"):
         main(["eval", "--model", str(run)])
+
+
+def test_eval_of_a_run_without_a_checkpoint_says_so_in_evals_terms(tmp_path):
+    """`rlzoo eval --run RUN` of a run trained with --max-steps 0 (or killed before its first checkpoint) said
+    "--resume latest: no checkpoint ...; pass --output-dir of the run, give --resume auto ..., or start over with
+    --overwrite": rlzoo train's advice, in flags rlzoo eval does not have."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "task": "chain_sum", "eval_size": 4,
+                                                 "segments": []}))
+    for where in ("does not exist", "holds no complete checkpoint"):
+        with pytest.raises(FileNotFoundError, match=rf"^rlzoo eval --run {re.escape(str(run))}: the run has no "
+                           rf"checkpoint \({re.escape(str(run / 'checkpoints'))} {where}\): train it first, or "
+                           r"evaluate a model with --model MODEL$"):
+            main(["eval", "--run", str(run)])
+        (run / "checkpoints" / "step-000002.tmp").mkdir(parents=True, exist_ok=True)  # an interrupted write
+    with pytest.raises(FileNotFoundError, match=r"^rlzoo eval --checkpoint .*step-000009: no such checkpoint; "
+                                                rf"--run {re.escape(str(run))} has no checkpoint$"):
+        main(["eval", "--run", str(run), "--checkpoint", str(run / "checkpoints" / "step-000009")])
+    (run / "checkpoints" / "step-000001" / "model").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "trainer_state.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"^rlzoo eval --checkpoint .*step-000002.tmp: not an rlzoo checkpoint "
+                                                r"\(no trainer_state.json and model/\); .*checkpoints holds "
+                                                r"step-000001$"):
+        main(["eval", "--run", str(run), "--checkpoint", str(run / "checkpoints" / "step-000002.tmp")])
+    with pytest.raises(ValueError, match=r"^--checkpoint evaluates a checkpoint of --run RUN"):  # was ignored
+        main(["eval", "--model", "tiny-random", "--checkpoint", str(run / "checkpoints" / "step-000001")])
 
 
 @pytest.mark.parametrize("stop", ["finished", "signal", "non-finite", "other"])

@@ -68,12 +68,14 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
             a run directory (names ``--run``; a checkpoint directory stands for its ``model/``); a run that trained
             on a data set given from Python, without ``--task``; a run trained without a held-out set
             (``eval_size`` 0), without ``--eval-size`` (names it).
-        FileNotFoundError: a run without ``config.json`` or checkpoints (names it).
+        FileNotFoundError: a run without ``config.json`` or checkpoints, or a ``--checkpoint`` that is not one
+            (names it, in ``rlzoo eval``'s flags).
     """
     if args.run is None and args.model is None:
         raise ValueError("rlzoo eval needs --run RUN (a training run) or --model MODEL")
-    if args.checkpoint is not None and args.run is None and args.model is None:
-        raise ValueError("--checkpoint evaluates a checkpoint of --run RUN")
+    if args.checkpoint is not None and args.run is None:
+        raise ValueError("--checkpoint evaluates a checkpoint of --run RUN (to evaluate a checkpoint on its own, "
+                         "give it as --model)")
     settings: dict[str, Any] = {}
     checkpoint: str | None = None
     if args.model is not None:
@@ -81,9 +83,6 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         if _is_checkpoint(Path(args.model)):  # its model/ is evaluated (as train and export read it)
             checkpoint = args.model
     if args.run is not None:
-        from rlzoo.trainer.checkpoint import Checkpointer
-        from rlzoo.trainer.config import CheckpointConfig
-
         run = Path(args.run)
         if not (run / "config.json").is_file():
             raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
@@ -95,14 +94,39 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
                 raise ValueError(f"--run {run}: {err}") from None
         if args.eval_size is None:
             _check_held_out_set(run, settings, own_task=args.task is None)
-        path = Path(args.checkpoint) if args.checkpoint else Checkpointer(CheckpointConfig(),
-                                                                          run / "checkpoints").find("latest")
+        path = _run_checkpoint(run, args.checkpoint)
         checkpoint = str(path)
         settings["model"] = str(path / "model")
         settings.pop("peft", None)  # the checkpoint's model/ holds the adapter and names its base
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
+
+
+def _run_checkpoint(run: Path, checkpoint: str | None) -> Path:
+    """The checkpoint of ``--run`` to evaluate: ``--checkpoint``, else the run's newest.
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint (trained with ``--max-steps 0``, or stopped before its first
+            one), or ``--checkpoint`` is not a checkpoint; says what ``rlzoo eval`` takes instead.
+    """
+    from rlzoo.trainer.checkpoint import Checkpointer
+    from rlzoo.trainer.config import CheckpointConfig
+
+    found = Checkpointer(CheckpointConfig(), run / "checkpoints").all()
+    if checkpoint is None:
+        if not found:
+            where = "holds no complete checkpoint" if (run / "checkpoints").is_dir() else "does not exist"
+            raise FileNotFoundError(f"rlzoo eval --run {run}: the run has no checkpoint ({run / 'checkpoints'} {where}): "
+                                    "train it first, or evaluate a model with --model MODEL")
+        return found[-1]
+    path = Path(checkpoint)
+    if not _is_checkpoint(path):
+        there = (f"; {run / 'checkpoints'} holds {', '.join(p.name for p in found)}" if found
+                 else f"; --run {run} has no checkpoint")
+        what = "not an rlzoo checkpoint (no trainer_state.json and model/)" if path.exists() else "no such checkpoint"
+        raise FileNotFoundError(f"rlzoo eval --checkpoint {checkpoint}: {what}{there}")
+    return path
 
 
 def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) -> None:
