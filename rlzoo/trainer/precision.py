@@ -31,12 +31,17 @@ class Precision:
         torchrun, ``cuda`` without an index is this rank's GPU (``cuda:LOCAL_RANK``).
 
         Raises:
-            ValueError: a CUDA device asked for where CUDA is not available (names --device).
+            ValueError: a device torch does not know (``gpu``), or a CUDA device asked for where CUDA is not
+                available (names --device).
         """
         if config.device == "auto":
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
-            device = torch.device(config.device)
+            try:
+                device = torch.device(config.device)
+            except RuntimeError:  # torch's message lists twenty device types and names no flag
+                raise ValueError(f"--device {config.device!r} is not a device{_meant(config.device)}: use auto, cpu, "
+                                 "cuda or cuda:N (N: a GPU's index)") from None
             if device.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(f"device {config.device!r} requested but CUDA is not available; use --device cpu or auto")
         if device.type == "cuda" and device.index is None and local_rank:
@@ -62,3 +67,14 @@ class Precision:
     def __str__(self) -> str:
         text = f"{self.device} {str(self.param_dtype).removeprefix('torch.')}"
         return text + (" + bf16 autocast" if self.autocast_dtype else "")
+
+
+def _meant(device: str) -> str:
+    """`` (did you mean 'cuda:0'?)`` for ``gpu:0`` or ``CUDA:0`` (a device torch knows), else ``""``."""
+    name = device.strip().lower()
+    name = "cuda" + name[3:] if name.startswith("gpu") else name
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return ""
+    return f" (did you mean {name!r}?)"
