@@ -40,6 +40,7 @@ from rlzoo.trainer.config import (
 )
 from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, evaluate
+from rlzoo.trainer.inert_options import warn_inert_options
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.metrics import LossMetrics, has_row
 from rlzoo.trainer.models import recorded_model
@@ -118,6 +119,8 @@ class Trainer:
             torch.set_num_threads(config.num_threads)
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
                                             shard=config.parallelism == "fsdp")
+        if dist.is_main:
+            warn_inert_options(config)  # --kl-coef without --use-kl-in-reward, ...: one line each, the run goes on
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self._python_loss = loss is not None  # checkpoints record it: `algorithm` alone would rebuild another
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
@@ -235,7 +238,7 @@ class Trainer:
     @contextlib.contextmanager
     def _session(self) -> Iterator[GracefulInterrupt]:
         """The run around the loop: lock the directory, start or resume, evaluate at step 0; at the end plot,
-        and after a signal checkpoint the last completed step and raise :class:`RunInterrupted`."""
+        and after a signal checkpoint the last completed step, plot and raise :class:`RunInterrupted`."""
         lock, refusal = contextlib.ExitStack(), None
         if self.dist.is_main:
             try:
@@ -251,10 +254,10 @@ class Trainer:
                 self._start()
                 yield interrupt
                 stop = self.dist.any(interrupt.requested)
+                path = self.save_checkpoint() if stop and self._saved_step != self.step else None
+                self.logger.plot()  # after a stop's checkpoint, which the plot must not delay
                 if stop:
-                    path = self.save_checkpoint(plot=False) if self._saved_step != self.step else None
                     raise RunInterrupted(stop, self.step, str(path or self.checkpointer.path(self.step)))
-                self.logger.plot()
             finally:
                 self.logger.close()
 

@@ -71,6 +71,7 @@ def test_a_signal_during_the_final_evaluation_keeps_the_checkpoint_and_leaves_th
 
     assert [row["step"] for row in rows()] == [0, 1]
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
+    assert (run / "reward.png").is_file() == (len(signals) == 1)  # drawn after the stop (not after a second Ctrl-C)
     Trainer(dataclasses.replace(config, resume="latest")).train()
     assert [row["step"] for row in rows()] == [0, 1, 2]
     assert "loss" in rows()[-1] and "eval/accuracy" in rows()[-1]

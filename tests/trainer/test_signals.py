@@ -155,6 +155,35 @@ def test_the_first_sigints_hint_says_how_to_stop_at_once(torchrun, monkeypatch, 
     assert (hint in caplog.text) == torchrun and ("press Ctrl-C again" in caplog.text) != torchrun, caplog.text
 
 
+def test_a_stopped_run_draws_its_plot_after_the_checkpoint(tmp_path):
+    """reward.png was drawn at the end of a run and with each periodic checkpoint, not when a signal stopped it: a
+    preempted run's directory had no plot until it was resumed. It is drawn after the stop's checkpoint (which the
+    plot must not delay), with the steps done."""
+    calls, plotted = [], []
+
+    def stopping(prompts, completions, **columns):
+        calls.append(1)
+        if len(calls) == 3:  # the dry check, step 1, then during step 2's generation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return [0.0] * len(completions)
+
+    run = tmp_path / "run"
+    trainer = Trainer(TrainConfig(**{**TINY, "eval_size": 0, "max_steps": 3}, output_dir=str(run)),
+                      reward_funcs=[stopping])
+    plot = trainer.logger.plot
+
+    def plot_after_checkpoint():
+        plotted.append(_checkpoints(run))
+        return plot()
+
+    trainer.logger.plot = plot_after_checkpoint
+    with pytest.raises(RunInterrupted) as stop:
+        trainer.train()
+    assert (stop.value.step, stop.value.exit_code) == (2, 143)
+    assert plotted == [["step-000002"]]  # once, after the checkpoint
+    assert (run / "reward.png").stat().st_size > 0
+
+
 def _train_cli(tmp_path, signals: str, *flags: str) -> tuple[subprocess.CompletedProcess, object]:
     """``python -m rlzoo train`` whose reward sends ``signals`` to the process during step 2's generation."""
     reward = tmp_path / "signals.py"
