@@ -43,6 +43,7 @@ from rlzoo.trainer.evaluation import EvalResult, evaluate
 from rlzoo.trainer.inert_options import warn_inert_options
 from rlzoo.trainer.interrupts import GracefulInterrupt, RunInterrupted
 from rlzoo.trainer.metrics import LossMetrics, has_row
+from rlzoo.trainer.mid_cycle import check_mid_cycle_changes
 from rlzoo.trainer.models import recorded_model
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.resume import (
@@ -55,7 +56,6 @@ from rlzoo.trainer.resume import (
     find_checkpoint,
     log_setting_changes,
     loss_summary,
-    ranks,
     saved_settings,
 )
 from rlzoo.trainer.run_config import absolute_paths, resolved_settings
@@ -130,11 +130,10 @@ class Trainer:
         output_dir = config.output_dir or dist.broadcast_object(default_output_dir(
             self.loss_fn.name, config.task, python_dataset=train_dataset is not None))
         self.run_dir = RunDirectory(output_dir, overwrite=config.overwrite, resume=config.resume)
-        # the data set a run trains on is what it records; a recorded Python data set cannot be loaded by name
-        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset))
-        self.config = config = dataclasses.replace(config, model=recorded_model(config.model, model))  # likewise
-        self.config = config = dataclasses.replace(  # and the adapter's options, which a resume compares
-            config, peft=recorded_peft(config.peft, peft_config, resuming=config.resume is not None))
+        # the data set, model and adapter options a run trains with are what it records (a resume compares them)
+        self.config = config = dataclasses.replace(config, task=recorded_task(config.task, train_dataset),
+                                                   model=recorded_model(config.model, model), peft=recorded_peft(
+                                                       config.peft, peft_config, resuming=config.resume is not None))
         refusal = None
         if dist.is_main:
             try:
@@ -163,7 +162,7 @@ class Trainer:
         self.optimizer, self.checkpointer, self.logger = parts.optimizer, parts.checkpointer, parts.logger
         self._python_rewards, self._reward_names = parts.python_rewards, parts.reward_names
         self.step = 0
-        self._saved_step = -1
+        self._saved_step, self._trained = -1, False
         self._pending_row: dict[str, Any] | None = None  # the resumed checkpoint's step's row, missing from the file
 
     @property
@@ -239,7 +238,11 @@ class Trainer:
     def _session(self) -> Iterator[GracefulInterrupt]:
         """The run around the loop: lock the directory, start or resume, evaluate at step 0; at the end plot,
         and after a signal checkpoint the last completed step, plot and raise :class:`RunInterrupted`."""
-        lock, refusal = contextlib.ExitStack(), None
+        if self._trained:  # a second call would start again: --overwrite would delete the run, a resume repeat itself
+            raise RuntimeError(f"Trainer.train() runs once, and this Trainer ran (to step {self.step}); continue its "
+                               "run with a new Trainer: Trainer(rlzoo.trainer.resume.resume_config("
+                               f"{str(self.run_dir.path)!r}))")
+        self._trained, lock, refusal = True, contextlib.ExitStack(), None
         if self.dist.is_main:
             try:
                 lock.enter_context(self.run_dir.lock())
@@ -369,11 +372,9 @@ class Trainer:
         self._pending_row = dict(checkpoint.row) if row_missing and checkpoint.row is not None else None
         self.optimizer.restore(checkpoint.states["scheduler"], completed_steps=checkpoint.step,
                                reschedule=bool(OPTIMIZER_SETTINGS & changes.keys()))
-        if checkpoint.world_size != self.dist.world_size and checkpoint.states["rollouts"]["buffer"]:
-            raise ValueError(
-                f"checkpoint {path} was written by {ranks(checkpoint.world_size)} in the middle of a generation "
-                f"cycle (an unfinished batch split across its ranks); it resumes only on {ranks(checkpoint.world_size)}. "
-                "Resume on other world sizes from a checkpoint at a generation boundary")
+        mid_cycle = bool(checkpoint.states["rollouts"]["buffer"])  # an unfinished generation batch
+        if mid_cycle:
+            check_mid_cycle_changes(changes, path, written_by=checkpoint.world_size, world_size=self.dist.world_size)
         rollouts, same_world_size = checkpoint.states["rollouts"], checkpoint.world_size == self.dist.world_size
         if not same_world_size and "num_tokens_all_ranks" not in rollouts and self.dist.is_main:
             # written before rank 0's file held every rank's token count: the count is the sum of the ranks' files
@@ -383,7 +384,7 @@ class Trainer:
         set_rng_state(checkpoint.states["rng"])
         self.step = self._saved_step = checkpoint.step
         if self.dist.is_main:  # what changed, once nothing more can refuse the resume
-            log_setting_changes(changes)
+            log_setting_changes(changes, mid_cycle=mid_cycle)
             if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied
                 log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "
                             "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))

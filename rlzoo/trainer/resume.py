@@ -9,13 +9,12 @@ a field left at its default from one set to it, and transformers' ``Trainer`` li
 ``TrainingArguments`` it is given); :func:`resume_config` builds one from the checkpoint with overrides, as the
 command line does.
 
-What a change does. The optimizer's learning rate, betas, weight decay and schedule (including ``max_steps``,
-the schedule's horizon) are put into the restored optimizer and scheduler; everything read afresh at each step
-or generation (loss, rewards, sampling, evaluation, checkpointing) simply takes the new value. What the restored
-state depends on is refused: the model and its LoRA options, the task's training stream, the batch shape and
-generation cycle, the sampler, and the seed (the random state comes from the checkpoint). A ``max_steps`` the
-checkpoint has already reached is refused too (:func:`check_run_length`). Both are refused when the Trainer is
-built, before the model loads (:func:`check_resume`).
+What a change does. The optimizer's settings and schedule (with ``max_steps``, its horizon) go into the restored
+optimizer and scheduler; what is read afresh at each step or generation (loss, rewards, sampling, evaluation,
+checkpointing) takes the new value (from the next generation batch inside a cycle: :mod:`~rlzoo.trainer.mid_cycle`).
+What the restored state depends on is refused: the model and its LoRA options, the task's training stream, the
+batch shape and generation cycle, the sampler, the seed, and a ``max_steps`` already reached
+(:func:`check_run_length`), all before the model loads (:func:`check_resume`).
 
 ``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
 fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.
@@ -30,6 +29,7 @@ from typing import Any
 
 from rlzoo.trainer.checkpoint import Checkpointer, step_of
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
+from rlzoo.trainer.mid_cycle import NEXT_BATCH, ranks
 from rlzoo.trainer.run_config import absolute_paths
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.tasks.stream import holds_out_training_rows
@@ -76,8 +76,6 @@ its ``to_config()`` (None: the loss of ``algorithm``): ``algorithm`` alone would
 without that loss is refused (:func:`checkpoint_settings`)."""
 
 _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # how this segment starts
-# ``world_size`` (the number of ranks, not a flag) is compared too: a change is applied (DCP reshards the model
-# and optimizer) as long as the global batch stays.
 
 
 def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_size: int = 1,
@@ -164,11 +162,13 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     return changes
 
 
-def log_setting_changes(changes: Mapping[str, tuple[Any, Any]]) -> None:
+def log_setting_changes(changes: Mapping[str, tuple[Any, Any]], *, mid_cycle: bool = False) -> None:
     """Log one line per applied change of :func:`compare_settings`'s result: per field, and for a mapping per
-    option (``resume: loss.beta changed (not set) -> 0.1 (applied)``)."""
+    option (``resume: loss.beta changed (not set) -> 0.1 (applied)``); ``mid_cycle``: the checkpoint holds an
+    unfinished generation batch, which the :data:`~rlzoo.trainer.mid_cycle.NEXT_BATCH` settings do not change."""
     for name, (old, new) in changes.items():
         where = "applied to the restored optimizer and schedule" if name in OPTIMIZER_SETTINGS else "applied"
+        where = "applied from the next generation batch" if mid_cycle and name in NEXT_BATCH else where
         for label, before, after in _changed_options(name, old, new):
             log.info("resume: %s changed %r -> %r (%s)", label, before, after, where)
 
@@ -392,8 +392,3 @@ def _normal(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _normal(v) for k, v in value.items()}
     return value
-
-
-def ranks(n: int) -> str:
-    """``n`` ranks in words: ``1 rank``, ``2 ranks`` (for messages)."""
-    return f"{n} rank{'s' if n != 1 else ''}"

@@ -74,6 +74,25 @@ def test_cli_flags_and_a_config_file_given_on_resume_are_the_changes(tmp_path, m
                                             "progress": True})  # the console's, not the checkpoint's
 
 
+def test_inside_a_generation_cycle_a_resume_refuses_what_the_stored_batch_depends_on(tmp_path, caplog):
+    """A checkpoint between the two optimizer steps of one generation batch holds that batch. ``--temperature`` changed
+    there was "applied" to log-probs scored at the old temperature (ratio/max 2.77 where 1.14 was right); it is
+    refused, naming the way out. A reward weight applies from the next generation batch, and the log says so."""
+    run = tmp_path / "run"
+    common = {"max_steps": 2, "save_steps": 1, "eval_size": 0, "steps_per_generation": 2,
+              "gradient_accumulation_steps": 1, "per_device_train_batch_size": 4}
+    _train(run, **common)
+    step1 = str(run / "checkpoints" / "step-000001")
+    with pytest.raises(ValueError, match=r"cannot change temperature \(1.0 -> 0.5\) on this resume: checkpoint .* "
+                                         r"holds an unfinished generation batch.*keep --temperature 1.0 until then"):
+        Trainer(_config(tmp_path / "fork", **common, resume=step1, temperature=0.5),
+                reward_funcs=[digit_fraction]).train()
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        Trainer(_config(tmp_path / "fork", **common, resume=step1, reward_weights=(2.0,)),
+                reward_funcs=[digit_fraction]).train()
+    assert "resume: reward_weights changed None -> [2.0] (applied from the next generation batch)" in caplog.text
+
+
 def test_the_python_api_takes_a_whole_config_and_resume_config_builds_one_from_the_checkpoint(tmp_path):
     """``Trainer(TrainConfig(...))`` resumes with every field as given (a field left at its default is the
     default: here a refused change); ``resume_config(RUN, ...)`` is the checkpoint's settings with overrides."""

@@ -232,6 +232,20 @@ def test_an_abandoned_timeline_takes_its_completions_tables_along(tmp_path):
     assert sorted(p.name for p in (target / "checkpoints").iterdir()) == ["step-000003", "step-000004"]
 
 
+def test_train_runs_once_and_a_second_call_touches_nothing(tmp_path):
+    """A second ``train()`` on the same Trainer (a notebook continuing after RunInterrupted) re-ran the start: with
+    ``overwrite=True`` it deleted the finished run's checkpoints and metrics and returned []. It is refused, naming
+    how to continue, and the run's files stay as they were."""
+    run = tmp_path / "run"
+    trainer, history = _train(run, max_steps=2, save_steps=1, eval_size=0, overwrite=True)
+    files = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "lock"}
+    with pytest.raises(RuntimeError, match=r"Trainer.train\(\) runs once, and this Trainer ran \(to step 2\).*"
+                                           r"resume_config\("):
+        trainer.train()
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "lock"} == files
+    assert [r["step"] for r in history] == [1, 2]
+
+
 def test_resuming_an_older_checkpoint_starts_a_new_timeline(tmp_path):
     run = tmp_path / "run"
     common = {"save_steps": 1, "save_total_limit": 5, "eval_size": 0}
