@@ -65,9 +65,21 @@ def working_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _largest_finite_exponent(dtype: torch.dtype) -> float:
+    """The largest value of ``dtype`` whose ``exp`` is finite in ``dtype`` (88.72283 in float32)."""
+    bound = torch.tensor(math.log(torch.finfo(dtype).max), dtype=dtype)
+    if torch.isinf(torch.exp(bound)):  # log(max) rounded up
+        bound = torch.nextafter(bound, torch.zeros((), dtype=dtype))
+    return float(bound)
+
+
+_EXP_BOUNDS = {dtype: _largest_finite_exponent(dtype) for dtype in (torch.float16, torch.bfloat16, torch.float32,
+                                                                    torch.float64)}
+
+
 def finite_exp(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-    """``exp(x)`` with ``x`` clamped at ``floor(log(finfo.max))`` of its dtype (88 in float32, 709 in float64): equal
-    to ``exp(x)`` wherever that is finite, never inf, so a clip or gate that selects another branch at such an
-    importance weight leaves a gradient of 0 (not ``0 * inf = NaN``); the gradient is 0 where clamped (as verl's
-    clamp of the log-ratio at 20)."""
-    return torch.exp(x.clamp(max=math.floor(math.log(torch.finfo(x.dtype).max))))
+    """``exp(x)`` with ``x`` clamped at the largest exponent whose exp is finite in its dtype (88.72283 in float32,
+    709.78 in float64): equal to ``exp(x)`` wherever that is finite, never inf, so a clip or gate that selects another
+    branch at such an importance weight leaves a gradient of 0 (not ``0 * inf = NaN``); the gradient is 0 where
+    clamped (as verl's clamp of the log-ratio at 20)."""
+    return torch.exp(x.clamp(max=_EXP_BOUNDS[x.dtype]))
