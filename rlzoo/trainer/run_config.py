@@ -162,19 +162,15 @@ def settings_for_task(settings: Mapping[str, Any], task: str | None, *, source: 
     when it names another task than ``settings["task"]``, the settings' ``task_kwargs`` are dropped, with an INFO
     line naming them and ``source``: they are the other task's options (chain_sum's ``max_terms`` is no option of
     a data set). ``--task.NAME`` flags, laid over the result, still apply. Kept: the settings of the same task (a
-    path compared as :func:`absolute_paths` records it). Settings that name no task are those of the default task
-    (``TrainConfig``'s ``chain_sum``: a file's ``[task_kwargs]`` without ``task``). Never raises.
+    path compared as :func:`absolute_paths` records it), and those that name no task. Never raises.
     """
-    from rlzoo.trainer.config import DEFAULT_TASK  # which imports this module
-
-    old, options = settings.get("task", DEFAULT_TASK), settings.get("task_kwargs")
+    old, options = settings.get("task"), settings.get("task_kwargs")
     if not (isinstance(task, str) and isinstance(old, str) and options):
         return dict(settings)
     if absolute_paths({"task": task})["task"] == absolute_paths({"task": old})["task"]:
         return dict(settings)
-    log.info("%s: task options %s dropped: they are those of its task %r%s, not of --task %s (--task.NAME VALUE "
-             "sets that task's)", source, dict(options) if isinstance(options, Mapping) else options, old,
-             "" if "task" in settings else " (the default: it names none)", task)
+    log.info("%s: task options %s dropped: they are those of its task %r, not of --task %s (--task.NAME VALUE "
+             "sets that task's)", source, dict(options) if isinstance(options, Mapping) else options, old, task)
     return {k: v for k, v in settings.items() if k != "task_kwargs"}
 
 
