@@ -770,3 +770,18 @@ def test_explain_takes_loss_options_as_plot_and_train_do(capsys):
         main(["explain", "--all", "--loss.beta", "0.1"])
     with pytest.raises(ValueError, match="takes loss options only"):
         main(["explain", "dapo", "--task.max_terms", "3"])
+
+
+def test_the_docs_config_file_example_takes_another_task(tmp_path):
+    """docs/trainer.md's TOML example with ``--task leg_counting`` said "unknown option(s) ['max_terms', 'min_terms']":
+    the example names its task, so another --task drops its task options (a file naming no task keeps them)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "trainer.md").read_text()
+    example = tmp_path / "run.toml"
+    example.write_text(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    config = parse_train_args(["--config", str(example), "--task", "leg_counting", "--task.min_animals", "2"])
+    assert config.task == "leg_counting" and dict(config.task_kwargs) == {"min_animals": 2}
+    assert dict(parse_train_args(["--config", str(example)]).task_kwargs) == {"min_terms": 2, "max_terms": 3}
+    untasked = tmp_path / "data.toml"
+    untasked.write_text('[task_kwargs]\nanswer_column = "solution"\n')
+    assert dict(parse_train_args(["--config", str(untasked), "--task", "train.jsonl"]).task_kwargs) == {
+        "answer_column": "solution"}
