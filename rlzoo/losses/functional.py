@@ -82,4 +82,5 @@ def finite_exp(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     709.78 in float64): equal to ``exp(x)`` wherever that is finite, never inf, so a clip or gate that selects another
     branch at such an importance weight leaves a gradient of 0 (not ``0 * inf = NaN``); the gradient is 0 where
     clamped (as verl's clamp of the log-ratio at 20)."""
-    return torch.exp(x.clamp(max=_EXP_BOUNDS[x.dtype]))
+    bound = _EXP_BOUNDS[x.dtype] if x.dtype in _EXP_BOUNDS else _largest_finite_exponent(x.dtype)
+    return torch.exp(x.clamp(max=bound))

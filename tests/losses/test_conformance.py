@@ -130,9 +130,8 @@ def test_gradients_finite_and_exactly_zero_on_padding(name, data):
 @pytest.mark.parametrize("name", PRESETS)
 def test_an_overflowing_importance_weight_leaves_the_gradient_finite(name, dtype):
     """A counted token whose log-ratio is 95 (exp overflows float32, in which bf16 is computed) and negative
-    advantages: every preset's gradient is finite (a clip, dual clip or gate that selects another branch there
-    once gave 0 * inf = NaN; verl clamps the log-ratio at 20), and the other tokens' gradients are those of the
-    same batch without that token's overflow (log-ratio 0 there)."""
+    advantages: every preset's gradient and ratio metrics are finite (a clip, dual clip or gate that selects another
+    branch there once gave 0 * inf = NaN; verl clamps the log-ratio at 20)."""
     t = 3
     loss_fn = _loss(name, t)
     lp = torch.tensor([[-0.01, -1.0, -2.0], [-0.5, -0.25, -1.0]], dtype=dtype)
@@ -151,6 +150,25 @@ def test_an_overflowing_importance_weight_leaves_the_gradient_finite(name, dtype
     out.loss.backward()
     assert torch.isfinite(batch.logprobs.grad).all(), batch.logprobs.grad
     assert all(bool(torch.isfinite(v).all()) for k, v in out.metrics.items() if k.startswith("ratio/")), out.metrics
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_finite_exp_is_exp_wherever_exp_is_finite(dtype):
+    """functional.finite_exp, the importance weight's exp: at its bound and below, value and gradient are exactly
+    torch.exp's; one step above (where exp overflows) the value is exp(bound), finite, and the gradient 0."""
+    from rlzoo.losses.functional import finite_exp
+
+    bound = torch.tensor(math.log(torch.finfo(dtype).max), dtype=dtype)
+    while torch.isinf(torch.exp(bound)):  # the largest value whose exp is finite, found one representable step at a time
+        bound = torch.nextafter(bound, torch.zeros((), dtype=dtype))
+    above = torch.nextafter(bound, torch.tensor(math.inf, dtype=dtype))
+    assert torch.isinf(torch.exp(above))
+    x = torch.stack([torch.tensor(-3.0, dtype=dtype), bound, above]).requires_grad_(True)
+    y = finite_exp(x)
+    y.sum().backward()
+    expected = torch.exp(x.detach()[:2])
+    assert torch.equal(y.detach()[:2], expected) and torch.equal(x.grad[:2], expected)
+    assert y[2].item() == expected[1].item() and x.grad[2].item() == 0.0
 
 
 @pytest.mark.parametrize("name", PRESETS)
