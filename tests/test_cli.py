@@ -777,7 +777,7 @@ def test_the_docs_config_file_example_takes_another_task(tmp_path):
     the example names its task, so another --task drops its task options (a file naming no task keeps them)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "trainer.md").read_text()
     example = tmp_path / "run.toml"
-    example.write_text(re.search(r"```toml\n(.*?)```", text, re.S).group(1))
+    example.write_text(re.search(r"```toml\n(.*?)```", text, re.DOTALL).group(1))
     config = parse_train_args(["--config", str(example), "--task", "leg_counting", "--task.min_animals", "2"])
     assert config.task == "leg_counting" and dict(config.task_kwargs) == {"min_animals": 2}
     assert dict(parse_train_args(["--config", str(example)]).task_kwargs) == {"min_terms": 2, "max_terms": 3}

@@ -219,9 +219,15 @@ class MetricsLogger:
             self._postfix(row)
 
     def plot(self) -> Path:
-        """Write ``reward.png`` (:func:`~rlzoo.trainer.plots.plot_metrics`; rank 0 only)."""
+        """Write ``reward.png`` (:func:`~rlzoo.trainer.plots.plot_metrics`; rank 0 only). A write that fails (a full
+        disk) is a warning: the plot is drawn from metrics.jsonl again at the next checkpoint or run's end, and the
+        run (or the exit code of a stop by a signal, 130 / 143, that requeue scripts read) does not depend on it."""
         path = self.output_dir / "reward.png"
-        return plot_metrics(self.history, path, title=self.title) if self.writes else path
+        try:
+            return plot_metrics(self.history, path, title=self.title) if self.writes else path
+        except OSError as err:
+            log.warning("could not write the plot %s: %s", path, err)
+            return path
 
     def close(self) -> None:
         """Close the progress bar and the trackers (the file is closed after every write)."""

@@ -573,3 +573,21 @@ def test_the_progress_bar_stays_out_of_log_files(tmp_path, monkeypatch):
         logger.open(0)
         logger.close()
         assert ("train:" in stream.getvalue()) is drawn, stream.getvalue()
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplog):
+    """The plot is drawn after a stop's checkpoint, before RunInterrupted: a full disk while drawing it replaced the
+    interrupt (exit 2 instead of 130 / 143, which requeue scripts read). It is a warning naming the file."""
+    from rlzoo.trainer.metrics import MetricsLogger
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("rlzoo.trainer.metrics.plot_metrics", full)
+    logger = MetricsLogger(tmp_path / "run", max_steps=3, progress=False)
+    logger.open(0)
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        assert logger.plot() == tmp_path / "run" / "reward.png"
+    logger.close()
+    assert "could not write the plot" in caplog.text and "No space left on device" in caplog.text
+
