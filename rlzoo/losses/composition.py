@@ -186,7 +186,7 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
     owners = _optional_owners()
     new_parts: dict[type[Part], tuple[Slot, dict[str, Any]]] = {}
     for option, value in unowned.items():
-        if option in owners and all(not cls().active and value == getattr(cls(), option) for _, cls in owners[option]):
+        if option in owners and all(_inactive_default(cls, option, value) for _, cls in owners[option]):
             continue  # an absent part's default, as options() reports it: adding that inactive part changes nothing
         if option not in owners:
             close = close_names(option, loss.options())
@@ -231,6 +231,15 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
             )
         fields[slot.field] = part
     return type(loss)(**fields)
+
+
+def _inactive_default(cls: type[Part], option: str, value: Any) -> bool:
+    """Whether ``cls`` built with ``option=value`` is its default instance and inactive (a value its checks refuse,
+    ``beta=False``, is not: it is refused as before)."""
+    try:
+        return not cls().active and cls(**{option: value}) == cls()
+    except (TypeError, ValueError):
+        return False
 
 
 def to_config(loss: "PolicyLoss") -> dict[str, Any]:

@@ -513,6 +513,9 @@ def test_options_pass_back_unchanged(name):
     assert rlzoo.get_loss(name, **loss.options()) == loss
     for option, value in loss.options().items():
         assert loss.with_options(**{option: value}) == loss, option
+    for refused in ({"beta": False}, {"entropy_coef": False}):  # False == 0.0, but not a number: refused as before
+        with pytest.raises(ValueError, match="must be a number, got bool"):
+            loss.with_options(**refused)
     changed = loss.with_options(kl_estimator="k1", max_completion_length=8)  # a non-default one is still kept
     assert rlzoo.get_loss(name, **changed.options()) == changed and changed.options()["kl_estimator"] == "k1"
 
