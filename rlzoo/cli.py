@@ -405,12 +405,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             raise UnknownNameError(f"rlzoo explain: {args.name!r} is no preset, part, option value or advantage "
                                    f"estimator (rlzoo list names them all); {err}") from None
     kind = args.kind or next(iter(meanings))
+    if args.loss_options and kind != "preset":
+        raise ValueError(f"rlzoo explain: --loss.NAME VALUE options go with a preset, and {args.name!r} is "
+                         f"{meanings[kind][0]} here")
     print(meanings[kind][1])
     if kind == "preset":
         name = presets.canonical(args.name)
         also = _also_means(name, meanings, kind)
-        if also:
-            print(f"\n{also}")
+        if also:  # on stderr: stdout is the card, as before
+            print(f"\n{also}", file=sys.stderr)
         if args.loss_options:  # the components these options build
             loss = get_loss(name, **args.loss_options)  # an unknown option: did-you-mean
             given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())

@@ -75,9 +75,10 @@ def test_explain_reaches_every_meaning_of_a_name_and_the_preset_card_names_the_o
     from rlzoo.losses import presets
 
     assert main(["explain", name]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     card = presets.get(name).card()
-    assert out == f"{card}\n\n{name} is also {also}: rlzoo explain {name} --kind {kind}\n"
+    assert out == f"{card}\n"  # stdout is the card (rlzoo explain's contract); the other meanings go to stderr
+    assert err == f"\n{name} is also {also}: rlzoo explain {name} --kind {kind}\n"
     assert main(["explain", name.upper(), "--kind", "preset"]) == 0
     assert capsys.readouterr().out == out
     assert main(["explain", name, "--kind", kind]) == 0
@@ -104,6 +105,8 @@ def test_explain_of_one_meaning_is_unchanged_and_a_wrong_kind_says_what_the_name
         main(["explain", "ppo_clp", "--kind", "part"])
     with pytest.raises(ValueError, match="go with one preset name"):
         main(["explain", "grpo", "--kind", "advantage", "--loss.beta", "0.1"])
+    with pytest.raises(ValueError, match="go with a preset, and 'rloo' is an advantage estimator here"):
+        main(["explain", "rloo", "--loss.beta", "0.1"])  # printed the estimator and ignored the option
     with pytest.raises(ValueError, match=r"^rlzoo explain --all shows every preset: give no NAME or --kind"):
         main(["explain", "--all", "--kind", "part"])
 
