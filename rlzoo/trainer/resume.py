@@ -14,7 +14,8 @@ optimizer and scheduler; what is read afresh at each step or generation (loss, r
 checkpointing) takes the new value (from the next generation batch inside a cycle: :mod:`~rlzoo.trainer.mid_cycle`).
 What the restored state depends on is refused: the model and its LoRA options, the task's training stream, the
 batch shape and generation cycle, the sampler, the seed, and a ``max_steps`` already reached
-(:func:`check_run_length`), all before the model loads (:func:`check_resume`).
+(:func:`check_run_length`), all before the model loads (:func:`check_resume`); inside a cycle, what its stored batch
+depends on, once the checkpoint is read (before anything is written).
 
 ``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
 fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.

@@ -250,8 +250,8 @@ class RunDirectory:
         for table in later_tables:
             (target / "completions").mkdir(exist_ok=True)
             os.replace(table, target / "completions" / table.name)
-        log.warning("resumed at step %d: the later work of this run (%d checkpoints, %d metrics rows) moved to %s",
-                    step, len(later_checkpoints), len(later_rows), target)
+        log.warning("resumed at step %d: the later work of this run (%d checkpoints, %d metrics rows, %d completions "
+                    "tables) moved to %s", step, len(later_checkpoints), len(later_rows), len(later_tables), target)
         return target
 
     def write_config(self, settings: Mapping[str, Any], resolved: Mapping[str, Any], *, start_step: int,
