@@ -236,8 +236,9 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
 def _inactive_default(cls: type[Part], option: str, value: Any) -> bool:
     """Whether ``cls`` built with ``option=value`` is its default instance and inactive (a value its checks refuse,
     ``beta=False``, is not: it is refused as before)."""
+    default = cls()
     try:
-        return not cls().active and cls(**{option: value}) == cls()
+        return not default.active and cls(**{option: value}) == default
     except (TypeError, ValueError):
         return False
 

@@ -16,6 +16,7 @@ arithmetic problem is 15."), so ``full`` scores ~0 (reasoning-gym's partial cred
 held-out 2-term 1-digit problems, greedy) while ``last_number`` gives 40.0 %: a learnable reward. The last
 number rather than the first: worked answers end with the result ("5 - 9 = -4")."""
 
+
 def check_extraction(extraction: object, field: str = "answer_extraction") -> None:
     """Refuse an unknown answer extraction, named as ``field``, with a did-you-mean and the valid names.
 
