@@ -365,7 +365,8 @@ def _names_of_kind(kind: str) -> list[str]:
 
 
 def _also_means(name: str, meanings: Mapping[str, tuple[str, str]], shown: str) -> str | None:
-    """The line that ends a card of ``name`` with more than one meaning: the others and how to show them."""
+    """The line (on stderr, after the card) for ``name`` with more than one meaning: the others and how to show
+    them."""
     others = [f"{what}: rlzoo explain {name} --kind {kind}" for kind, (what, _) in meanings.items() if kind != shown]
     return f"{name} is also {'; '.join(others)}" if others else None
 

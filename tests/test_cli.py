@@ -69,9 +69,9 @@ def test_explain_unknown_name_lists_presets():
     ("gpg", "advantage", "an advantage estimator"), ("cispo", "part", "a surrogate part of PolicyLoss"),
     ("dppo_tv", "part", "a surrogate part of PolicyLoss"), ("m2po", "part", "a rejections part of PolicyLoss"),
 ])
-def test_explain_reaches_every_meaning_of_a_name_and_the_preset_card_names_the_others(name, kind, also, capsys):
+def test_explain_reaches_every_meaning_of_a_name_and_names_the_others_on_stderr(name, kind, also, capsys):
     """A name that is a preset and an advantage estimator (grpo) or a surrogate part (cispo) showed only the preset,
-    although rlzoo list says "rlzoo explain PART": --kind picks the meaning, and the preset card ends saying how."""
+    although rlzoo list says "rlzoo explain PART": --kind picks the meaning, and a line on stderr says how."""
     from rlzoo.losses import presets
 
     assert main(["explain", name]) == 0

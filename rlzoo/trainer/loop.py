@@ -238,11 +238,11 @@ class Trainer:
     def _session(self) -> Iterator[GracefulInterrupt]:
         """The run around the loop: lock the directory, start or resume, evaluate at step 0; at the end plot,
         and after a signal checkpoint the last completed step, plot and raise :class:`RunInterrupted`."""
-        if self._trained:  # a second call would start again: --overwrite would delete the run, a resume repeat itself
-            raise RuntimeError(f"Trainer.train() runs once, and this Trainer ran (to step {self.step}); continue its "
-                               f"run with a new one: Trainer(rlzoo.trainer.resume.resume_config({str(self.output_dir)!r}"
+        if self._trained:  # again would skip the directory checks of __init__: --overwrite could delete a run
+            raise RuntimeError(f"Trainer.train() runs once, and this Trainer was started (at step {self.step}); train "
+                               f"with a new one, e.g. Trainer(rlzoo.trainer.resume.resume_config({str(self.output_dir)!r}"
                                "), ...) with the loss, rewards and data sets given from Python again")
-        lock, refusal = contextlib.ExitStack(), None
+        self._trained, lock, refusal = True, contextlib.ExitStack(), None
         if self.dist.is_main:
             try:
                 lock.enter_context(self.run_dir.lock())
@@ -250,8 +250,7 @@ class Trainer:
                 refusal = err
         refusal = self.dist.broadcast_object(refusal)  # every rank stops with it: none waits in a collective
         if refusal is not None:
-            raise refusal  # (the Trainer can train once the other run is done)
-        self._trained = True
+            raise refusal
         with lock, GracefulInterrupt() as interrupt:
             self.evaluator.should_stop = lambda: interrupt.requested  # a signal abandons a running evaluation
             try:

@@ -220,8 +220,8 @@ class MetricsLogger:
 
     def plot(self) -> Path:
         """Write ``reward.png`` (:func:`~rlzoo.trainer.plots.plot_metrics`; rank 0 only). A write that fails (a full
-        disk) is a warning: the plot is drawn from metrics.jsonl again at the next checkpoint or run's end, and the
-        run (or the exit code of a stop by a signal, 130 / 143, that requeue scripts read) does not depend on it."""
+        disk) is a warning: the plot is redrawn from the history at the next periodic checkpoint or the run's end, and
+        the run (or the exit code of a stop by a signal, 130 / 143, that requeue scripts read) does not depend on it."""
         path = self.output_dir / "reward.png"
         try:
             return plot_metrics(self.history, path, title=self.title) if self.writes else path

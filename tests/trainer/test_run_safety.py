@@ -239,7 +239,7 @@ def test_train_runs_once_and_a_second_call_touches_nothing(tmp_path):
     run = tmp_path / "run"
     trainer, history = _train(run, max_steps=2, save_steps=1, eval_size=0, overwrite=True)
     files = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "lock"}
-    with pytest.raises(RuntimeError, match=r"Trainer.train\(\) runs once, and this Trainer ran \(to step 2\).*"
+    with pytest.raises(RuntimeError, match=r"Trainer.train\(\) runs once, and this Trainer was started \(at step 2\).*"
                                            r"resume_config\("):
         trainer.train()
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != "lock"} == files
@@ -407,7 +407,10 @@ def test_one_run_per_directory_and_a_stale_lock_is_taken_over(tmp_path, caplog):
     trainer = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])
     with RunDirectory(run).lock(), pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
         trainer.train()
+    with pytest.raises(RuntimeError, match=r"runs once"):  # a retry would skip __init__'s directory checks
+        trainer.train()
     (run / ".rlzoo.lock").write_text(json.dumps({"pid": 999999, "host": "gone"}))  # a run killed with -9
+    trainer = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         assert trainer.train()[-1]["step"] == 1
     assert "taking over the lock of a run that ended without releasing it (pid 999999, host gone)" in caplog.text
@@ -590,4 +593,5 @@ def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplo
         assert logger.plot() == tmp_path / "run" / "reward.png"
     logger.close()
     assert "could not write the plot" in caplog.text and "No space left on device" in caplog.text
+    assert "reward.png" in caplog.text
 
