@@ -15,7 +15,7 @@ Helpers
 * :func:`with_garbage` - the same batch with NaN/inf/huge values at every masked position of every field.
 * :func:`loss_and_grads` - run a loss on a fresh copy and return the output and the gradients.
 * :func:`aggregation_weights` / :func:`aggregate` - the aggregations written as explicit per-token weights
-  ``c[b, t]`` (``loss = sum c * l``), independent of ``rlzoo.losses.aggregation``.
+  ``c[b, t]`` (``loss = sum c * l``), independent of ``rlzoo.losses.Aggregation``.
 * :func:`kl_closed_form` - value and d/dlogp of every KL estimator, from Schulman's note.
 * :func:`runtime_type_checker_off` - test the error path users see, without the jaxtyping checker.
 * :func:`budget` - a fraction of the profile's max_examples, for tests repeated per preset.

@@ -95,16 +95,18 @@ def test_no_import_of_another_packages_private_module(path):
 # Normalizer, LossOutput, Component: the shared interface of DESIGN section 1's first layer, read once for the
 # whole zoo) and rlzoo/losses/functional.py (masked_mean, zero_masked, ...: read by their names; held to a few
 # lines each by test_functional_helpers_are_read_by_their_names).
-# The files: the algorithm's, the two pipeline modules (base.py: what a part reads and is; policy_loss.py: the
-# stages) and one module per slot whose shared member the loss uses (ratio.py, surrogate.py, aggregation.py; a
-# slot's base sits above its members): 6 for dapo and gspo; cispo's own surrogate lives in cispo.py and borrows
-# surrogate.py's clip metrics. Before issue 12's refactor the same measure gave dapo 368 lines / 271 statements,
-# gspo 389 / 278, cispo 365 / 263 (the helpers then inside base.py included), and rollout rejection, bypass mode,
-# the proximal policy and self-normalised penalties were on every loss's path.
+# The files: the algorithm's, the pipeline (policy_loss.py: the stages), base.py (what a part reads and is, and the
+# aggregations that end the pipeline) and surrogate.py (the policy term: ratio levels and surrogates, each slot's
+# base above its shared members): 4 for dapo, gspo and cispo (whose own surrogate lives in cispo.py and borrows
+# surrogate.py's clip metrics and token ratio). Lines are 288 (cispo) to 308 (gspo, whose file holds gspo_token too)
+# and statements 211 to 222: the ~250 of the issue in statements (which do not depend on how a call is wrapped),
+# about 20 % over in physical lines. Before issue 12's refactor the same measure gave dapo 368 lines / 271
+# statements, gspo 389 / 278, cispo 365 / 263 (the helpers then inside base.py included), and rollout
+# rejection, bypass mode, the proximal policy and self-normalised penalties were on every loss's path.
 READ_BY = ("dapo", "gspo", "cispo")
-MAX_FILES = 6
-MAX_STATEMENTS = 250
-MAX_LINES = 330
+MAX_FILES = 4
+MAX_STATEMENTS = 225
+MAX_LINES = 310
 ZOO = (ROOT / "losses", ROOT / "algorithms")
 FUNCTIONAL = ROOT / "losses" / "functional.py"
 FUNCTIONAL_MAX_LINES = 6
@@ -234,7 +236,8 @@ def test_the_reading_path_holds_the_stages_and_not_the_off_policy_machinery():
     assert "def __call__(self, batch: PolicyBatch" in text[losses / "policy_loss.py"]
     assert "def from_batch(" in text[losses / "base.py"]
     assert "loss = -torch.minimum(unclipped * adv, clipped * adv)" in text[losses / "surrogate.py"]
-    assert "return loss.sum() / _at_least_one(normalizer.num_tokens)" in text[losses / "aggregation.py"]
+    assert "return loss.sum() / _at_least_one(normalizer.num_tokens)" in text[losses / "base.py"]
+    assert "seq-mean-token-sum-norm" not in text[losses / "base.py"]  # the members dapo does not use are not read
     assert losses / "off_policy.py" not in path
     g = torch.Generator().manual_seed(1)
     batch = _reader_batch()

@@ -267,7 +267,7 @@ def value_loss(
         \ell_t = \tfrac12 \max\big((V_t - R_t)^2,\
                  (\operatorname{clip}(V_t, V^{old}_t - c, V^{old}_t + c) - R_t)^2\big)
 
-    aggregated over counted tokens with one of :mod:`rlzoo.losses.aggregation`'s rules and the counts of
+    aggregated over counted tokens with one of the rules of :class:`rlzoo.losses.Aggregation` and the counts of
     ``normalizer`` (so micro-batch losses sum to the full-batch loss).
 
     Args:

@@ -1,15 +1,18 @@
-"""The loss zoo's shared layer: what every part reads and is (:mod:`rlzoo.losses.base`), one abstract base per
-slot beside the parts several algorithms share (:mod:`~rlzoo.losses.ratio`, :mod:`~rlzoo.losses.correction`,
-:mod:`~rlzoo.losses.surrogate`, :mod:`~rlzoo.losses.weights`, :mod:`~rlzoo.losses.penalty`,
-:mod:`~rlzoo.losses.aggregation`, :mod:`~rlzoo.losses.off_policy`), their composition :class:`PolicyLoss` (the
-pipeline, :mod:`rlzoo.losses.policy_loss`), and the preset registry.
+"""The loss zoo's shared layer: what every part reads and is, and the aggregations (:mod:`rlzoo.losses.base`), one
+abstract base per slot beside the parts several algorithms share (:mod:`~rlzoo.losses.surrogate`: ratio levels and
+surrogates; :mod:`~rlzoo.losses.correction`, :mod:`~rlzoo.losses.weights`, :mod:`~rlzoo.losses.penalty`,
+:mod:`~rlzoo.losses.off_policy`), their composition :class:`PolicyLoss` (the pipeline,
+:mod:`rlzoo.losses.policy_loss`), and the preset registry.
 
 The algorithms themselves (their cards, compositions and own parts) are in :mod:`rlzoo.algorithms`, one
 file per family; ``import rlzoo`` registers them.
 """
 
-from rlzoo.losses.aggregation import (
+from rlzoo.losses.base import (
     Aggregation,
+    LossInputs,
+    Part,
+    PartOutput,
     PromptMean,
     SeqMeanTokenMean,
     SeqMeanTokenSum,
@@ -18,16 +21,25 @@ from rlzoo.losses.aggregation import (
     TokenSum,
     aggregations,
 )
-from rlzoo.losses.base import LossInputs, Part, PartOutput
 from rlzoo.losses.correction import Correction, ISCorrection, ISMode, is_corrections, is_modes
 from rlzoo.losses.functional import masked_max, masked_mean, masked_min
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs, rejections
 from rlzoo.losses.penalty import EntropyBonus, KLPenalty, Penalty, kl_estimate, kl_estimators, penalties
 from rlzoo.losses.policy_loss import PolicyLoss
 from rlzoo.losses.presets import Preset, algorithms_markdown, get_loss, list_losses, preset, presets
-from rlzoo.losses.ratio import RatioLevel, SequenceRatio, SequenceTokenRatio, TokenRatio, ratio_levels
 from rlzoo.losses.rollout_correction import RS_CRITERIA, RolloutCorrection, RolloutRejection
-from rlzoo.losses.surrogate import OnPolicy, PPOClip, Surrogate, clip_metrics, surrogates
+from rlzoo.losses.surrogate import (
+    OnPolicy,
+    PPOClip,
+    RatioLevel,
+    SequenceRatio,
+    SequenceTokenRatio,
+    Surrogate,
+    TokenRatio,
+    clip_metrics,
+    ratio_levels,
+    surrogates,
+)
 from rlzoo.losses.weights import (
     EntropyMask,
     GeometricSequenceMask,

@@ -11,13 +11,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlzoo.batch import BatchError
-from rlzoo.losses.aggregation import Aggregation
-from rlzoo.losses.base import Part
+from rlzoo.losses.base import Aggregation, Part
 from rlzoo.losses.correction import Correction
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection
 from rlzoo.losses.penalty import Penalty
-from rlzoo.losses.ratio import RatioLevel
-from rlzoo.losses.surrogate import Surrogate
+from rlzoo.losses.surrogate import RatioLevel, Surrogate
 from rlzoo.losses.weights import TokenWeight
 from rlzoo.registry import Component, UnknownNameError, check_choice, close_names
 

@@ -25,15 +25,13 @@ from torch import Tensor
 
 from rlzoo.batch import LossOutput, Normalizer, PolicyBatch
 from rlzoo.losses import composition, off_policy
-from rlzoo.losses.aggregation import Aggregation
-from rlzoo.losses.base import LossInputs, Metrics, Part
+from rlzoo.losses.base import Aggregation, LossInputs, Metrics, Part
 from rlzoo.losses.composition import SLOTS  # re-exported: rlzoo.losses.policy_loss.SLOTS
 from rlzoo.losses.correction import Correction
 from rlzoo.losses.functional import finite_exp, masked_max, masked_mean, masked_min, require
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs
 from rlzoo.losses.penalty import Penalty
-from rlzoo.losses.ratio import RatioLevel
-from rlzoo.losses.surrogate import Surrogate
+from rlzoo.losses.surrogate import RatioLevel, Surrogate
 from rlzoo.losses.weights import TokenWeight
 
 __all__ = ["PROX_LOGP_METHODS", "SLOTS", "PolicyLoss", "loglinear_proximal_logprobs"]

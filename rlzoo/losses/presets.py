@@ -83,7 +83,11 @@ class Preset:
                 slot = next(c for c in type(part).__mro__[1:] if "registry" in vars(c))
                 if slot.__module__ != module:
                     modules.setdefault(slot.__module__, []).append(f"the {slot.__name__} base")
-        return files + [(module.replace(".", "/") + ".py", ", ".join(names)) for module, names in modules.items()]
+        reading = dict(files)  # a file read for the pipeline and for a part is listed once
+        for module, names in modules.items():
+            path = module.replace(".", "/") + ".py"
+            reading[path] = ", ".join([reading[path], *names]) if path in reading else ", ".join(names)
+        return list(reading.items())
 
     def provenance(self) -> str:
         """One paragraph: the paper (arXiv id) and the reference implementations the preset matches."""
