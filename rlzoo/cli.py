@@ -409,6 +409,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.loss_options and kind != "preset":
         raise ValueError(f"rlzoo explain: --loss.NAME VALUE options go with a preset, and {args.name!r} is "
                          f"{meanings[kind][0]} here")
+    if args.markdown:  # the preset's section of docs/algorithms.md
+        if kind != "preset" or args.loss_options:
+            raise ValueError(f"rlzoo explain --markdown renders a preset's section of docs/algorithms.md, as "
+                             f"registered: {args.name!r} is {meanings[kind][0]} here" if kind != "preset" else
+                             "rlzoo explain --markdown renders a preset as registered: drop the --loss.NAME options")
+        print(presets.get(args.name).markdown())
+        return 0
     print(meanings[kind][1])
     if kind == "preset":
         name = presets.canonical(args.name)
@@ -761,7 +768,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument("--kind", choices=list(_EXPLAIN_KINDS), help="which meaning of NAME to show, where it names "
                          "more than one (grpo: the preset, or --kind advantage; cispo: --kind part)")
     explain.add_argument("--all", action="store_true", help="every preset")
-    explain.add_argument("--markdown", action="store_true", help="markdown (docs/algorithms.md)")
+    explain.add_argument("--markdown", action="store_true",
+                         help="a preset's section of docs/algorithms.md (with --all: the whole file)")
     tasks = sub.add_parser("tasks", help="the tasks and their options")
     tasks.add_argument("name", nargs="?", help="a reasoning-gym task: its options with their defaults")
     export = sub.add_parser("export", help="a checkpoint as a plain Hugging Face model (a LoRA adapter merged)")

@@ -51,6 +51,18 @@ def test_explain_all_markdown_is_docs_algorithms(capsys):
     assert capsys.readouterr().out == rlzoo.losses.algorithms_markdown()
 
 
+def test_explain_one_markdown_is_its_section_of_docs_algorithms(capsys):
+    """`rlzoo explain dapo --markdown` printed the plain card (the flag was read with --all only)."""
+    assert main(["explain", "DAPO", "--markdown"]) == 0
+    section = capsys.readouterr().out
+    assert section.startswith("## dapo\n") and "- Defined in: `rlzoo/algorithms/dapo.py`." in section
+    assert f"\n{section}" in rlzoo.losses.algorithms_markdown()
+    for argv, says in ((["explain", "k3", "--markdown"], "'k3' is a KL estimator"),
+                       (["explain", "dapo", "--markdown", "--loss.beta", "0.1"], "drop the --loss.NAME options")):
+        with pytest.raises(ValueError, match=says):
+            main(argv)
+
+
 def test_explain_without_a_name_says_what_it_takes(capsys):
     """`rlzoo explain` said "give a preset name or --all", though it explains parts and advantage estimators too."""
     assert main(["explain"]) == 2

@@ -94,6 +94,37 @@ class Preset:
         arxiv = f", arXiv:{self.arxiv}" if self.arxiv else ""
         return f"Source: the ``{self.name}`` card ({self.source}): {self.paper}{arxiv}. Matches {self.matches}."
 
+    def markdown(self) -> str:
+        """The preset's section of docs/algorithms.md (``rlzoo explain NAME --markdown``)."""
+        loss = self.build()
+        out = [
+            f"## {self.name}",
+            "",
+            f"**{self.title}.** {self.paper}" + (f", [arXiv:{self.arxiv}](https://arxiv.org/abs/{self.arxiv})" if self.arxiv else "") + ".",
+            "",
+            "```text",
+            self.formula,
+            "```",
+            "",
+            f"![{self.name}: objective and gradient vs. the ratio](pictures/{self.name}.png)",
+            "",
+            "Components and defaults:",
+            "",
+            "```text",
+            loss.describe(),
+            "```",
+            "",
+            f"- Matches: {self.matches}.",
+            f"- Defined in: `{self.source}`.",
+            "- Read with: " + ", ".join(f"`{path}` ({what})" for path, what in self.reading()) + ".",
+            f"- Recommended advantage: `{self.advantage}`" + (f" {dict(self.advantage_options)}" if self.advantage_options else "") + ".",
+            "- Needs: `logprobs`, `advantages`, `completion_mask`"
+            + "".join(f", `{f}`" for f in sorted(loss.required_fields())) + ".",
+        ]
+        if self.notes:
+            out.append(f"- Notes: {self.notes}")
+        return "\n".join(out)
+
     def card(self) -> str:
         """Plain-text card printed by ``rlzoo explain``."""
         loss = self.build()
@@ -203,33 +234,6 @@ def algorithms_markdown() -> str:
     for name, p in presets.items():
         link = f"[arXiv:{p.arxiv}](https://arxiv.org/abs/{p.arxiv})" if p.arxiv else "-"
         out.append(f"| [`{name}`](#{name.replace('_', '-')}) | {p.title} | {link} |")
-    for name, p in presets.items():
-        loss = p.build()
-        out += [
-            "",
-            f"## {name}",
-            "",
-            f"**{p.title}.** {p.paper}" + (f", [arXiv:{p.arxiv}](https://arxiv.org/abs/{p.arxiv})" if p.arxiv else "") + ".",
-            "",
-            "```text",
-            p.formula,
-            "```",
-            "",
-            f"![{name}: objective and gradient vs. the ratio](pictures/{name}.png)",
-            "",
-            "Components and defaults:",
-            "",
-            "```text",
-            loss.describe(),
-            "```",
-            "",
-            f"- Matches: {p.matches}.",
-            f"- Defined in: `{p.source}`.",
-            "- Read with: " + ", ".join(f"`{path}` ({what})" for path, what in p.reading()) + ".",
-            f"- Recommended advantage: `{p.advantage}`" + (f" {dict(p.advantage_options)}" if p.advantage_options else "") + ".",
-            "- Needs: `logprobs`, `advantages`, `completion_mask`"
-            + "".join(f", `{f}`" for f in sorted(loss.required_fields())) + ".",
-        ]
-        if p.notes:
-            out.append(f"- Notes: {p.notes}")
+    for p in presets.values():
+        out += ["", *p.markdown().splitlines()]
     return "\n".join(out) + "\n"
