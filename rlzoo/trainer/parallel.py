@@ -49,10 +49,10 @@ def check_parallelism(config: ParallelConfig, *, dist: Distributed, device: torc
         raise ValueError("--backend vllm under torchrun needs --parallelism ddp: each rank's vLLM engine takes whole "
                          "weights after every optimizer step, which FSDP2's sharded parameters are not (not "
                          "implemented); or use --backend hf, which generates from the gathered FSDP2 model")
-    if not dist.initialized and (sharded or config.fsdp_cpu_offload):
-        log.warning("parallelism 'fsdp' / fsdp_cpu_offload (given, or a resumed run's setting) have no effect without "
-                    "torchrun (the model is whole): launch with torchrun --nproc_per_node N -m rlzoo train ... (N = 1 "
-                    "too) to shard it")
+    if not dist.initialized and sharded:  # --fsdp-cpu-offload without fsdp: inert_options says so
+        given = "--parallelism fsdp and --fsdp-cpu-offload have" if config.fsdp_cpu_offload else "--parallelism fsdp has"
+        log.warning("%s no effect without torchrun (given, or a resumed run's setting; the model is whole): launch "
+                    "with torchrun --nproc_per_node N -m rlzoo train ... (N = 1 too) to shard it", given)
     if not dist.initialized and config.distributed_timeout != _DEFAULT_TIMEOUT:
         log.warning("--distributed-timeout has no effect without torchrun (one process waits for no other rank)")
 

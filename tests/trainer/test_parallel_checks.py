@@ -30,7 +30,16 @@ def test_vllm_under_torchrun_needs_ddp():
 def test_fsdp_without_torchrun_is_said_to_have_no_effect(caplog):
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(parallelism="fsdp"), dist=Distributed(), device=CPU, backend="hf")
-    assert "no effect without torchrun" in caplog.text
+    assert "--parallelism fsdp has no effect without torchrun" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        check_parallelism(ParallelConfig(parallelism="fsdp", fsdp_cpu_offload=True), dist=Distributed(), device=CPU,
+                          backend="hf")
+    assert "--parallelism fsdp and --fsdp-cpu-offload have no effect without torchrun" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):  # inert_options: "... without --parallelism fsdp"
+        check_parallelism(ParallelConfig(fsdp_cpu_offload=True), dist=Distributed(), device=CPU, backend="hf")
+    assert not caplog.text, "said twice"
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(), dist=Distributed(), device=CPU, backend="hf")
