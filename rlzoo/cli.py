@@ -6,6 +6,7 @@
     rlzoo explain dapo                  a preset's card: formula, components, defaults, paper
     rlzoo explain grpo --kind advantage a part or advantage estimator (--kind: where a preset has the name too)
     rlzoo explain dapo --loss.beta 0.04 ... and the components those loss options build
+    rlzoo explain dapo --markdown       its section of docs/algorithms.md
     rlzoo explain --all --markdown      docs/algorithms.md
     rlzoo plot dapo [--output FILE] [--loss.OPTION VALUE]   a PNG of the objective and its gradient vs. the ratio
     rlzoo plot --all --output-dir docs/pictures --dpi 72    every preset's picture (docs/algorithms.md shows them)
@@ -329,7 +330,7 @@ def _explanations(name: str) -> dict[str, tuple[str, str]]:
     for slot in SLOTS:
         if (key := slot.base.registry.canonical(name)) in slot.base.registry:
             cls = slot.base.registry.get(key)
-            add("part", f"a {slot.field} part of PolicyLoss",
+            add("part", f"{'an' if slot.field[0] in 'aeiou' else 'a'} {slot.field} part of PolicyLoss",
                 f"{key} ({slot.base.__name__}, PolicyLoss.{slot.field}; {cls.__module__}.{cls.__qualname__})", cls)
     if (key := kl_estimators.canonical(name)) in kl_estimators:  # functions: the penalty module's docstring
         add("kl", "a KL estimator", f"{key} (KL estimator: --loss.kl_estimator of the kl penalty, "

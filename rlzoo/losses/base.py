@@ -10,7 +10,8 @@ shared members (a slot's contract sits above its members)::
 =============  =============================================  ===========================  =========================
 slot (base)    call                                           module (registry)            option that swaps it
 =============  =============================================  ===========================  =========================
-RatioLevel     ``(x) -> PartOutput(log_weight [B, T], m)``    surrogate (``ratio_levels``) importance_sampling_level
+RatioLevel     ``(x) -> PartOutput(log_weight [B, T], m)``    surrogate                    importance_sampling_level
+                                                              (``ratio_levels``)
 Correction     ``(x) -> PartOutput(is_weight [B, T], m)``     correction                   (added by its options)
                                                               (``is_corrections``)
 Surrogate      ``(x) -> PartOutput(loss [B, T], m)``          surrogate (``surrogates``)   -
@@ -395,18 +396,32 @@ class Aggregation(Part, abc.ABC):
             0-d tensor.
 
         Raises:
-            ValueError: from :meth:`reduce`: ``max_completion_length`` is None and the aggregation needs it
-                ("seq-mean-token-sum-norm"); ``group_index`` or ``normalizer.group_num_tokens`` is None and the
-                aggregation needs them ("prompt-mean").
+            ValueError: ``max_completion_length`` is None and the aggregation needs it; ``group_index`` or
+                ``normalizer.group_num_tokens`` is None and the aggregation needs them.
         """
+        if (self.needs_max_completion_length and max_completion_length is None) or (self.needs_group_index and (
+                group_index is None or normalizer.group_num_tokens is None)):
+            raise ValueError(_missing_input(self, max_completion_length, group_index))
         zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
         return self.reduce(torch.where(mask, loss, zero), mask, normalizer, max_completion_length, group_index)
 
     @abc.abstractmethod
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
                max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
-        """The reduction of ``loss``, which is already 0 at masked positions (raises ValueError when an input it
-        needs is None)."""
+        """The reduction of ``loss``, which is already 0 at masked positions (the inputs the capabilities declare
+        are not None)."""
+
+
+def _missing_input(aggregation: Aggregation, max_completion_length: int | None,
+                   group_index: Int[Tensor, " B"] | None) -> str:
+    """The error message for the first input ``aggregation``'s capabilities need that is None."""
+    name = aggregation.label()
+    if aggregation.needs_max_completion_length and max_completion_length is None:
+        return f"aggregation {name!r} needs max_completion_length"
+    if group_index is None:
+        return f"aggregation {name!r} needs the group id of each row (PolicyBatch.group_index)"
+    return (f"aggregation {name!r} needs Normalizer.group_num_tokens: build the normalizer with "
+            "Normalizer.from_batch(...) or Normalizer.from_masks(..., group_index=[...])")
 
 
 def _at_least_one(count: float | Tensor) -> float | Tensor:
@@ -477,8 +492,7 @@ class SeqMeanTokenSumNorm(Aggregation, name="seq-mean-token-sum-norm"):
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
                max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
-        if max_completion_length is None:
-            raise ValueError(f"aggregation {self.label()!r} needs max_completion_length")
+        assert max_completion_length is not None  # Aggregation.__call__ checked it
         total = loss.sum()
         return total / (_at_least_one(normalizer.num_sequences) * float(max_completion_length))
 
@@ -507,13 +521,7 @@ class PromptMean(Aggregation, name="prompt-mean"):
 
     def reduce(self, loss: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], normalizer: Normalizer,
                max_completion_length: int | None, group_index: Int[Tensor, " B"] | None) -> Float[Tensor, ""]:
-        if group_index is None:
-            raise ValueError(f"aggregation {self.label()!r} needs the group id of each row (PolicyBatch.group_index)")
-        if normalizer.group_num_tokens is None:
-            raise ValueError(
-                f"aggregation {self.label()!r} needs Normalizer.group_num_tokens: build the normalizer with "
-                "Normalizer.from_batch(...) or Normalizer.from_masks(..., group_index=[...])"
-            )
+        assert group_index is not None and normalizer.group_num_tokens is not None  # Aggregation.__call__ checked
         counts = normalizer.group_num_tokens
         rows = mask.any(dim=-1)
         ids = torch.where(rows, group_index.to(counts.device).long(), torch.zeros((), dtype=torch.long,

@@ -64,12 +64,12 @@ class Preset:
         return module.replace(".", "/") + ".py" if module.startswith("rlzoo.") else module
 
     def reading(self) -> list[tuple[str, str]]:
-        """The files a reader opens besides :attr:`source` to understand the preset, in pipeline order, each as
-        ``(path, what to read there)``: the pipeline that calls the parts (``PolicyLoss.__call__``, and
-        ``LossInputs``, what every part reads; the off-policy path too when the loss takes it), the module of each
-        active part defined outside the preset's own file, with the parts' names
-        (``("rlzoo/losses/surrogate.py", "ppo_clip")``), and for a part defined in the preset's file the module of
-        its slot's base (``"the Surrogate base"``)."""
+        """The files a reader opens besides :attr:`source` to understand the preset, each once (its entries
+        joined), in the order of their first use, as ``(path, what to read there)``: the pipeline that calls the
+        parts (``PolicyLoss.__call__``, and ``LossInputs``, what every part reads; the off-policy path too when the
+        loss takes it), the module of each active part defined outside the preset's own file, with the parts'
+        names (``("rlzoo/losses/surrogate.py", "token, ppo_clip")``), and for a part defined in the preset's file
+        the module of its slot's base (``"the Surrogate base"``)."""
         loss = self.build()
         files = [("rlzoo/losses/policy_loss.py", "PolicyLoss.__call__"), ("rlzoo/losses/base.py", "LossInputs")]
         if loss.off_policy:
@@ -235,5 +235,5 @@ def algorithms_markdown() -> str:
         link = f"[arXiv:{p.arxiv}](https://arxiv.org/abs/{p.arxiv})" if p.arxiv else "-"
         out.append(f"| [`{name}`](#{name.replace('_', '-')}) | {p.title} | {link} |")
     for p in presets.values():
-        out += ["", *p.markdown().splitlines()]
+        out += ["", p.markdown()]
     return "\n".join(out) + "\n"

@@ -369,6 +369,29 @@ def test_token_sum_norm_without_max_completion_length(name):
     rlzoo.get_loss(name, max_completion_length=T)(_batch())
 
 
+def test_an_aggregation_called_alone_names_the_input_it_lacks():
+    """An aggregation called without a PolicyLoss (as rlzoo.advantages.value_loss calls one) checks the inputs its
+    capabilities declare before it reduces: a ValueError naming the input, never a TypeError from float(None)."""
+    loss, mask = torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    counts = Normalizer.from_masks(mask)
+    with pytest.raises(ValueError, match=r"^aggregation 'seq-mean-token-sum-norm' needs max_completion_length$"):
+        aggregations.get("seq-mean-token-sum-norm")()(loss, mask, counts)
+    with pytest.raises(ValueError, match=r"'prompt-mean' needs the group id of each row \(PolicyBatch.group_index\)"):
+        aggregations.get("prompt-mean")()(loss, mask, counts)
+    with pytest.raises(ValueError, match=r"'prompt-mean' needs Normalizer.group_num_tokens: build the normalizer"):
+        aggregations.get("prompt-mean")()(loss, mask, counts, group_index=torch.tensor([0, 1]))
+    batch = PolicyBatch(logprobs=-loss, advantages=torch.ones(2), completion_mask=mask,
+                        group_index=torch.tensor([0, 1]))  # the public path: a normalizer without group counts
+    with pytest.raises(ValueError, match="needs Normalizer.group_num_tokens"):
+        rlzoo.get_loss("dapo", aggregation="prompt-mean")(batch, normalizer=counts)
+
+    class Custom(aggregations.get("token-mean")):  # unregistered
+        needs_max_completion_length = True  # declared, not checked by the member itself
+
+    with pytest.raises(ValueError, match="needs max_completion_length"):
+        Custom()(loss, mask, counts)
+
+
 def test_loss_rejects_a_non_batch():
     """A loss takes a PolicyBatch, not a dict of tensors."""
     with pytest.raises(TypeError, match="PolicyBatch"):
