@@ -52,13 +52,18 @@ def combine_rewards(
     group (or a singleton group) contributes 0 there. See the module docstring for the batch normalisation
     that follows.
 
+    NaN is a reward function's None (TRL: the function does not apply to that completion): it adds nothing to
+    the sum, and under ``"normalize_then_sum"`` the function's group mean and std are taken over the completions
+    it scored (TRL's ``nanmean`` / ``nanstd``). A completion every function returned None for is unscorable: its
+    result is NaN, and TRL leaves it out of the advantage's baseline and gives it advantage 0 (pass the other
+    rows to the estimator, as ``rlzoo train`` does).
+
     Args:
-        rewards: ``Float[N, K]``, finite; column ``k`` is reward function ``k``.
+        rewards: ``Float[N, K]``, finite or NaN; column ``k`` is reward function ``k``.
         weights: ``K`` finite weights (TRL ``reward_weights``); None = all 1.
         mode: ``"sum_then_normalize"`` (TRL's default) or ``"normalize_then_sum"`` (GDPO).
         group_size, group_ids: the grouping (exactly one; see :class:`~rlzoo.advantages.GroupIndex`); needed
-        by
-            ``"normalize_then_sum"`` only.
+            by ``"normalize_then_sum"`` only.
         eps: ``>= 0`` added to each per-group std (TRL 1e-4; verl gdpo 1e-6).
 
     Returns:
@@ -66,12 +71,11 @@ def combine_rewards(
 
     Raises:
         ValueError: naming the field: unknown ``mode`` (listing both), ``rewards`` not ``[N, K]`` floating
-        point
-            or not finite, ``weights`` of the wrong length or not finite, bad grouping.
+            point or holding inf, ``weights`` of the wrong length or not finite, bad grouping.
 
     Source: Liu, Dong et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization for
     Multi-reward RL Optimization", arXiv:2601.05242. Matches TRL 1.16 ``multi_objective_aggregation``
-    (followed by ``grpo``; TRL skips NaN rewards of unscorable completions, rlzoo requires finite rewards) and
+    (followed by ``grpo``; None rewards and unscorable completions as TRL's) and
     the first two steps of verl 0.9.1 ``adv_estimator="gdpo"`` on groups of two or more.
 
     Example:
@@ -94,8 +98,8 @@ def combine_rewards(
     n, k = (int(s) for s in rewards.shape)
     for column in range(k):
         check_rewards(rewards[:, column], owner, name="rewards")
-    if not bool(torch.isfinite(rewards).all()):
-        raise ValueError(f"{owner}: rewards holds NaN/inf; score unscorable completions explicitly (e.g. 0)")
+    if bool(torch.isinf(rewards).any()):
+        raise ValueError(f"{owner}: rewards holds inf; a reward is a finite number, or NaN for a function's None")
     if weights is None:
         w = torch.ones(k, dtype=rewards.dtype, device=rewards.device)
     else:
@@ -106,12 +110,24 @@ def combine_rewards(
             )
         if not bool(torch.isfinite(w).all()):
             raise ValueError(f"{owner}: weights must be finite, got {w.tolist()}")
+    scored = ~torch.isnan(rewards)
     if mode == "sum_then_normalize":
-        return rewards @ w
+        if bool(scored.all()):
+            return rewards @ w
+        return torch.where(scored.any(dim=1), torch.nan_to_num(rewards, nan=0.0) @ w, torch.nan)
     groups = GroupIndex.build(
         n, group_size=group_size, group_ids=group_ids, device=rewards.device, owner=owner
     )
-    normalized = torch.stack(
-        [group_normalized(rewards[:, j], groups, scale="group", eps=eps) for j in range(k)], dim=-1
-    )
-    return normalized @ w
+    if bool(scored.all()):
+        normalized = torch.stack(
+            [group_normalized(rewards[:, j], groups, scale="group", eps=eps) for j in range(k)], dim=-1
+        )
+        return normalized @ w
+    columns = []
+    for j in range(k):  # each function over the completions it scored, in their groups
+        column, ok = torch.zeros_like(rewards[:, j]), scored[:, j]
+        if bool(ok.any()):
+            kept = GroupIndex.build(int(ok.sum()), group_ids=groups.index[ok], device=rewards.device, owner=owner)
+            column[ok] = group_normalized(rewards[ok, j], kept, scale="group", eps=eps)
+        columns.append(column)
+    return torch.where(scored.any(dim=1), torch.stack(columns, dim=-1) @ w, torch.nan)

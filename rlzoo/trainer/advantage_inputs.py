@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from rlzoo.trainer.distributed import Distributed
-from rlzoo.trainer.reward_shaping import KLRewardShaping
+from rlzoo.trainer.reward_shaping import KLRewardShaping, scorable
 from rlzoo.trainer.rollout import Rollout
 
 __all__ = ["batch_advantages"]
@@ -22,12 +22,14 @@ def batch_advantages(estimator: Any, rollout: Rollout, sampling: dict[str, Tenso
     """This rank's rows of the advantages of the global generation batch.
 
     Rewards and the estimator's inputs are gathered from every rank (batch-level scaling and the KL controller see
-    the whole batch; each rank computes the same thing and keeps its rows).
+    the whole batch; each rank computes the same thing and keeps its rows). Unscorable completions (every reward
+    function returned None) are left out of the estimator, so of their group's baseline and the batch's std, and
+    get advantage 0, as TRL 1.16 does.
 
     Args:
         estimator: an advantage estimator (``rlzoo.get_advantage``).
-        rollout: this rank's share of the generation batch (``reward``, ``completion_mask``, ``ref_logprobs``
-            when ``kl_reward`` is given).
+        rollout: this rank's share of the generation batch (``reward``, ``rewards``, ``completion_mask``,
+            ``ref_logprobs`` when ``kl_reward`` is given).
         sampling: the sampling policy's ``old_logprobs`` and ``sum_pi_squared`` scored at generation time (those
             the estimator or the KL in the reward use).
         group_size: completions per prompt.
@@ -55,6 +57,14 @@ def batch_advantages(estimator: Any, rollout: Rollout, sampling: dict[str, Tenso
             extra["token_rewards"] = token_rewards
         if "completion_mask" not in wanted:
             del extra["completion_mask"]
-    advantages = estimator(reward, group_size=group_size, **extra).to(torch.float32)
+    scored = scorable(gather(rollout.rewards))
+    if bool(scored.all()):
+        advantages = estimator(reward, group_size=group_size, **extra).to(torch.float32)
+    else:  # the scored rows, in their groups
+        groups = torch.arange(reward.shape[0], device=reward.device) // group_size
+        part = estimator(reward[scored], group_ids=groups[scored], **{k: v[scored] for k, v in extra.items()}
+                         ).to(torch.float32) if bool(scored.any()) else torch.zeros(0)
+        advantages = torch.zeros((reward.shape[0], *part.shape[1:]), dtype=torch.float32, device=reward.device)
+        advantages[scored] = part
     advantages = advantages[dist.rank * n:(dist.rank + 1) * n]
     return (advantages[:, : rollout.completion_ids.shape[1]] if advantages.ndim == 2 else advantages), metrics

@@ -20,34 +20,35 @@ from torch import Tensor
 from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
 from rlzoo.trainer.config import VERL_KL_PENALTIES, RewardConfig, SignalConfig
 
-__all__ = ["KLRewardShaping", "shape_rewards"]
+__all__ = ["KLRewardShaping", "scorable", "shape_rewards"]
 
 log = logging.getLogger("rlzoo.train")
+
+
+def scorable(values: Float[Tensor, "N K"]) -> Bool[Tensor, " N"]:
+    """The completions some reward function scored: not every one of ``values``' ``K`` functions returned None
+    (NaN). TRL 1.16 calls the others unscorable: they count in no group's baseline and get advantage 0."""
+    return ~torch.isnan(values).all(dim=1)
 
 
 def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N C"], *, config: RewardConfig,
                   weights: tuple[float, ...], group_size: int, max_completion_length: int) -> Float[Tensor, " N"]:
     """The combined reward ``[N]`` of per-function rewards ``[N, K]``, plus DAPO's soft overlong punishment.
 
-    A completion whose every function returned None (NaN) gets reward 0 (TRL: "unscorable"), with a warning.
-    The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`);
+    The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`: a
+    None, NaN here, as TRL's); a completion every function returned None for is unscorable (TRL): its reward is
+    0 here, and the advantage leaves it out (:func:`scorable`; a warning says how many).
     with ``config.overlong_buffer`` = L_cache > 0, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at
     -1, times ``overlong_penalty`` is added (DAPO arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``).
-
-    Raises:
-        ValueError: a None reward under ``normalize_then_sum`` (which needs every reward).
     """
     from rlzoo.advantages import combine_rewards
 
-    unscorable = torch.isnan(values).all(dim=1)
-    if config.multi_reward_aggregation == "normalize_then_sum" and bool(torch.isnan(values).any()):
-        raise ValueError("a reward function returned None; multi_reward_aggregation='normalize_then_sum' "
-                         "needs every reward of every completion")
+    unscorable = ~scorable(values)
     if bool(unscorable.any()):
-        log.warning("%d completions were unscorable (every reward function returned None): reward 0",
-                    int(unscorable.sum()))
-    values = torch.nan_to_num(values, nan=0.0)
+        log.warning("%d completions were unscorable (every reward function returned None): advantage 0, left out "
+                    "of their group's baseline (TRL)", int(unscorable.sum()))
     reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
+    reward = torch.nan_to_num(reward, nan=0.0)
     if config.overlong_buffer > 0:
         lengths = completion_mask.sum(-1).to(reward.dtype)
         start = max_completion_length - config.overlong_buffer

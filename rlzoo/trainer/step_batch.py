@@ -105,21 +105,26 @@ class OptimizerStepBatch:
         """Prompt + completion tokens processed by this step."""
         return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
 
-    def step_metrics(self, *, dist: Distributed, reward_names: Sequence[str], num_tokens: float) -> dict[str, float]:
+    def step_metrics(self, *, dist: Distributed, reward_names: Sequence[str], num_tokens: float,
+                     reward_weights: Sequence[float] | None = None) -> dict[str, float]:
         """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
 
         The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
         by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
-        micro-batch), so the statistics are those of one process. ``frac_reward_zero_std`` is the fraction of the
-        step's prompt groups whose rewards are all equal (TRL 1.16 ``GRPOTrainer``'s metric), each group found by its
-        global prompt id (the loss's ``group_index``), whichever ranks and micro-batches hold its completions.
-        Every rank must call it (it all-gathers).
+        micro-batch), so the statistics are those of one process. ``reward`` and ``reward_std`` are TRL 1.16's: of
+        the weighted sum of the reward functions' values (a None adds nothing; unscorable completions, every
+        function None, are left out), before the overlong shaping, GDPO's normalisation and the KL in the reward.
+        ``frac_reward_zero_std`` is the fraction of the step's prompt groups whose combined rewards are all equal
+        (TRL's metric; unscorable completions left out), each group found by its global prompt id (the loss's
+        ``group_index``), whichever ranks and micro-batches hold its completions. Every rank must call it (it
+        all-gathers).
 
         Args:
             dist: the process group context (one process: the statistics of this batch alone).
             reward_names: the reward functions' names, one per column of each micro-batch's ``rewards`` ``[N, K]``
                 (``rewards/NAME/mean`` and ``rewards/NAME/std``, NaN-skipping as TRL's).
             num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
+            reward_weights: one weight per reward function (TRL's ``reward_weights``); None: all 1.
 
         Returns:
             ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``completions/*`` lengths (tokens) and clipped
@@ -136,14 +141,20 @@ class OptimizerStepBatch:
             parts.append(torch.cat([torch.stack([c.double() for c in columns], 1), mb.rewards.double()], 1))
         rows = dist.all_gather(torch.cat(parts))
         rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
+        values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K], NaN: a function's None
+        scored = ~torch.isnan(values).all(dim=1)
+        weights = torch.ones(values.shape[1]) if reward_weights is None else torch.tensor(reward_weights)
+        total = (values * weights.to(values)).nansum(dim=1)[scored]  # TRL's reward
         reward = rows[:, 0].to(micro_batches[0].reward.dtype)
         lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
         groups = torch.unique(rows[:, 4], return_inverse=True)[1]
-        lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(0, groups, reward, "amin")
-        highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(0, groups, reward, "amax")
+        lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(
+            0, groups, torch.where(scored, reward, math.inf), "amin")
+        highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(
+            0, groups, torch.where(scored, reward, -math.inf), "amax")
         metrics = {
-            "reward": float(reward.mean()),
-            "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+            "reward": float(total.mean()) if total.numel() else 0.0,  # 0: every completion unscorable
+            "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
             "frac_reward_zero_std": float((lowest == highest).float().mean()),
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),
@@ -154,7 +165,6 @@ class OptimizerStepBatch:
         terminated = lengths[truncated == 0] if bool((truncated == 0).any()) else torch.zeros(1)  # TRL: 0 if none
         for stat in ("mean", "min", "max"):
             metrics[f"completions/{stat}_terminated_length"] = float(getattr(terminated, stat)())
-        values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K]
         for name, column in zip(reward_names, values.T, strict=True):
             metrics[f"rewards/{name}/mean"] = float(torch.nanmean(column))
             metrics[f"rewards/{name}/std"] = float(nanstd(column))

@@ -17,6 +17,7 @@ TRL computes its GRPO advantage inline in ``GRPOTrainer._generate_and_score_comp
 (trl/trainer/utils.py:1041), so float64 comparisons with TRL hold to ``REFERENCE_ATOL``.
 """
 
+import math
 import types
 
 import pytest
@@ -338,6 +339,51 @@ def trl_normalize_then_sum(
     summed = (((grouped - mean) / (std + 1e-4)).view(-1, rewards.shape[1]) * weights).nansum(dim=1)
     batch_std = nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
     return (summed - torch.nanmean(summed)) / (batch_std + 1e-4)
+
+
+def trl_scored_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int,
+                          scale: str, aggregation: str) -> torch.Tensor:
+    """TRL 1.16's advantages with None rewards (NaN; grpo_trainer.py 2756-2812), restated: an unscorable row (every
+    function None) is NaN in the baseline's nanmean / nanstd and gets advantage 0 (nan_to_num)."""
+    from trl.trainer.utils import nanstd
+
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        return torch.nan_to_num(trl_advantages(rewards, num_generations, scale), nan=0.0)
+    grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean)
+    rewards = (((grouped - mean) / (std + 1e-4)).view(-1, rewards_per_func.shape[1]) * weights).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    batch_std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    return torch.nan_to_num((rewards - torch.nanmean(rewards)) / (batch_std + 1e-4), nan=0.0)
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+@given(data=st.data(), g=st.integers(2, 5), k=st.integers(1, 4), m=st.integers(1, 3))
+def test_none_rewards_and_unscorable_completions_match_trl(aggregation: str, data: st.DataObject, g: int, k: int,
+                                                           m: int) -> None:
+    """A reward function's None (NaN) and unscorable completions (every function None), as rlzoo train treats
+    them (rlzoo.trainer.advantage_inputs: combine_rewards, then the estimator on the scorable rows in their groups,
+    0 for the others) give TRL 1.16's advantages: grpo with scale_rewards group / batch / none after
+    sum_then_normalize, and grpo(scale="batch") after normalize_then_sum."""
+    n = g * k
+    cells = st.one_of(GRID, st.just(math.nan))
+    table = torch.tensor(data.draw(st.lists(cells, min_size=n * m, max_size=n * m)), dtype=torch.float64).view(n, m)
+    weights = torch.tensor(data.draw(st.lists(st.sampled_from((0.5, 1.0, 2.0)), min_size=m, max_size=m)),
+                           dtype=torch.float64)
+    scales = ["group", "batch", "none"] if aggregation == "sum_then_normalize" else ["batch"]
+    scale = data.draw(st.sampled_from(scales), label="scale")
+    combined = combine_rewards(table, weights, mode=aggregation, group_size=g)
+    scored = ~torch.isnan(table).all(dim=1)
+    assert torch.equal(torch.isnan(combined), ~scored)  # NaN exactly for the unscorable rows
+    ours = torch.zeros(n, dtype=torch.float64)
+    if bool(scored.any()):
+        groups = torch.arange(n) // g
+        ours[scored] = get_advantage("grpo", scale=scale)(combined[scored], group_ids=groups[scored])
+    torch.testing.assert_close(ours, trl_scored_advantages(table, weights, g, scale, aggregation), **WHITENED)
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])

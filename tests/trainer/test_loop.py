@@ -297,6 +297,69 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tmp_path):
     assert 2 <= stats["dynamic_sampling/rounds"] <= 8
 
 
+def test_unscorable_completions_follow_trl(tmp_path, caplog):
+    """A completion every reward function returned None for is unscorable (TRL 1.16): it counts in no group's baseline
+    and gets advantage 0, and the logged reward leaves it out. rlzoo gave it reward 0, which moved its group's mean
+    and gave it a real advantage (helper trial: [-0.87, 0.87, 0.87, -0.87] where TRL gives [0, 0.58, 0.58, -1.15])."""
+    from trl.trainer.utils import nanstd
+
+    def first_none(prompts, completions, **columns):
+        return [None if j % 4 == 0 else float(j % 3) for j in range(len(completions))]
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0), reward_funcs=[first_none])
+    rollout, _ = trainer.rollouts.generate()
+    g = trainer.config.num_generations
+    rewards = rollout.rewards[:, 0].double()  # NaN: None
+    assert int(torch.isnan(rewards).sum()) == rewards.numel() // 4
+    mean = torch.nanmean(rewards.view(-1, g), dim=1).repeat_interleave(g)  # TRL's grpo, scale_rewards="group"
+    std = nanstd(rewards.view(-1, g), dim=1).repeat_interleave(g)
+    expected = torch.nan_to_num((rewards - mean) / (std + 1e-4), nan=0.0)
+    torch.testing.assert_close(rollout.advantages.double(), expected, rtol=1e-5, atol=1e-6)
+    assert "unscorable (every reward function returned None): advantage 0" in caplog.text
+    batch = trainer.rollouts.next_optimizer_step()  # a new generation batch: the same pattern of Nones
+    rewards = torch.cat([mb.rewards[:, 0] for mb in batch.micro_batches]).double()
+    metrics = trainer.rollouts.batch_metrics(batch)
+    assert metrics["reward"] == pytest.approx(float(torch.nanmean(rewards)), rel=1e-6)
+    assert metrics["reward_std"] == pytest.approx(float(nanstd(rewards)), rel=1e-5)
+
+
+def test_normalize_then_sum_logs_the_reward_and_takes_none(tmp_path):
+    """Under multi_reward_aggregation='normalize_then_sum' the logged reward is TRL's (the weighted sum of the
+    functions' values), not the GDPO-normalised sum the advantage gets (about 0 at every step); a None no longer
+    stops the run (TRL: nanmean / nanstd per function)."""
+    def digits(prompts, completions, **columns):
+        return [None if j % 3 == 0 else sum(ch.isdigit() for ch in c) / max(1, len(c)) + 1.0
+                for j, c in enumerate(completions)]
+
+    def length(prompts, completions, **columns):
+        return [float(len(c)) for c in completions]
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0, multi_reward_aggregation="normalize_then_sum",
+                              reward_weights=(2.0, 0.5)), reward_funcs=[digits, length])
+    batch = trainer.rollouts.next_optimizer_step()
+    values = torch.cat([mb.rewards for mb in batch.micro_batches]).double()
+    assert bool(torch.isnan(values).any())
+    metrics = trainer.rollouts.batch_metrics(batch)
+    expected = (values * torch.tensor([2.0, 0.5], dtype=torch.float64)).nansum(dim=1).mean()
+    assert metrics["reward"] == pytest.approx(float(expected), rel=1e-6) and metrics["reward"] > 1.0
+
+
+def test_dynamic_sampling_leaves_unscorable_completions_out(tmp_path):
+    """A group whose scored completions all have one reward has no signal (its advantages are 0), an unscorable
+    completion beside them notwithstanding: dynamic sampling drops it."""
+    def const_or_vary(prompts, completions, **columns):
+        return [None if "const" in p and j % 4 == 0 else 0.5 if "const" in p else
+                sum(ch.isdigit() for ch in c) / max(1, len(c))
+                for j, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+
+    trainer = Trainer(_config(tmp_path, task=_two_kind_task(tmp_path), reward_funcs=(), dynamic_sampling=True,
+                              max_sampling_rounds=8, max_completion_length=8, eval_size=0),
+                      reward_funcs=[const_or_vary])
+    rollout, stats = trainer.rollouts.generate()
+    assert not bool(torch.isnan(rollout.rewards).any())  # every 'const' group was dropped
+    assert stats["dynamic_sampling/groups_dropped"] >= 1
+
+
 def test_dynamic_sampling_gives_up_after_the_cap(tmp_path, caplog):
     """When no group has signal, the batch is filled with zero-variance groups after max_sampling_rounds."""
     def constant(prompts, completions, **columns):
