@@ -396,6 +396,10 @@ def test_eval_size_is_capped_and_path_errors(tmp_path, caplog):
         ("", "", 0.0),
         (None, "1", 0.0),
         ("London", "Paris", 0.0),
+        ("3,4", "34", 0.0),  # a comma that groups no thousands is no number (it scored 1.0)
+        ("1,00", "100", 0.0),
+        ("-12,345.5", "-12345.5", 1.0),
+        ("12,345,678", "12345678", 1.0),
     ],
 )
 def test_normalized_match(answer, reference, expected):

@@ -37,6 +37,7 @@ full, first_line, first_number, last_number, tag
     raise UnknownNameError(f"unknown {field} {extraction!r}{hint}; valid: {', '.join(EXTRACTIONS)}")
 
 
+_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?=\.|$|e)")  # "1,000" and "-12,345.5": the commas are grouping
 _NUMBER = re.compile(r"(?:(?<![\w)\]])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -86,14 +87,15 @@ def normalized_match(answer: str | None, reference: str) -> float:
     """1.0 if ``answer`` equals ``reference`` after normalisation, else 0.0 (the JSONL tasks' scorer).
 
     Normalisation: strip, collapse runs of whitespace to one space, casefold; if both sides then parse as
-    decimal numbers (thousands commas removed, a trailing period allowed) they are compared as numbers
-    (``"1,000.0" == "1000"``, ``"+3" == "3"``). None or empty answers score 0.
+    decimal numbers (thousands commas removed where they group digits by three, a trailing period allowed) they are
+    compared as numbers (``"1,000.0" == "1000"``, ``"+3" == "3"``; ``"3,4"`` is no number). None or empty answers
+    score 0.
 
     Example:
         >>> normalized_match(" Paris ", "paris"), normalized_match("1,000.0", "1000")
         (1.0, 1.0)
-        >>> normalized_match(None, "1"), normalized_match("-4", "4")
-        (0.0, 0.0)
+        >>> normalized_match(None, "1"), normalized_match("-4", "4"), normalized_match("3,4", "34")
+        (0.0, 0.0, 0.0)
     """
     if answer is None:
         return 0.0
@@ -102,10 +104,9 @@ def normalized_match(answer: str | None, reference: str) -> float:
         return 0.0
     if a == b:
         return 1.0
+    x, y = (_THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s).rstrip(".") for s in (a, b))
     try:
-        return float(
-            decimal.Decimal(a.replace(",", "").rstrip(".")) == decimal.Decimal(b.replace(",", "").rstrip("."))
-        )
-    except (decimal.InvalidOperation, ValueError):
+        return float(decimal.Decimal(x) == decimal.Decimal(y))
+    except (decimal.InvalidOperation, ValueError):  # "3,4" is no number: not "34"
         return 0.0
 
