@@ -522,3 +522,19 @@ def test_a_class_label_answer_is_compared_by_its_name():
         {"prompt": datasets.Value("string"), "answer": datasets.ClassLabel(names=["bad", "good"])}))
     with pytest.raises(ValueError, match=r"^task 'reviews': the answer column 'answer' has different class labels"):
         DatasetTask(name="reviews", dataset=data, eval_dataset=other, eval_size=1)
+
+
+def test_an_eval_dataset_without_answers_is_said_to_be_unused(caplog):
+    """A held-out set given to a task without an answer column was dropped without a word (helper trial): held-out
+    accuracy needs answers. It is said once, naming the task."""
+    import logging
+
+    data = datasets.Dataset.from_dict({"prompt": ["q", "r", "s"]})
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        task = DatasetTask(name="data.jsonl", dataset=data, eval_dataset=data, answer_column=None, eval_size=2)
+    assert task.eval_items() == []
+    assert "task data.jsonl: the held-out set" in caplog.text and "is not evaluated" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        DatasetTask(name="data.jsonl", dataset=data, answer_column=None, eval_size=0)
+    assert not caplog.text
