@@ -42,6 +42,14 @@ TRL_SPELLINGS: dict[str, tuple[str, str]] = {
     "fp16": ("--dtype float16", "dtype"),
     "gradient_checkpointing_kwargs": ("--gradient-checkpointing", "gradient_checkpointing"),
     "top_entropy_quantile": ("--loss.top_entropy_quantile", "loss.top_entropy_quantile"),
+    "lr_scheduler_type": ("--lr-scheduler", "lr_scheduler"),
+    "per_device_eval_batch_size": ("--eval-batch-size", "eval_batch_size"),
+    "generation_batch_size": ("--steps-per-generation N (a generation batch: --per-device-train-batch-size x N)",
+                              "steps_per_generation"),
+    "warmup_ratio": ("--warmup-steps N (a count: the ratio times --max-steps)", "warmup_steps"),
+    "num_train_epochs": ("--max-steps N (optimizer steps; trainer_state.epoch reports the passes)", "max_steps"),
+    "logging_steps": ("", "every step is logged to metrics.jsonl and the trackers"),
+    "sync_ref_model": ("", "the reference model stays the initial policy"),
     "vllm_mode": ("--backend vllm", "backend"),
     "use_vllm": ("--backend vllm", "backend"),
     # GRPOConfig's loss fields that rlzoo's loss options spell differently (rlzoo.compat.trl's table)
@@ -57,7 +65,8 @@ TRL_SPELLINGS: dict[str, tuple[str, str]] = {
     "vllm_importance_sampling_clip_max": ("--loss.is_max", "loss.is_max"),
     "vllm_importance_sampling_cap": ("--loss.is_max", "loss.is_max"),
 }
-"""TRL option name -> (rlzoo's flag, rlzoo's config-file key). TRL's loss fields that keep their name
+"""TRL option name -> (rlzoo's flag, rlzoo's config-file key), or ``("", why)`` for one rlzoo has no counterpart of.
+TRL's loss fields that keep their name
 (``epsilon_high``, ``use_bias_correction_kl``, ``off_policy_mask_threshold``...) and rlzoo's own loss and advantage
 options given as plain flags are found by :func:`option_home`."""
 
@@ -95,7 +104,8 @@ def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
         given = name.split("=", 1)[0]
         if key in TRL_SPELLINGS:
             flag, config_key = TRL_SPELLINGS[key]
-            parts.append(f"TRL's {given} is {flag if flags else config_key} in rlzoo")
+            parts.append(f"TRL's {given} has no counterpart in rlzoo ({config_key})" if not flag else
+                         f"TRL's {given} is {flag if flags else config_key} in rlzoo")
         elif (home := option_home(key)) is not None:
             section = "an advantage" if home[0].startswith("--advantage") else "a loss"
             parts.append(f"{given} is {section} option: {home[0] if flags else home[1]}")
