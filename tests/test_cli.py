@@ -223,6 +223,17 @@ def test_exponent_numbers_are_numbers_in_flags_and_yaml(tmp_path):
     assert dict(config.loss) == {"beta": 2e-3, "epsilon_high": 0.3}
 
 
+def test_a_list_option_takes_one_value_in_a_config_file_as_on_the_command_line(tmp_path):
+    """``reward_funcs = "format"`` was refused ("must be a list") though ``--reward-funcs format`` takes one value."""
+    path = tmp_path / "run.toml"
+    path.write_text('reward_funcs = "format"\nreward_weights = 2\n')
+    config = parse_train_args(["--config", str(path)])
+    assert config.reward_funcs == ("format",) and config.reward_weights == (2.0,)
+    path.write_text('reward_weights = true\n')
+    with pytest.raises(ValueError, match="reward_weights"):
+        parse_train_args(["--config", str(path)])
+
+
 def test_config_file_values_are_type_checked(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[advantage]\nscale = "none"\n')

@@ -159,6 +159,8 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
                      "task": " (data set options go in task_kwargs / --task.NAME)"}.get(name, "")
         raise ValueError(f"{name} must be a string, got {value!r}{hint_text}")
     if origin is tuple:
+        if isinstance(value, (str, int, float)):  # one value, as on the command line (reward_funcs = "accuracy")
+            return (coerce(name, value, args[0]),)
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{name} must be a list, got {value!r}")
         return tuple(coerce(name, v, args[0]) for v in value)
