@@ -277,6 +277,15 @@ def test_max_completion_length_0_is_named_itself_not_overlong_buffer():
         parse_train_args(["--max-completion-length", "4", "--overlong-buffer", "4"])
 
 
+@pytest.mark.parametrize("flag", ["--max-prompt-length", "--num-threads"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_prompt_length_and_threads_are_positive(flag, value):
+    """--max-prompt-length -3 cut the prompt's first 3 tokens and 0 meant no limit; --num-threads -2 ended in
+    torch's traceback and 0 was ignored (docs trial)."""
+    with pytest.raises(ValueError, match=rf"^{flag} must be >= 1, got {value}$"):
+        parse_train_args([flag, value])
+
+
 def test_bench_without_the_bench_extra_says_what_to_install(monkeypatch, capsys):
     import importlib.util
 

@@ -97,6 +97,9 @@ class ModelConfig(Section):
     num_threads: int | None = None
     """CPU threads for torch (None: torch's default)."""
 
+    def checks(self) -> list[tuple[str, bool, str]]:
+        return [("num_threads", self.num_threads is None or self.num_threads >= 1, ">= 1"), *super().checks()]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ParallelConfig(Section):
@@ -228,6 +231,7 @@ class RolloutConfig(Section):
             ("top_k", self.top_k >= 0, ">= 0"),
             ("max_sampling_rounds", self.max_sampling_rounds >= 1, ">= 1"),
             ("steps_per_generation", spg_ok, ">= 1"),
+            ("max_prompt_length", self.max_prompt_length is None or self.max_prompt_length >= 1, ">= 1"),
             ("per_device_train_batch_size", self.num_generations < 1  # reported as num_generations above
              or self.generation_batch_size % self.num_generations == 0,
              (f"such that each rank's generation batch (per_device_train_batch_size x steps_per_generation = "
