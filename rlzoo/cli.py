@@ -287,8 +287,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     width = max(map(len, advantage_estimators.names()))
     for name, cls in advantage_estimators.items():
         print(f"  {name:<{width}} {_summary(cls.__doc__)}")
-        for option, registry in cls.choices().items():
-            print(f"  {'':<{width}}   {option}: {', '.join(registry.names())}")
+        for option, registry in cls.choices().items():  # those the estimator takes (grpo_passk: per group only)
+            print(f"  {'':<{width}}   {option}: {', '.join(n for n in registry.names() if _takes(cls, option, n))}")
     print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART, with --kind part where a preset has "
           "the name):")
     for slot in SLOTS:
@@ -363,6 +363,15 @@ def _names_of_kind(kind: str) -> list[str]:
         return sorted({n for slot in SLOTS for n in slot.base.registry.names()})
     return sorted({n for slot in SLOTS for cls in slot.base.registry.values() for registry in cls.choices().values()
                    for n in registry.names()})
+
+
+def _takes(cls: type, option: str, value: str) -> bool:
+    """Whether component class ``cls`` accepts ``value`` for ``option`` (its checks may narrow the registry)."""
+    try:
+        cls(**{option: value})
+    except ValueError:
+        return False
+    return True
 
 
 def _also_means(name: str, meanings: Mapping[str, tuple[str, str]], shown: str) -> str | None:

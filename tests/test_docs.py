@@ -51,6 +51,21 @@ def test_algorithms_md_matches_the_registry():
     )
 
 
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading: lower case, punctuation but '-' and '_' dropped, spaces '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in (ROOT / "docs").glob("*.md")) + ["../README.md"])
+def test_links_within_a_document_reach_a_heading(doc):
+    """docs/algorithms.md's index linked #dr-grpo for the heading 'dr_grpo' (GitHub keeps the underscore)."""
+    text = (ROOT / "docs" / doc).read_text()
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    anchors = {_github_slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)}
+    broken = sorted(set(re.findall(r"\]\(#([^)]+)\)", text)) - anchors)
+    assert not broken, f"{doc}: links to no heading: {broken}"
+
+
 def test_every_preset_is_in_the_readme():
     import rlzoo
 

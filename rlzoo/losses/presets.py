@@ -233,7 +233,7 @@ def algorithms_markdown() -> str:
     ]
     for name, p in presets.items():
         link = f"[arXiv:{p.arxiv}](https://arxiv.org/abs/{p.arxiv})" if p.arxiv else "-"
-        out.append(f"| [`{name}`](#{name.replace('_', '-')}) | {p.title} | {link} |")
+        out.append(f"| [`{name}`](#{name}) | {p.title} | {link} |")
     for p in presets.values():
         out += ["", p.markdown()]
     return "\n".join(out) + "\n"
