@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlzoo.registry import UnknownNameError
+from rlzoo.registry import UnknownNameError, close_names
 from rlzoo.trainer.builtin_models import (
     SMOLLM2_CHAT_TEMPLATE,
     TinyRandomSpec,
@@ -133,7 +133,8 @@ def load_model(
 
     Raises:
         UnknownNameError: (a ``KeyError``/``ValueError``) ``name_or_path`` is neither a built-in, a path, nor
-            a hub-id-shaped string; the message lists the built-in names.
+            a hub-id-shaped string, or is a name without ``/`` close to a built-in's (a misspelling: did you
+            mean, before any download is tried); the message lists the built-in names.
         ModelUnavailableError: (an ``OSError``) a hub id that cannot be loaded (offline and not in the local
             cache, or not on the hub), or a directory that is not a loadable checkpoint.
         ImportError: ``smollm2-135m`` without its package; the message has the exact pip command.
@@ -155,6 +156,9 @@ def load_model(
         model, tokenizer = _load_adapter(name_or_path, dtype, trainable=trainable)
     elif Path(name_or_path).is_dir():
         model, tokenizer = _load_local(name_or_path, dtype, what=f"checkpoint directory {name_or_path!r}")
+    elif "/" not in name_or_path and (close := close_names(name_or_path, list_builtin_models())):
+        raise UnknownNameError(f"unknown model {name_or_path!r}: did you mean {' or '.join(map(repr, close))}? "
+                               f"(built-in models: {', '.join(list_builtin_models())}; a hub id is ORG/NAME)")
     elif _HUB_ID.fullmatch(name_or_path):
         model, tokenizer = _load_local(name_or_path, dtype, what=f"hub id {name_or_path!r}")
     else:

@@ -120,6 +120,15 @@ def test_unknown_name_lists_builtins():
         load_model("no such model!")
 
 
+def test_a_misspelt_builtin_is_a_did_you_mean_before_any_download(monkeypatch):
+    """--model tiny-randm was taken for a hub id: 52 s of network retries before the error (docs trial)."""
+    from rlzoo.trainer import models
+
+    monkeypatch.setattr(models, "_load_local", lambda *a, **k: pytest.fail("tried to load it"))
+    with pytest.raises(UnknownNameError, match="did you mean 'tiny-random'"):
+        load_model("tiny-randm")
+
+
 def test_uncached_hub_id_is_a_clear_offline_error():
     with pytest.raises(ModelUnavailableError, match="not in the local Hugging Face cache while HF_HUB_OFFLINE.*tiny-random"
                        ) as refused:
