@@ -66,6 +66,17 @@ def test_links_within_a_document_reach_a_heading(doc):
     assert not broken, f"{doc}: links to no heading: {broken}"
 
 
+def test_the_composing_table_names_every_registered_part():
+    """docs/composing.md's table of slots had fallen behind the registries (no rejections slot, no geo_mask,
+    outlier_token_veto, distillation, positive_nll, rollout_is)."""
+    from rlzoo.losses.composition import SLOTS
+
+    text = (ROOT / "docs" / "composing.md").read_text()
+    missing = [f"{slot.field}: {name}" for slot in SLOTS for name in slot.base.registry.names()
+               if f"`{name}`" not in text]
+    assert not missing, f"docs/composing.md does not name: {missing}"
+
+
 def test_every_preset_is_in_the_readme():
     import rlzoo
 
