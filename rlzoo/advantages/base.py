@@ -139,7 +139,8 @@ def _raise_not_finite(owner: str, checks: list[tuple[str, Tensor]]) -> None:
             where = " at a counted position (completion_mask True)" if name in TOKEN_INPUTS else ""
             if name in _RANGES:
                 raise ValueError(f"{owner}: {name} holds NaN/inf or a value outside {_RANGES[name][2]}{where}")
-            hint = ("; rewards must be finite (score unscorable completions explicitly, e.g. 0)"
+            hint = ("; rewards must be finite (pass only the scored completions, with their group_ids: "
+                    "docs/advantages.md)"
                     if "reward" in name else "; it must be finite")
             raise ValueError(f"{owner}: {name} holds NaN/inf{where}{hint}")
 

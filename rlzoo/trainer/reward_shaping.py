@@ -20,7 +20,7 @@ from torch import Tensor
 from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
 from rlzoo.trainer.config import VERL_KL_PENALTIES, RewardConfig, SignalConfig
 
-__all__ = ["KLRewardShaping", "scorable", "shape_rewards"]
+__all__ = ["KLRewardShaping", "overlong_penalty", "scorable", "shape_rewards"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -37,9 +37,8 @@ def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N
 
     The functions combine as ``config.multi_reward_aggregation`` (:func:`rlzoo.advantages.combine_rewards`: a
     None, NaN here, as TRL's); a completion every function returned None for is unscorable (TRL): its reward is
-    0 here, and the advantage leaves it out (:func:`scorable`; a warning says how many).
-    with ``config.overlong_buffer`` = L_cache > 0, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at
-    -1, times ``overlong_penalty`` is added (DAPO arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``).
+    0 here, and the advantage leaves it out (:func:`scorable`; a warning says how many). Then
+    :func:`overlong_penalty` is added.
     """
     from rlzoo.advantages import combine_rewards
 
@@ -50,11 +49,21 @@ def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N
     reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
     reward = torch.nan_to_num(reward, nan=0.0)
     if config.overlong_buffer > 0:
-        lengths = completion_mask.sum(-1).to(reward.dtype)
-        start = max_completion_length - config.overlong_buffer
-        penalty = ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
-        reward = reward + penalty
+        reward = reward + overlong_penalty(completion_mask.sum(-1).to(reward.dtype), config=config,
+                                           max_completion_length=max_completion_length)
     return reward
+
+
+def overlong_penalty(lengths: Float[Tensor, " N"], *, config: RewardConfig,
+                     max_completion_length: int) -> Float[Tensor, " N"]:
+    """DAPO's soft overlong punishment of completions of ``lengths`` tokens: with ``config.overlong_buffer`` =
+    L_cache, ``min(0, (L_max - L_cache - |o|) / L_cache)``, floored at -1, times ``overlong_penalty`` (DAPO
+    arXiv:2503.14476 eq. 13, ``L_max = max_completion_length``; TRL's ``get_soft_overlong_punishment``); 0 without
+    a buffer."""
+    if config.overlong_buffer <= 0:
+        return torch.zeros_like(lengths)
+    start = max_completion_length - config.overlong_buffer
+    return ((start - lengths) / config.overlong_buffer).clamp(max=0.0, min=-1.0) * config.overlong_penalty
 
 
 class KLRewardShaping:

@@ -91,7 +91,8 @@ class RewardOutput:
     Attributes:
         per_function: ``Float[N, K]`` float32; NaN where a function returned None.
         total: ``Float[N]`` TRL's combined reward: ``nansum_k(weights[k] * per_function[:, k])``, NaN for a
-            row where every function returned None (TRL: "unscorable"; the trainer gives it reward 0 and logs a warning).
+            row where every function returned None (TRL: "unscorable"; the trainer gives it advantage 0, leaves it out
+            of its group's baseline and logs a warning).
         metrics: ``rewards/{name}/mean`` and ``rewards/{name}/std`` (NaN-ignoring, as TRL logs them),
             ``reward`` and ``reward_std`` of ``total``; Python floats.
     """

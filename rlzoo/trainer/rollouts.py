@@ -15,6 +15,7 @@ Advantages are computed on the rewards gathered from every rank (exact for batch
 keeps its own rows.
 """
 
+import functools
 import logging
 import math
 import time
@@ -33,7 +34,7 @@ from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
 from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_generation_batch
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
-from rlzoo.trainer.reward_shaping import KLRewardShaping, scorable, shape_rewards
+from rlzoo.trainer.reward_shaping import KLRewardShaping, overlong_penalty, scorable, shape_rewards
 from rlzoo.trainer.rewards import RewardSet
 from rlzoo.trainer.rollout import Rollout, check_restored_batch
 from rlzoo.trainer.scorer import Scorer
@@ -182,9 +183,10 @@ class RolloutSource:
     def _keep(self, model: torch.nn.Module, items: list[TaskItem], round_index: int, first: int,
               kept: list[tuple[GroupKey, Group]], dropped: list[tuple[GroupKey, Group]]) -> list[str]:
         """Sample ``items`` (global group indices from ``first``; one seed per group from the round and that index)
-        and sort their groups into kept and dropped (dynamic sampling drops groups whose combined rewards are all
-        equal, those of unscorable completions left out), each with the values the reward functions logged for its completions with ``log_extra`` (so that
-        they follow the group to the rank that trains on it). Returns the ``log_extra`` columns logged."""
+        and sort their groups into kept and dropped (dynamic sampling drops a group without signal: fewer than two
+        scored completions, or their combined rewards all equal), each with the values the reward functions logged
+        for its completions with ``log_extra`` (so that they follow the group to the rank that trains on it).
+        Returns the ``log_extra`` columns logged."""
         g = self.config.num_generations
         seeds = [derive_seed("sample", self.seed, round_index, first + i) for i in range(len(items))]
         gen, values, reward = self._sample(model, items, seeds)
@@ -194,7 +196,8 @@ class RolloutSource:
             extra = {c: [v[j] if j < len(v) else None for j in range(i * g, (i + 1) * g)] for c, v in logged.items()}
             group = ((round_index, first + i), (gen, i, values[sl], reward[sl], extra))
             scored = reward[sl][scorable(values[sl])]  # the unscorable ones count in no baseline
-            if self.config.dynamic_sampling and (scored.numel() < 2 or bool(torch.all(scored == scored[0]))):
+            no_signal = scored.numel() < 2 or bool(torch.all(scored == scored[0]))
+            if self.config.dynamic_sampling and no_signal:
                 dropped.append(group)
             else:
                 kept.append(group)
@@ -329,8 +332,10 @@ class RolloutSource:
     def batch_metrics(self, batch: OptimizerStepBatch) -> dict[str, float]:
         """The step's reward and length metrics over every rank (:meth:`OptimizerStepBatch.step_metrics`), with the
         run's ``num_tokens`` so far."""
+        overlong = functools.partial(overlong_penalty, config=self.reward_config,
+                                     max_completion_length=self.config.max_completion_length)
         return batch.step_metrics(dist=self.dist, reward_names=self.rewards.names, num_tokens=self.num_tokens,
-                                  reward_weights=self.rewards.weights)
+                                  reward_weights=self.rewards.weights, overlong=overlong)
 
     def sync_weights(self) -> None:
         """Give the sampler the policy's new weights (after an optimizer step; a no-op for Hugging Face

@@ -4,7 +4,7 @@ step's reward and length metrics over every rank."""
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -106,16 +106,20 @@ class OptimizerStepBatch:
         return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
 
     def step_metrics(self, *, dist: Distributed, reward_names: Sequence[str], num_tokens: float,
-                     reward_weights: Sequence[float] | None = None) -> dict[str, float]:
+                     reward_weights: Sequence[float] | None = None,
+                     overlong: Callable[[Tensor], Tensor] | None = None) -> dict[str, float]:
         """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
 
         The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
         by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
         micro-batch), so the statistics are those of one process. ``reward`` and ``reward_std`` are TRL 1.16's: of
         the weighted sum of the reward functions' values (a None adds nothing; unscorable completions, every
-        function None, are left out), before the overlong shaping, GDPO's normalisation and the KL in the reward.
-        ``frac_reward_zero_std`` is the fraction of the step's prompt groups whose combined rewards are all equal
-        (TRL's metric; unscorable completions left out), each group found by its global prompt id (the loss's
+        function None, are left out: NaN when none is left, as TRL), plus the overlong penalty (a reward function
+        in TRL), before GDPO's normalisation and the KL in the reward; the weights are the run's current ones (a
+        batch restored mid-cycle after a change of ``reward_weights`` is logged with the new ones).
+        ``frac_reward_zero_std`` is the fraction of the step's prompt groups without a learning signal: whose
+        scored completions' combined rewards are all equal, or fewer than two (as dynamic sampling judges them;
+        TRL's metric for groups of scored completions), each group found by its global prompt id (the loss's
         ``group_index``), whichever ranks and micro-batches hold its completions. Every rank must call it (it
         all-gathers).
 
@@ -125,6 +129,7 @@ class OptimizerStepBatch:
                 (``rewards/NAME/mean`` and ``rewards/NAME/std``, NaN-skipping as TRL's).
             num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
             reward_weights: one weight per reward function (TRL's ``reward_weights``); None: all 1.
+            overlong: the overlong penalty of completions of the given lengths (tokens), or None.
 
         Returns:
             ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``completions/*`` lengths (tokens) and clipped
@@ -144,18 +149,20 @@ class OptimizerStepBatch:
         values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K], NaN: a function's None
         scored = ~torch.isnan(values).all(dim=1)
         weights = torch.ones(values.shape[1]) if reward_weights is None else torch.tensor(reward_weights)
-        total = (values * weights.to(values)).nansum(dim=1)[scored]  # TRL's reward
         reward = rows[:, 0].to(micro_batches[0].reward.dtype)
         lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
+        total = torch.nan_to_num(values, nan=0.0) @ weights.to(values)  # TRL's reward: a None adds nothing
+        total = (total if overlong is None else total + overlong(lengths.to(total.dtype)))[scored]
         groups = torch.unique(rows[:, 4], return_inverse=True)[1]
         lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(
             0, groups, torch.where(scored, reward, math.inf), "amin")
         highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(
             0, groups, torch.where(scored, reward, -math.inf), "amax")
+        few = torch.zeros(lowest.shape, dtype=torch.long).scatter_add(0, groups, scored.long()) < 2
         metrics = {
-            "reward": float(total.mean()) if total.numel() else 0.0,  # 0: every completion unscorable
-            "reward_std": float(total.std()) if total.numel() > 1 else 0.0,
-            "frac_reward_zero_std": float((lowest == highest).float().mean()),
+            "reward": float(total.mean()) if total.numel() else math.nan,  # TRL's nanmean
+            "reward_std": float(total.std()) if total.numel() > 1 else math.nan,  # TRL's nanstd
+            "frac_reward_zero_std": float(((lowest == highest) | few).float().mean()),
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),

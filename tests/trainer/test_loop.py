@@ -323,6 +323,40 @@ def test_unscorable_completions_follow_trl(tmp_path, caplog):
     assert metrics["reward_std"] == pytest.approx(float(nanstd(rewards)), rel=1e-5)
 
 
+@pytest.mark.parametrize("every", [False, True])
+def test_unscorable_completions_with_a_token_level_estimator(tmp_path, every):
+    """reinforce_pp (token-level advantages [N, C]) on the scored rows; the unscorable ones get 0 at every token,
+    and a batch with no scored completion keeps the [N, C] shape (it fell back to [N])."""
+    def nones(prompts, completions, **columns):
+        return [None if every or j % 4 == 0 else float(j % 3) for j in range(len(completions))]
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0, advantage="reinforce_pp"),
+                      reward_funcs=[nones])
+    rollout, _ = trainer.rollouts.generate()
+    unscored = torch.isnan(rollout.rewards).all(dim=1)
+    assert rollout.advantages.shape == rollout.completion_mask.shape
+    assert bool(unscored.any()) and not bool(rollout.advantages[unscored].any())
+    assert every or bool(rollout.advantages[~unscored].any())
+
+
+def test_the_logged_reward_holds_the_overlong_penalty(tmp_path):
+    """TRL's soft overlong punishment is a reward function, so TRL's reward holds it: so does rlzoo's."""
+    from rlzoo.trainer.config import RewardConfig
+    from rlzoo.trainer.reward_shaping import overlong_penalty
+
+    def one(prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+    config = _config(tmp_path, reward_funcs=(), eval_size=0, max_completion_length=6, overlong_buffer=4,
+                     overlong_penalty=2.0)
+    trainer = Trainer(config, reward_funcs=[one])
+    batch = trainer.rollouts.next_optimizer_step()
+    lengths = torch.cat([mb.completion_mask.sum(-1) for mb in batch.micro_batches]).float()
+    penalty = overlong_penalty(lengths, config=config.section(RewardConfig), max_completion_length=6)
+    assert bool((penalty < 0).any())
+    assert trainer.rollouts.batch_metrics(batch)["reward"] == pytest.approx(float((1.0 + penalty).mean()), rel=1e-6)
+
+
 def test_normalize_then_sum_logs_the_reward_and_takes_none(tmp_path):
     """Under multi_reward_aggregation='normalize_then_sum' the logged reward is TRL's (the weighted sum of the
     functions' values), not the GDPO-normalised sum the advantage gets (about 0 at every step); a None no longer
