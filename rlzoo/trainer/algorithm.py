@@ -23,8 +23,9 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
 
     Without ``loss``, the preset ``config.algorithm`` with ``config.loss`` overrides and the preset's
     recommended estimator; with a loss composed in Python, ``config.loss`` overrides its options and the
-    estimator is ``grpo``. ``config.advantage`` / ``advantage_options`` override the estimator. The loss gets
-    the run's ``max_completion_length`` unless it sets its own.
+    estimator is ``grpo``. ``config.advantage`` / ``advantage_options`` override the estimator (a ``scale`` of
+    True / False is TRL's ``scale_rewards``: "group" / "none"). The loss gets the run's ``max_completion_length``
+    unless it sets its own.
 
     Raises:
         UnknownNameError: unknown preset or estimator (lists the valid names).
@@ -56,6 +57,8 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
     if config.advantage is not None:
         advantage_name, advantage_options = config.advantage, {}
     advantage_options.update(config.advantage_options)
+    if isinstance(advantage_options.get("scale"), bool):  # TRL's scale_rewards True / False (GRPOConfig)
+        advantage_options["scale"] = "group" if advantage_options["scale"] else "none"
     estimator = get_advantage(advantage_name, **advantage_options)
     unsupported = set(estimator.needs) - TRAINER_INPUTS
     if unsupported:

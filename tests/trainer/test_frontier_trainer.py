@@ -241,3 +241,13 @@ def test_an_estimator_whose_inputs_the_trainer_lacks_is_refused_naming_what_is_m
     with pytest.raises(ValueError, match=rf"advantage estimator '{estimator}' needs what the trainer does not provide "
                                          rf"\({why}.*choose one of .*grpo"):
         build_loss(AlgorithmConfig(advantage=estimator), None, max_completion_length=8)
+
+
+@pytest.mark.parametrize(("given", "scale"), [(False, "none"), (True, "group"), ("batch", "batch")])
+def test_trls_boolean_scale_rewards_is_a_scale(given, scale):
+    """--advantage.scale false (TRL's scale_rewards=False) was refused: "scale must be one of 'batch', 'group',
+    'none'; got False". TRL maps True / False to "group" / "none"."""
+    from rlzoo.trainer.algorithm import AlgorithmConfig, build_loss
+
+    _, estimator, _ = build_loss(AlgorithmConfig(advantage_options={"scale": given}), None, max_completion_length=8)
+    assert estimator.scale == scale
