@@ -288,7 +288,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name, cls in advantage_estimators.items():
         print(f"  {name:<{width}} {_summary(cls.__doc__)}")
         for option, registry in cls.choices().items():  # those the estimator takes (grpo_passk: per group only)
-            print(f"  {'':<{width}}   {option}: {', '.join(n for n in registry.names() if _takes(cls, option, n))}")
+            names = [n for n in registry.names() if _takes(cls, option, n)] or registry.names()
+            print(f"  {'':<{width}}   {option}: {', '.join(names)}")
     print("\nparts (compose your own: rlzoo.losses.PolicyLoss; rlzoo explain PART, with --kind part where a preset has "
           "the name):")
     for slot in SLOTS:
@@ -369,7 +370,7 @@ def _takes(cls: type, option: str, value: str) -> bool:
     """Whether component class ``cls`` accepts ``value`` for ``option`` (its checks may narrow the registry)."""
     try:
         cls(**{option: value})
-    except ValueError:
+    except Exception:  # noqa: BLE001 - a user's estimator may need other options to be built at all
         return False
     return True
 

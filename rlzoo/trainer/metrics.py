@@ -187,15 +187,17 @@ class MetricsLogger:
         :meth:`write` appends its row: the step is done, and an evaluation can take minutes."""
         if "loss" not in row or not self.writes:
             return
+        reward = math.nan if row["reward"] is None else row["reward"]  # null: no completion scored (NaN)
         log.info("step %d/%d loss %+.4f reward %.3f len %.1f %.1fs", row["step"], self.max_steps, row["loss"],
-                 row["reward"], row["completions/mean_length"], row["step_time"])
+                 reward, row["completions/mean_length"], row["step_time"])
         if self._bar is not None:
             self._postfix(row)
             self._bar.update(1)
 
     def _postfix(self, row: Mapping[str, Any]) -> None:
         assert self._bar is not None
-        postfix = {"reward": f"{row['reward']:.3f}", "step_s": f"{row['step_time']:.1f}"}
+        postfix = {"reward": f"{math.nan if row['reward'] is None else row['reward']:.3f}",
+                   "step_s": f"{row['step_time']:.1f}"}
         accuracy = next((r["eval/accuracy"] for r in reversed([*self.history, row])
                          if r.get("eval/accuracy") is not None), None)
         if accuracy is not None:

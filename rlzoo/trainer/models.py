@@ -158,7 +158,7 @@ def load_model(
         model, tokenizer = _load_local(name_or_path, dtype, what=f"checkpoint directory {name_or_path!r}")
     elif "/" not in name_or_path and (close := close_names(name_or_path, list_builtin_models())):
         raise UnknownNameError(f"unknown model {name_or_path!r}: did you mean {' or '.join(map(repr, close))}? "
-                               f"(built-in models: {', '.join(list_builtin_models())}; a hub id is ORG/NAME)")
+                               f"(built-in models: {', '.join(list_builtin_models())}; a hub id is usually ORG/NAME)")
     elif _HUB_ID.fullmatch(name_or_path):
         model, tokenizer = _load_local(name_or_path, dtype, what=f"hub id {name_or_path!r}")
     else:

@@ -335,7 +335,8 @@ class RolloutSource:
         overlong = functools.partial(overlong_penalty, config=self.reward_config,
                                      max_completion_length=self.config.max_completion_length)
         return batch.step_metrics(dist=self.dist, reward_names=self.rewards.names, num_tokens=self.num_tokens,
-                                  reward_weights=self.rewards.weights, overlong=overlong)
+                                  reward_weights=self.rewards.weights, overlong=overlong,
+                                  combined_is_sum=self.reward_config.multi_reward_aggregation == "sum_then_normalize")
 
     def sync_weights(self) -> None:
         """Give the sampler the policy's new weights (after an optimizer step; a no-op for Hugging Face

@@ -106,8 +106,8 @@ class OptimizerStepBatch:
         return float(sum(mb.completion_mask.sum() + mb.prompt_mask.sum() for mb in self.micro_batches))
 
     def step_metrics(self, *, dist: Distributed, reward_names: Sequence[str], num_tokens: float,
-                     reward_weights: Sequence[float] | None = None,
-                     overlong: Callable[[Tensor], Tensor] | None = None) -> dict[str, float]:
+                     reward_weights: Sequence[float] | None = None, overlong: Callable[[Tensor], Tensor] | None = None,
+                     combined_is_sum: bool = True) -> dict[str, float]:
         """Rewards and completion lengths of a step's completions over every rank (names as TRL logs them).
 
         The ranks' completions are gathered in one all-gather and put in the order one process holds them (micro-batch
@@ -130,6 +130,9 @@ class OptimizerStepBatch:
             num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
             reward_weights: one weight per reward function (TRL's ``reward_weights``); None: all 1.
             overlong: the overlong penalty of completions of the given lengths (tokens), or None.
+            combined_is_sum: the micro-batches' combined ``reward`` is the weighted sum plus the penalty
+                (``sum_then_normalize``), so ``reward`` is logged from it; else (``normalize_then_sum``) from
+                ``reward_weights`` and ``overlong``.
 
         Returns:
             ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``completions/*`` lengths (tokens) and clipped
@@ -151,17 +154,20 @@ class OptimizerStepBatch:
         weights = torch.ones(values.shape[1]) if reward_weights is None else torch.tensor(reward_weights)
         reward = rows[:, 0].to(micro_batches[0].reward.dtype)
         lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
-        total = torch.nan_to_num(values, nan=0.0) @ weights.to(values)  # TRL's reward: a None adds nothing
-        total = (total if overlong is None else total + overlong(lengths.to(total.dtype)))[scored]
+        if combined_is_sum:  # what shape_rewards computed: the weighted sum (a None adds nothing) + the penalty
+            total = reward[scored]
+        else:
+            total = torch.nan_to_num(values, nan=0.0) @ weights.to(values)
+            total = (total if overlong is None else total + overlong(lengths.to(total.dtype)))[scored]
         groups = torch.unique(rows[:, 4], return_inverse=True)[1]
         lowest = reward.new_full((int(groups.max()) + 1,), math.inf).scatter_reduce(
             0, groups, torch.where(scored, reward, math.inf), "amin")
         highest = reward.new_full(lowest.shape, -math.inf).scatter_reduce(
             0, groups, torch.where(scored, reward, -math.inf), "amax")
-        few = torch.zeros(lowest.shape, dtype=torch.long).scatter_add(0, groups, scored.long()) < 2
+        few = groups.new_zeros(lowest.shape).scatter_add(0, groups, scored.long()) < 2  # scored per group
         metrics = {
             "reward": float(total.mean()) if total.numel() else math.nan,  # TRL's nanmean
-            "reward_std": float(total.std()) if total.numel() > 1 else math.nan,  # TRL's nanstd
+            "reward_std": float(total.std()) if total.numel() > 1 else 0.0 if total.numel() else math.nan,
             "frac_reward_zero_std": float(((lowest == highest) | few).float().mean()),
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),

@@ -1,6 +1,7 @@
 """The training loop on the tiny random model: end to end, resume, generation cycle, learning, bad input."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -355,6 +356,52 @@ def test_the_logged_reward_holds_the_overlong_penalty(tmp_path):
     penalty = overlong_penalty(lengths, config=config.section(RewardConfig), max_completion_length=6)
     assert bool((penalty < 0).any())
     assert trainer.rollouts.batch_metrics(batch)["reward"] == pytest.approx(float((1.0 + penalty).mean()), rel=1e-6)
+
+
+def test_a_step_without_a_scored_completion_logs_null_and_draws_nan(tmp_path, monkeypatch, caplog):
+    """Every completion unscorable: reward and reward_std are NaN (TRL's nanmean / nanstd; null in metrics.jsonl),
+    every group is without signal, and the log line and the progress bar show nan (the bar raised on None)."""
+    import io
+
+    from rlzoo.trainer.metrics import MetricsLogger
+
+    def nothing(prompts, completions, **columns):
+        return [None] * len(completions)
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0), reward_funcs=[nothing])
+    metrics = trainer.rollouts.batch_metrics(trainer.rollouts.next_optimizer_step())
+    assert math.isnan(metrics["reward"]) and math.isnan(metrics["reward_std"])
+    assert metrics["frac_reward_zero_std"] == 1.0
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    (tmp_path / "log").mkdir()
+    logger = MetricsLogger(tmp_path / "log", max_steps=2, progress=True)
+    logger.open(0)
+    row = {"step": 1, "loss": 0.0, "completions/mean_length": 3.0, "step_time": 1.0, **metrics}
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        logger.announce(row)
+        logger.write({**row, "eval/accuracy": 0.5})
+        logger.announce({**json.loads((tmp_path / "log" / "metrics.jsonl").read_text()), "step": 2})
+    logger.close()
+    assert json.loads((tmp_path / "log" / "metrics.jsonl").read_text())["reward"] is None
+    assert "reward nan" in caplog.text and "Logging error" not in caplog.text
+
+
+def test_frac_reward_zero_std_counts_a_group_with_one_scored_completion(tmp_path):
+    """A group with fewer than two scored completions has no learning signal (its advantages are 0): counted as
+    zero-std, as dynamic sampling judges it."""
+    def one_scored(prompts, completions, **columns):  # groups of 4: the first group scores one completion
+        return [float(j % 2) if j >= 4 or j == 0 else None for j in range(len(completions))]
+
+    trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0), reward_funcs=[one_scored])
+    batch = trainer.rollouts.next_optimizer_step()
+    groups = len({int(g) for mb in batch.micro_batches for g in mb.group_index})
+    metrics = trainer.rollouts.batch_metrics(batch)
+    assert metrics["frac_reward_zero_std"] == pytest.approx(1 / groups)
 
 
 def test_normalize_then_sum_logs_the_reward_and_takes_none(tmp_path):
