@@ -151,12 +151,12 @@ class OptimizerStepBatch:
         rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
         values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K], NaN: a function's None
         scored = ~torch.isnan(values).all(dim=1)
-        weights = torch.ones(values.shape[1]) if reward_weights is None else torch.tensor(reward_weights)
         reward = rows[:, 0].to(micro_batches[0].reward.dtype)
         lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
         if combined_is_sum:  # what shape_rewards computed: the weighted sum (a None adds nothing) + the penalty
             total = reward[scored]
         else:
+            weights = torch.ones(values.shape[1]) if reward_weights is None else torch.tensor(reward_weights)
             total = torch.nan_to_num(values, nan=0.0) @ weights.to(values)
             total = (total if overlong is None else total + overlong(lengths.to(total.dtype)))[scored]
         groups = torch.unique(rows[:, 4], return_inverse=True)[1]
