@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rlzoo.batch import LossMasker, Normalizer
 from rlzoo.trainer.distributed import Distributed
+from rlzoo.trainer.reward_shaping import scorable
 from rlzoo.trainer.rewards import nanstd
 from rlzoo.trainer.rollout import Rollout
 
@@ -150,7 +151,7 @@ class OptimizerStepBatch:
         rows = dist.all_gather(torch.cat(parts))
         rows = rows[torch.sort(rows[:, 3], stable=True).indices]  # one process's order: micro-batch by micro-batch
         values = rows[:, 5:].to(micro_batches[0].rewards.dtype).contiguous()  # [N, K], NaN: a function's None
-        scored = ~torch.isnan(values).all(dim=1)
+        scored = scorable(values)
         reward = rows[:, 0].to(micro_batches[0].reward.dtype)
         lengths, truncated = rows[:, 1].float(), rows[:, 2].float()
         if combined_is_sum:  # what shape_rewards computed: the weighted sum (a None adds nothing) + the penalty
