@@ -64,7 +64,7 @@ def batch_advantages(estimator: Any, rollout: Rollout, sampling: dict[str, Tenso
         groups = torch.arange(reward.shape[0], device=reward.device) // group_size
         width = [extra["completion_mask"].shape[1]] if estimator.token_level else []  # token-level: need the mask
         part = estimator(reward[scored], group_ids=groups[scored], **{k: v[scored] for k, v in extra.items()}
-                         ).to(torch.float32) if bool(scored.any()) else reward.new_zeros(0, *width)
+                         ).to(torch.float32) if bool(scored.any()) else reward.new_zeros(0, *width, dtype=torch.float32)
         advantages = torch.zeros((reward.shape[0], *part.shape[1:]), dtype=torch.float32, device=reward.device)
         advantages[scored] = part
     advantages = advantages[dist.rank * n:(dist.rank + 1) * n]

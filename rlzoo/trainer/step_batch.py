@@ -115,9 +115,11 @@ class OptimizerStepBatch:
         by micro-batch: when a generation batch spans several steps, rank ``r`` holds the ``r``-th slice of each
         micro-batch), so the statistics are those of one process. ``reward`` and ``reward_std`` are TRL 1.16's: of
         the weighted sum of the reward functions' values (a None adds nothing; unscorable completions, every
-        function None, are left out: NaN when none is left, as TRL), plus the overlong penalty (a reward function
-        in TRL), before GDPO's normalisation and the KL in the reward; the weights are the run's current ones (a
-        batch restored mid-cycle after a change of ``reward_weights`` is logged with the new ones).
+        function None, are left out: NaN when none is left, as TRL; ``reward_std`` is 0 with one, as before, where
+        TRL's nanstd gives NaN), plus the overlong penalty (a reward function in TRL), before GDPO's normalisation
+        and the KL in the reward. Under ``sum_then_normalize`` it is the combined reward the batch was generated
+        with (a batch restored mid-cycle after a change of ``reward_weights`` keeps its weights, as its advantages
+        do); under ``normalize_then_sum`` it is recomputed with ``reward_weights``.
         ``frac_reward_zero_std`` is the fraction of the step's prompt groups without a learning signal: whose
         scored completions' combined rewards are all equal, or fewer than two (as dynamic sampling judges them;
         TRL's metric for groups of scored completions), each group found by its global prompt id (the loss's
@@ -129,8 +131,10 @@ class OptimizerStepBatch:
             reward_names: the reward functions' names, one per column of each micro-batch's ``rewards`` ``[N, K]``
                 (``rewards/NAME/mean`` and ``rewards/NAME/std``, NaN-skipping as TRL's).
             num_tokens: this rank's prompt + completion tokens so far in the run; the metric is their sum over ranks.
-            reward_weights: one weight per reward function (TRL's ``reward_weights``); None: all 1.
-            overlong: the overlong penalty of completions of the given lengths (tokens), or None.
+            reward_weights: one weight per reward function (TRL's ``reward_weights``; normalize_then_sum only);
+                None: all 1.
+            overlong: the overlong penalty of completions of the given lengths (tokens), or None (normalize_then_sum
+                only).
             combined_is_sum: the micro-batches' combined ``reward`` is the weighted sum plus the penalty
                 (``sum_then_normalize``), so ``reward`` is logged from it; else (``normalize_then_sum``) from
                 ``reward_weights`` and ``overlong``.

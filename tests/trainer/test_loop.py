@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import sys
 
 import pytest
 import torch
@@ -321,6 +322,8 @@ def test_unscorable_completions_follow_trl(tmp_path, caplog):
     rewards = torch.cat([mb.rewards[:, 0] for mb in batch.micro_batches]).double()
     metrics = trainer.rollouts.batch_metrics(batch)
     assert metrics["reward"] == pytest.approx(float(torch.nanmean(rewards)), rel=1e-6)
+    combined = torch.cat([mb.reward for mb in batch.micro_batches])  # what the advantage saw, exactly
+    assert metrics["reward"] == float(combined[~torch.isnan(rewards)].mean())
     assert metrics["reward_std"] == pytest.approx(float(nanstd(rewards)), rel=1e-5)
 
 
@@ -388,20 +391,20 @@ def test_a_step_without_a_scored_completion_logs_null_and_draws_nan(tmp_path, mo
         logger.announce({**json.loads((tmp_path / "log" / "metrics.jsonl").read_text()), "step": 2})
     logger.close()
     assert json.loads((tmp_path / "log" / "metrics.jsonl").read_text())["reward"] is None
-    assert "reward nan" in caplog.text and "Logging error" not in caplog.text
+    assert "reward nan" in caplog.text and "Logging error" not in sys.stderr.getvalue()
 
 
 def test_frac_reward_zero_std_counts_a_group_with_one_scored_completion(tmp_path):
     """A group with fewer than two scored completions has no learning signal (its advantages are 0): counted as
     zero-std, as dynamic sampling judges it."""
-    def one_scored(prompts, completions, **columns):  # groups of 4: the first group scores one completion
-        return [float(j % 2) if j >= 4 or j == 0 else None for j in range(len(completions))]
+    def one_scored(prompts, completions, **columns):  # groups of 4: the first scores none, the second one
+        return [float(j % 2) if j >= 8 or j == 4 else None for j in range(len(completions))]
 
     trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0), reward_funcs=[one_scored])
     batch = trainer.rollouts.next_optimizer_step()
     groups = len({int(g) for mb in batch.micro_batches for g in mb.group_index})
     metrics = trainer.rollouts.batch_metrics(batch)
-    assert metrics["frac_reward_zero_std"] == pytest.approx(1 / groups)
+    assert metrics["frac_reward_zero_std"] == pytest.approx(2 / groups)  # equal rewards: 1; no reward: 1
 
 
 def test_normalize_then_sum_logs_the_reward_and_takes_none(tmp_path):
