@@ -427,14 +427,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                              "rlzoo explain --markdown renders a preset as registered: drop the --loss.NAME options")
         print(presets.get(args.name).markdown())
         return 0
+    name = presets.canonical(args.name) if kind == "preset" else args.name
+    # built before the card prints: an unknown option (did-you-mean) or a bad value is an error without a card
+    loss = get_loss(name, **args.loss_options) if args.loss_options else None
     print(meanings[kind][1])
     if kind == "preset":
-        name = presets.canonical(args.name)
         also = _also_means(name, meanings, kind)
         if also:  # on stderr: stdout is the card, as before
             print(f"\n{also}", file=sys.stderr)
-        if args.loss_options:  # the components these options build
-            loss = get_loss(name, **args.loss_options)  # an unknown option: did-you-mean
+        if loss is not None:  # the components these options build
             given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())
             print(f"\ncomponents (with {given}):\n" + "\n".join("  " + line for line in loss.describe().splitlines()))
     return 0

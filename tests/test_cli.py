@@ -808,6 +808,7 @@ def test_explain_takes_loss_options_as_plot_and_train_do(capsys):
     assert "ppo_clip(epsilon_low=0.2, epsilon_high=0.3" in out and "kl(beta=0.04" in out
     with pytest.raises(ValueError, match="did you mean 'epsilon_high'"):
         main(["explain", "dapo", "--loss.epsilon_hihg", "0.3"])
+    assert capsys.readouterr().out == ""  # the error comes alone: no card printed before it
     with pytest.raises(ValueError, match="go with one preset name"):
         main(["explain", "--all", "--loss.beta", "0.1"])
     with pytest.raises(ValueError, match="takes loss options only"):
