@@ -519,11 +519,13 @@ def _cmd_train(argv: Sequence[str]) -> int:
         leave_process_group()
         raise
     leave_process_group()  # under torchrun: every rank leaves the group together before the interpreter exits
-    evals = [r for r in history if r.get("eval/accuracy") is not None]
+    key = "eval/accuracy" if any(r.get("eval/accuracy") is not None for r in history) else "eval/reward"
+    evals = [r for r in history if r.get(key) is not None]  # the reward of a task without answers
     if evals and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
         first, last = evals[0], evals[-1]
-        print(f"held-out greedy accuracy: step {first['step']} {100 * first['eval/accuracy']:.1f}% -> "
-              f"step {last['step']} {100 * last['eval/accuracy']:.1f}%")
+        shown = (lambda v: f"{100 * v:.1f}%") if key == "eval/accuracy" else (lambda v: f"{v:.3f}")
+        print(f"held-out greedy {key[5:]}: step {first['step']} {shown(first[key])} -> "
+              f"step {last['step']} {shown(last[key])}")
     return 0
 
 

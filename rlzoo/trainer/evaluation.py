@@ -1,13 +1,16 @@
-"""The evaluator: greedy accuracy on the task's held-out set, with a 95 % Wilson interval."""
+"""The evaluator: greedy accuracy on the task's held-out set, with a 95 % Wilson interval, and the run's reward
+functions on the same greedy completions (TRL's ``eval_reward``)."""
 
 import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from rlzoo.trainer.config import EvalConfig, ModelConfig, RolloutConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -16,32 +19,50 @@ from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.tasks import TaskStream, build_task
 
-__all__ = ["EvalResult", "EvaluationAbandoned", "Evaluator", "evaluate", "greedy_accuracy", "wilson_interval"]
+if TYPE_CHECKING:
+    from rlzoo.trainer.rewards import RewardSet
+
+__all__ = ["EvalResult", "EvaluationAbandoned", "Evaluator", "evaluate", "greedy_accuracy", "held_out_rewards",
+           "wilson_interval"]
 
 log = logging.getLogger("rlzoo.train")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    """Greedy accuracy on the held-out set.
+    """Greedy accuracy on the held-out set, and the reward functions' mean rewards of the same completions.
 
     Attributes:
-        accuracy: mean score in [0, 1]; ci_low, ci_high: 95 % Wilson interval; n: problems scored.
+        accuracy: mean score in [0, 1], None for a task without reference answers (nothing to score);
+            ci_low, ci_high: 95 % Wilson interval; n: problems decoded.
         samples: a few (question, completion, score) triples for the log.
+        rewards: ``eval/reward`` (the mean combined reward: TRL's ``eval_reward``) and ``eval/rewards/NAME/mean``
+            per reward function, NaN-ignoring as the training metrics (NaN when none scored), and what the functions
+            logged with ``log_metric`` during the evaluation as ``eval/NAME``; empty when evaluated without
+            reward functions.
     """
 
-    accuracy: float
+    accuracy: float | None
     ci_low: float
     ci_high: float
     n: int
     samples: tuple[tuple[str, str, float], ...] = ()
+    rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
-        return f"{100 * self.accuracy:.1f}% (95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}, n={self.n})"
+        reward = f"reward {self.rewards['eval/reward']:.3f}" if "eval/reward" in self.rewards else ""
+        if self.accuracy is None:
+            return f"{self.rewards.get('eval/reward', math.nan):.3f} (n={self.n})"
+        accuracy = f"{100 * self.accuracy:.1f}% (95% CI {100 * self.ci_low:.1f}-{100 * self.ci_high:.1f}, n={self.n})"
+        return f"{accuracy}, {reward}" if reward else accuracy
 
     def metrics(self) -> dict[str, float]:
-        """``eval/accuracy``, ``eval/ci_low``, ``eval/ci_high`` (the metrics.jsonl keys)."""
-        return {"eval/accuracy": self.accuracy, "eval/ci_low": self.ci_low, "eval/ci_high": self.ci_high}
+        """``eval/accuracy``, ``eval/ci_low``, ``eval/ci_high`` (for a task with answers) and :attr:`rewards` (the
+        metrics.jsonl keys)."""
+        if self.accuracy is None:
+            return dict(self.rewards)
+        return {**self.rewards, "eval/accuracy": self.accuracy, "eval/ci_low": self.ci_low,
+                "eval/ci_high": self.ci_high}
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -61,9 +82,11 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
 @torch.no_grad()
 def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, generator: HFGenerator, *,
                     batch_size: int, limit: int | None = None, dist: Distributed = ONE_PROCESS,
-                    progress: bool = False, should_stop: Callable[[], int | None] | None = None) -> EvalResult:
-    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer (``progress``:
-    a progress bar over the problems, for long evaluations).
+                    progress: bool = False, should_stop: Callable[[], int | None] | None = None,
+                    rewards: "RewardSet | None" = None) -> EvalResult:
+    """Greedy-decode the task's held-out problems in batches and score them with the task's scorer where it has
+    reference answers, and with ``rewards`` when given (:func:`held_out_rewards`; ``progress``: a progress bar over
+    the problems, for long evaluations).
 
     Under torchrun each rank decodes its strided share of the problems and the scores are summed over the
     ranks (every rank returns the same accuracy; the samples are rank 0's). Every rank calls ``generate`` equally
@@ -77,7 +100,9 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     """
     everything = list(task.eval_items)[:limit]
     items = dist.shard(everything)
+    answers = task.task.has_answers
     scores: list[float] = []
+    rewarded: list[Tensor] = []  # [n, K] per batch
     samples: list[tuple[str, str, float]] = []
     bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
     most = -(-len(everything) // dist.world_size)  # the largest share: every rank asks as often
@@ -94,18 +119,56 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             bar.update(len(chunk))
         prompts = [task.prompt(tokenizer, item) for item in chunk]
         gen = generator.generate(model, prompts, 1, greedy=True)
+        if rewards is not None:
+            lengths = gen.completion_mask.sum(-1).tolist()
+            rewarded.append(rewards.compute(prompts, gen.texts, chunk, completion_ids=[
+                ids[:k] for ids, k in zip(gen.completion_ids.tolist(), lengths, strict=True)]))
         for item, text in zip(chunk, gen.texts, strict=True):
-            score = float(task.score(text, item))
+            score = float(task.score(text, item)) if answers else math.nan
             scores.append(score)
             if len(samples) < 3:
                 samples.append((task.question(item), text, score))
     if bar is not None:
         bar.close()
-    totals = dist.reduce_floats({"score": sum(scores), "n": float(len(scores))})
+    totals = dist.reduce_floats({"score": math.fsum(scores) if answers else 0.0, "n": float(len(scores))})
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
-    return EvalResult(accuracy=total / n if n else float("nan"), ci_low=low, ci_high=high, n=n,
-                      samples=tuple(samples))
+    reward_metrics = {} if rewards is None else held_out_rewards(rewards, rewarded, dist)
+    return EvalResult(accuracy=(total / n if n else math.nan) if answers else None, ci_low=low, ci_high=high, n=n,
+                      samples=tuple(samples), rewards=reward_metrics)
+
+
+def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
+                     dist: Distributed = ONE_PROCESS) -> dict[str, float]:
+    """The evaluation's reward metrics from each batch's per-function rewards (NaN: a function returned None),
+    over every rank of ``dist``: ``eval/reward``, the mean over the completions some function scored of the
+    weighted sum of the functions that scored it (the combined reward the training metrics' ``reward`` averages,
+    without the overlong shaping), ``eval/rewards/NAME/mean`` per function (NaN-ignoring) and what the functions
+    logged with ``log_metric`` during the evaluation, as ``eval/NAME`` (taken from ``rewards``, so that it does not
+    join the next training step's row). A mean over no scored completion is NaN.
+
+    Matches TRL 1.16 ``GRPOTrainer`` in evaluation (``eval_reward``, ``eval_rewards/NAME/mean``), which samples;
+    these are of the greedy completions.
+    """
+    k = len(rewards.names)
+    table = torch.cat(scored) if scored else torch.empty(0, k)
+    scorable = ~torch.isnan(table).all(dim=1)
+    combined = (table * torch.tensor(rewards.weights, dtype=table.dtype)).nansum(dim=1)[scorable]
+    sums = {"reward": float(combined.double().sum()), "reward_n": float(combined.numel())}
+    for j, name in enumerate(rewards.names):
+        column = table[:, j][~torch.isnan(table[:, j])]
+        sums[f"{name}/sum"], sums[f"{name}/n"] = float(column.double().sum()), float(column.numel())
+    sums = dist.reduce_floats(sums)
+    logged, _ = rewards.take_logged(dist)  # log_extra columns of evaluation completions are dropped
+    metrics = {f"eval/{name}": value for name, value in logged.items()}
+
+    def mean(total: float, count: float) -> float:
+        return total / count if count else math.nan
+
+    metrics["eval/reward"] = mean(sums["reward"], sums["reward_n"])
+    for name in rewards.names:
+        metrics[f"eval/rewards/{name}/mean"] = mean(sums[f"{name}/sum"], sums[f"{name}/n"])
+    return metrics
 
 
 class EvaluationAbandoned(Exception):
@@ -122,7 +185,8 @@ def _progress_bar(total: int) -> Any:
 class Evaluator:
     """Evaluates the policy before training, every ``eval_steps`` steps and after the last step.
 
-    Nothing is evaluated when the task's held-out set is empty (``eval_size`` 0).
+    Nothing is evaluated when the task's held-out set is empty (``eval_size`` 0), or when it has no reference
+    answers and no reward functions are given.
 
     Args:
         config: the evaluation section.
@@ -132,11 +196,14 @@ class Evaluator:
         precision: autocast of the forward passes.
         dist: the process group context (each rank evaluates a share of the held-out set).
         progress: show a progress bar over the held-out problems (when they take more than one batch).
+        rewards: the run's reward functions, which also score the greedy completions (:func:`held_out_rewards`).
     """
 
     def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
-                 precision: Precision, dist: Distributed = ONE_PROCESS, progress: bool = False) -> None:
+                 precision: Precision, dist: Distributed = ONE_PROCESS, progress: bool = False,
+                 rewards: "RewardSet | None" = None) -> None:
         self.config = config
+        self.rewards = rewards
         self.progress = progress
         self.task = task
         self.tokenizer = tokenizer
@@ -147,8 +214,8 @@ class Evaluator:
 
     @property
     def enabled(self) -> bool:
-        """Whether there is a held-out set to evaluate."""
-        return len(self.task.eval_items) > 0
+        """Whether there is a held-out set to evaluate, with answers or reward functions to score it."""
+        return len(self.task.eval_items) > 0 and (self.task.task.has_answers or self.rewards is not None)
 
     def run(self, model: torch.nn.Module | ParallelModel, limit: int | None = None) -> EvalResult:
         """Greedy accuracy of ``model`` (a Hugging Face model, or a :class:`ParallelModel` whose parameters are
@@ -157,7 +224,7 @@ class Evaluator:
         with gathered as whole, self.precision.autocast():
             return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
                                    batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
-                                   progress=self.progress, should_stop=self.should_stop)
+                                   progress=self.progress, should_stop=self.should_stop, rewards=self.rewards)
 
     def maybe_run(self, model: torch.nn.Module | ParallelModel, step: int, *,
                   final: bool) -> dict[str, float] | None:
@@ -166,6 +233,8 @@ class Evaluator:
         due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
         if not (self.enabled and due):
             return {}
+        if self.rewards is not None:  # the functions' trainer_state: the steps taken, as TRL's in evaluation
+            self.rewards.trainer_state.global_step = step
         try:
             result = self.run(model)
         except EvaluationAbandoned:
@@ -173,7 +242,8 @@ class Evaluator:
                 log.warning("step %d held-out evaluation abandoned: the run is stopping", step)
             return None
         if self.dist.is_main:
-            log.info("step %d held-out greedy accuracy %s", step, result)
+            log.info("step %d held-out greedy %s %s", step, "reward" if result.accuracy is None else "accuracy",
+                     result)
         return result.metrics()
 
 

@@ -1,7 +1,7 @@
 """The run's plot (``reward.png``): what a reader checks first about a run, on one page.
 
 Top: the mean training reward (left axis) and the held-out greedy accuracy with its 95 % Wilson band (right
-axis), each on its own scale. Below, one panel each: the loss, the KL to the reference, the policy's entropy,
+axis), each on its own scale (for a task without answers, the held-out greedy reward on the reward's axis). Below, one panel each: the loss, the KL to the reference, the policy's entropy,
 the mean completion length (with the truncated share), and the clip ratio. The title names the model, the task
 and the algorithm; a short run gets one tick per optimizer step.
 """
@@ -38,8 +38,8 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     """Draw the run's metrics rows (``metrics.jsonl``) into a PNG at ``path`` (written atomically).
 
     Args:
-        history: metrics rows (``step``, ``reward``, ``eval/accuracy``, ``eval/ci_low``, ``eval/ci_high`` and the
-            :data:`PANELS` keys; missing ones are drawn as "not logged").
+        history: metrics rows (``step``, ``reward``, ``eval/accuracy``, ``eval/ci_low``, ``eval/ci_high``, else
+            ``eval/reward``, and the :data:`PANELS` keys; missing ones are drawn as "not logged").
         path: the PNG file.
         title: the figure's title (e.g. "grpo on chain_sum - smollm2-135m").
 
@@ -65,6 +65,11 @@ def plot_metrics(history: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     top.tick_params(axis="y", colors=_REWARD)
     top.set_xlabel("optimizer step")
     top.grid(alpha=0.3)
+    if not any(r.get("eval/accuracy") is not None for r in history):  # a task without answers: its reward
+        held_steps, held_out = _series(history, "eval/reward")
+        if held_out:
+            top.plot(held_steps, held_out, color=_ACCURACY, marker="s", markersize=5, linewidth=1.6,
+                     label="held-out greedy reward")
     handles = top.get_legend_handles_labels()
     evals = [(int(r["step"]), r["eval/accuracy"], r.get("eval/ci_low"), r.get("eval/ci_high"))
              for r in history if r.get("eval/accuracy") is not None]

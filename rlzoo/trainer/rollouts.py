@@ -129,6 +129,7 @@ class RolloutSource:
         ids = self.tokenizer(item.answer, add_special_tokens=False)["input_ids"]
         self._set_progress()
         self.rewards.compute(prompts=[prompt], completions=[item.answer], items=[item], completion_ids=[ids])
+        self.rewards.take_logged()  # forget what the check logged: not the step-0 evaluation's, nor step 1's
 
     def generate(self) -> tuple[Rollout, dict[str, float]]:
         """Sample, score and compute advantages for one generation batch (with DAPO dynamic sampling).
@@ -146,7 +147,6 @@ class RolloutSource:
         dropped: list[tuple[GroupKey, Group]] = []
         columns: dict[str, None] = {}  # the log_extra columns, in the order they were first logged
         rounds, t0 = 0, time.perf_counter()
-        self.rewards.take_logged()  # forget what the reward check logged
         self._set_progress()
         with self.policy.gathered() as model:
             while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):

@@ -56,12 +56,14 @@ def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
     for key in ("rewards/think_format_reward/mean", "rewards/think_format_reward/std", "rewards/accuracy/mean",
                 "spy/len", "num_tokens", "completions/mean_terminated_length", "eval/accuracy"):
         assert key in history[-1] or key in history[0], key
-    prompts, completions, solution, _ = calls[-1]
+    prompts, completions, solution, _ = [c for c in calls if len(c[1]) == 8][-1]
     by_text = {r["prompt"][-1]["content"]: r for r in rows}
     assert all(p == by_text[p[-1]["content"]]["prompt"] for p in prompts)  # the data set's messages, as TRL
     assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
     assert solution == [by_text[p[-1]["content"]]["solution"] for p in prompts]
-    assert [c[3] for c in calls[1:]] == [0, 1]  # trainer_state.global_step at each generation (after the check)
+    generations = [c for c in calls if len(c[1]) == 8]  # not the reward check's (1), nor the evaluations' (2 each)
+    assert [c[3] for c in generations] == [0, 1]  # trainer_state.global_step at each generation
+    assert [c[3] for c in calls if len(c[1]) == 2] == [0, 2]  # and at the step-0 and final evaluations
     table = datasets.Dataset.from_parquet(str(tmp_path / "run" / "completions" / "step-000002.parquet"))
     assert {"step", "prompt", "completion", "think_format_reward", "accuracy", "spy", "solution_seen",
             "advantage"} <= set(table.column_names) and len(table) == 8
@@ -524,17 +526,36 @@ def test_a_class_label_answer_is_compared_by_its_name():
         DatasetTask(name="reviews", dataset=data, eval_dataset=other, eval_size=1)
 
 
-def test_an_eval_dataset_without_answers_is_said_to_be_unused(caplog):
-    """A held-out set given to a task without an answer column was dropped without a word (helper trial): held-out
-    accuracy needs answers. It is said once, naming the task."""
-    import logging
+def test_reward_functions_score_the_held_out_set_as_trls_eval_reward(tmp_path):
+    """A held-out set given to a task without an answer column was dropped with a warning, and reward functions never
+    scored any held-out set (TRL 1.16 logs eval_reward and eval_rewards/NAME/mean). Now the run's reward functions
+    score the greedy completions of the held-out set at every evaluation: ``eval/reward`` is the mean combined
+    reward, ``eval/rewards/NAME/mean`` each function's (None ignored), a ``log_metric`` during the evaluation is
+    ``eval/NAME`` and stays out of the training rows. Without answers no split is cut from the training rows."""
+    import itertools
 
-    data = datasets.Dataset.from_dict({"prompt": ["q", "r", "s"]})
-    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
-        task = DatasetTask(name="data.jsonl", dataset=data, eval_dataset=data, answer_column=None, eval_size=2)
-    assert task.eval_items() == []
-    assert "task data.jsonl: the held-out set" in caplog.text and "is not evaluated" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
-        DatasetTask(name="data.jsonl", dataset=data, answer_column=None, eval_size=0)
-    assert not caplog.text
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "score": 0.5} for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": f"{i} - {i} =", "score": float(i)} for i in range(5)])
+
+    def by_row(prompts, completions, score, log_metric, **kw):  # the row's own score: a known mean
+        log_metric("seen", len(prompts))
+        return [s if s != 3.0 else None for s in score]  # held-out row 3 unscored
+
+    config = TrainConfig(**{**TINY, "eval_size": 5}, task_kwargs={"answer_column": None}, max_steps=2, eval_steps=1,
+                         reward_funcs=("format",), output_dir=str(tmp_path / "run"))
+    trainer = Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[by_row])
+    assert len(trainer.evaluator.task.eval_items) == 5 and trainer.evaluator.enabled
+    history = trainer.train()
+    assert [r["step"] for r in history] == [0, 1, 2]
+    for row in history:
+        assert "eval/accuracy" not in row
+        assert row["eval/rewards/by_row/mean"] == pytest.approx((0 + 1 + 2 + 4) / 4)
+        fmt = row["eval/rewards/format/mean"]  # 0 or 1 for each of the 5 completions
+        assert row["eval/reward"] == pytest.approx((0 + 1 + 2 + 4 + 5 * fmt) / 5)  # row 3: format's alone
+        assert row["eval/seen"] == pytest.approx(5 / 3)  # batches of 2, 2, 1 (eval_batch_size 2)
+    for row in history[1:]:  # a training row's log_metric is its own generation's (8 completions), not the eval's
+        assert row["seen"] == 8 and row["rewards/by_row/mean"] == 0.5
+    assert "seen" not in history[0]
+    without = DatasetTask(name="data.jsonl", dataset=train, answer_column=None, eval_size=3)
+    assert without.eval_items() == []  # no split cut from the training rows without answers
+    assert {i.question for i in itertools.islice(without.train_items(), 16)} == set(train["prompt"])

@@ -110,10 +110,9 @@ class DatasetTask(Task):
         if self.eval_origin is None:
             object.__setattr__(self, "eval_origin", RowOrigin(f"data set {self.name!r} (held out)"))
         object.__setattr__(self, "_label_names", self._answer_labels())
-        wanted = self.eval_size if self.answer_column is not None else 0  # nothing to score without answers
-        if self.answer_column is None and self.eval_dataset is not None:
-            log.warning("task %s: the held-out set (%s) is not evaluated: held-out accuracy needs answers and the "
-                        "task has no answer column (answer_column null)", self.name, self.eval_origin.label)
+        # without answers a held-out set is scored by the reward functions only: one given (eval_dataset), as TRL
+        # evaluates, but no split cut from the training rows (TRL never cuts one)
+        wanted = self.eval_size if self.answer_column is not None or self.eval_dataset is not None else 0
         if self._streaming:
             self._hold_out_stream(wanted)
             return
