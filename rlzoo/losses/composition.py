@@ -187,6 +187,16 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
         if option in owners and all(_inactive_default(cls, option, value) for _, cls in owners[option]):
             continue  # an absent part's default, as options() reports it: adding that inactive part changes nothing
         if option not in owners:
+            replaced = [(slot, getattr(loss, slot.field)) for slot in SLOTS if slot.swap_option in overrides
+                        and option in getattr(loss, slot.field).option_names()]
+            if replaced:  # its part was swapped out in this very call (gmpo's geometric level holds its clip)
+                (slot, part), *_ = replaced
+                what = "ratio level" if slot.field == "ratio" else slot.field
+                raise UnknownNameError(
+                    f"option {option!r} belongs to {part.describe()}, the {what} of loss "
+                    f"{loss.name or type(loss.surrogate).__name__!r}, which {slot.swap_option}="
+                    f"{overrides[slot.swap_option]!r} replaces: drop {option} or keep that {what}"
+                )
             close = close_names(option, loss.options())
             meant = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             raise UnknownNameError(

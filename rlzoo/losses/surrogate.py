@@ -18,6 +18,8 @@ surrogates that only one algorithm uses live in that algorithm's file under :mod
 
 import abc
 import enum
+import math
+import warnings
 from typing import ClassVar
 
 import torch
@@ -177,6 +179,16 @@ def clip_metrics(x: LossInputs, w: Float[Tensor, "B T"], low: float, high: float
     }
 
 
+def _warn_low_delta(delta: float | None, epsilon_high: float) -> None:
+    """Warn when ``delta`` (two-sided clipping) is at most ``1 + epsilon_high`` (finite) or at most 1: the capped
+    ratio then bounds A > 0 tokens below the upper clip, with no gradient above ``delta`` (none at all at ``delta <=
+    1``, even on-policy). TRL 1.16 takes such values and recommends ``delta > 1 + epsilon``; the loss is unchanged."""
+    if delta is not None and (delta <= 1 or delta <= 1 + epsilon_high < math.inf):
+        warnings.warn(f"ppo_clip: delta={delta} <= 1 + epsilon_high = {1.0 + epsilon_high:g} caps the ratio of A > 0 "
+                      "tokens below the upper clip (no gradient above delta; at delta <= 1 none even on-policy): "
+                      "delta is meant to be > 1 + epsilon_high", stacklevel=4)
+
+
 class PPOClip(Surrogate, name="ppo_clip"):
     r"""PPO's clipped surrogate with asymmetric range, optional dual clip and INTELLECT-2 delta cap.
 
@@ -196,7 +208,7 @@ class PPOClip(Surrogate, name="ppo_clip"):
         dual_clip: None (off, default) or a finite ``c > 1``: bounds the loss of ``A < 0`` tokens at
             ``c * |A|``.
         delta: None (off, default) or ``> 0`` (inf is the same as off): caps the unclipped ratio before the
-            min (two-sided clipping).
+            min (two-sided clipping); meant to be ``> 1 + epsilon_high`` (TRL's advice), a warning below that.
 
     Metrics: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean`` (TRL's
     definitions, on the ratio before ``delta``: counted once per sequence for a sequence-level ratio with
@@ -230,6 +242,7 @@ class PPOClip(Surrogate, name="ppo_clip"):
         check_number("ppo_clip", "epsilon_high", self.epsilon_high, low=0.0, allow_inf=True)
         check_number("ppo_clip", "dual_clip", self.dual_clip, low=1.0, low_open=True, allow_none=True)
         check_number("ppo_clip", "delta", self.delta, low=0.0, low_open=True, allow_none=True, allow_inf=True)
+        _warn_low_delta(self.delta, self.epsilon_high)
 
     def __call__(self, x: LossInputs) -> PartOutput:
         w, adv = x.weight, x.advantages

@@ -6,6 +6,7 @@ dtypes, NaN in counted positions, or invalid hyper-parameters raise an error nam
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -96,6 +97,41 @@ def test_unknown_option_lists_the_valid_options(name):
     assert "epsilon_hihg" in message
     assert ("did you mean 'epsilon_high'" in message) == ("epsilon_high" in loss_fn.options())
     assert _names_all(message, sorted(loss_fn.options()))
+
+
+def test_an_option_of_a_part_swapped_out_in_the_same_call_says_so():
+    """gmpo's clip lives in its geometric ratio level: get_loss("gmpo", importance_sampling_level="token",
+    epsilon_low=0.2) said "unknown option 'epsilon_low'; did you mean 'epsilon_low'?" and listed it as valid (the
+    preset's options). It names the part the swap replaces."""
+    for order in ({"importance_sampling_level": "token", "epsilon_low": 0.2},
+                  {"epsilon_low": 0.2, "importance_sampling_level": "sequence"}):
+        with pytest.raises(UnknownNameError, match=r"^option 'epsilon_low' belongs to geometric\(epsilon_low=0.4, "
+                                                   r"epsilon_high=0.4\), the ratio level of loss 'gmpo', which "
+                                                   r"importance_sampling_level='(token|sequence)' replaces: drop "
+                                                   r"epsilon_low or keep that ratio level$"):
+            rlzoo.get_loss("gmpo", **order)
+    assert rlzoo.get_loss("gmpo", importance_sampling_level="geometric", epsilon_low=0.2).ratio.epsilon_low == 0.2
+
+
+def test_a_delta_at_or_below_the_upper_clip_warns():
+    """ppo_clip's delta <= 1 + epsilon_high was taken silently: at delta 0.9 no A > 0 token gets a gradient even
+    on-policy (helper trial: a run that cannot learn from its positive tokens). TRL recommends delta > 1 + epsilon;
+    it stays a value TRL takes (numbers unchanged), with a warning naming both."""
+    lp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    batch = rlzoo.PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0], dtype=torch.float64),
+                              completion_mask=torch.ones(1, 1, dtype=torch.bool))
+    with pytest.warns(UserWarning, match=r"^ppo_clip: delta=0.9 <= 1 \+ epsilon_high = 1.2 caps the ratio of A > 0 "
+                                         r"tokens below the upper clip"):
+        loss_fn = rlzoo.get_loss("two_sided", delta=0.9, beta=0.0)
+    loss_fn(batch).loss.backward()
+    assert lp.grad.item() == 0.0  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for delta in (None, 1.21, 4.0, math.inf):
+            rlzoo.get_loss("two_sided", delta=delta)
+        rlzoo.get_loss("ppo", epsilon_high=math.inf, delta=2.0)  # delta the only upper bound: meant
+    with pytest.warns(UserWarning, match="delta=1.25"):
+        rlzoo.get_loss("dapo", delta=1.25)  # epsilon_high 0.28
 
 
 def test_unknown_is_correction_mode_lists_the_modes():

@@ -253,8 +253,9 @@ def test_first_iteration_ppo_clip_at_the_edges(batch, beta, old, aggregation):
     bound touches r = 1) and any aggregation: loss == agg(-A + beta k3), gradient == agg-weighted
     (-A + beta (1 - e^-(logp - ref))). (Clamps pass the gradient at their bounds, torch.minimum splits ties.)"""
     batch = fresh(batch, old_logprobs=batch.logprobs.detach().clone() if old else None)
-    loss_fn = rlzoo.get_loss("grpo", beta=beta, epsilon_low=0.0, epsilon_high=0.0, dual_clip=1.01, delta=1.0,
-                             aggregation=aggregation, max_completion_length=batch.shape[1])
+    with pytest.warns(UserWarning, match=r"delta=1.0 <= 1 \+ epsilon_high"):  # delta at the upper clip, here wanted
+        loss_fn = rlzoo.get_loss("grpo", beta=beta, epsilon_low=0.0, epsilon_high=0.0, dual_clip=1.01, delta=1.0,
+                                 aggregation=aggregation, max_completion_length=batch.shape[1])
     d = _dense(batch)
     out, grad, _ = loss_and_grads(loss_fn, batch)
     kl, dkl = kl_closed_form(d["lp"], d["ref"], "k3")
