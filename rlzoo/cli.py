@@ -776,7 +776,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="presets, advantage estimators and parts")
     explain = sub.add_parser("explain", help="a preset's card (formula, components, defaults, paper), or a part's "
-                             "or advantage estimator's documentation")
+                             "or advantage estimator's documentation",
+                             epilog="--loss.OPTION VALUE (repeatable, after a preset NAME): also show the components "
+                             "those loss options build, e.g. rlzoo explain dapo --loss.beta 0.04")
     explain.add_argument("name", nargs="?", help="a preset, advantage estimator, part, KL estimator or a part's "
                          "option value (rlzoo list); a name of more than one kind shows the preset (--kind)")
     explain.add_argument("--kind", choices=list(_EXPLAIN_KINDS), help="which meaning of NAME to show, where it names "
