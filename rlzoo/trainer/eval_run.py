@@ -151,6 +151,12 @@ def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) 
                      f"evaluate; pass --eval-size N to evaluate N problems{seen}")
 
 
+def _trained_eval_size(run: Path) -> int:
+    """The ``eval_size`` run ``run`` was trained with (its config.json; the default when it holds none)."""
+    size = load_config_file(run / "config.json").get("eval_size", TrainConfig.eval_size)
+    return size if isinstance(size, int) else TrainConfig.eval_size
+
+
 def _check_is_model(path: Path) -> None:
     """Refuse a run directory given as ``--model`` (its ``config.json`` is rlzoo's, not a model's); a checkpoint
     (``RUN/checkpoints/step-N``) stands for its ``model/``, as for ``rlzoo train --model``.
@@ -180,8 +186,10 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
 
     config, checkpoint = eval_config(args)
     # nothing trains: a data set's held-out set is not capped to keep training rows, but for a run's own task,
-    # whose held-out set is the one it was trained with
-    result = evaluate(config, evaluation_only=args.run is None or args.task is not None)
+    # whose held-out set is the one it was trained with (if it had one: one trained with eval_size 0 is evaluated on
+    # the --eval-size rows asked for, uncapped)
+    own_held_out = args.run is not None and args.task is None and _trained_eval_size(Path(args.run)) >= 1
+    result = evaluate(config, evaluation_only=not own_held_out)
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
            "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
            "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,

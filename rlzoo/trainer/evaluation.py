@@ -212,6 +212,30 @@ class Evaluator:
         self.dist = dist
         self.should_stop: Callable[[], int | None] | None = None  # the trainer's signal: abandon an evaluation
 
+    def check_rewards(self) -> None:
+        """Call the reward functions once on the first held-out problem (:func:`~rlzoo.trainer.reward_functions.
+        try_rewards`), after the training check, so that one failing on the held-out set (a column it lacks) is known
+        before the step-0 evaluation: for a task with answers the held-out reward is then not logged (one warning
+        naming the function; accuracy is), for a task without them (the reward is all there is to evaluate) it is an
+        error.
+
+        Raises:
+            RewardFunctionError: a function fails on the held-out set of a task without answers (names it).
+        """
+        from rlzoo.trainer.reward_functions import RewardFunctionError, try_rewards
+
+        if self.rewards is None or not self.task.eval_items:
+            return
+        try:
+            try_rewards(self.rewards, self.task, self.tokenizer, self.task.eval_items[0])
+        except RewardFunctionError as err:
+            if not self.task.task.has_answers:
+                raise RewardFunctionError(f"on the held-out set, which the reward functions score (eval/reward): "
+                                          f"{err}") from err
+            if self.dist.is_main:
+                log.warning("the held-out reward (eval/reward) is not logged: on the held-out set %s", err)
+            self.rewards = None
+
     @property
     def enabled(self) -> bool:
         """Whether there is a held-out set to evaluate, with answers or reward functions to score it."""
@@ -253,8 +277,9 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult
     run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task).
 
     Raises:
-        ValueError: ``eval_size`` < 1; a task without reference answers (names ``--task.answer_column``), checked
-            before the model loads; and the errors of model and task loading.
+        ValueError: ``eval_size`` < 1; a task without reference answers (names ``--task.answer_column``) or without
+            held-out rows (a run's held-out split capped to 0 rows), checked before the model loads; and the errors
+            of model and task loading.
     """
     from rlzoo.trainer.models import load_model
 
@@ -264,6 +289,10 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult
     if not task.task.has_answers:  # accuracy needs them: NaN over 0 problems is not a result (nor valid JSON)
         raise ValueError(f"task {config.task!r} has no reference answers to evaluate against (its answer column is "
                          "unset): pass --task.answer_column COLUMN")
+    if not task.eval_items:  # e.g. a run's held-out split capped to 0 rows of a tiny data set: n=0 is no result
+        raise ValueError(f"task {config.task!r} has no held-out rows to evaluate (eval_size {config.eval_size}"
+                         + ("" if evaluation_only else "; a run's held-out split takes at most 20 % of its data set's "
+                            "rows") + "): pass --eval-size N, or --task with the data to evaluate")
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     precision = Precision.resolve(config.section(ModelConfig))

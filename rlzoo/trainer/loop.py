@@ -299,6 +299,7 @@ class Trainer:
                      self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
         self.dist.barrier()
         self.rollouts.check_rewards()
+        self.evaluator.check_rewards()
         self._write_missing_row(resumed=checkpoint is not None)
 
     def _write_missing_row(self, *, resumed: bool) -> None:

@@ -5,7 +5,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -13,8 +13,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.registry import UnknownNameError
-from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, DatasetTask, Task
+from rlzoo.trainer.tasks import DEFAULT_EXTRACTION, DatasetTask, Task, TaskItem, TaskStream
 from rlzoo.trainer.tasks.extraction import check_extraction
+
+if TYPE_CHECKING:
+    from rlzoo.trainer.rewards import RewardSet
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -29,6 +32,7 @@ __all__ = [
     "is_async_reward",
     "nanstd",
     "reward_error",
+    "try_rewards",
 ]
 
 BUILTIN_REWARDS: tuple[str, ...] = ("accuracy", "format")
@@ -269,3 +273,16 @@ def check_reward_values(values: Any, n: int, name: str) -> list[float]:
             )
         out.append(value)
     return out
+
+
+def try_rewards(rewards: "RewardSet", task: TaskStream, tokenizer: Any, item: TaskItem) -> None:
+    """Call every function of ``rewards`` once on ``item`` of ``task`` with its reference answer as the completion,
+    forgetting what they log, so that a broken reward fails in seconds (before an evaluation or a generation).
+
+    Raises:
+        RewardFunctionError: a function raised or returned a bad value (names it).
+    """
+    ids = tokenizer(item.answer, add_special_tokens=False)["input_ids"]
+    rewards.compute(prompts=[task.prompt(tokenizer, item)], completions=[item.answer], items=[item],
+                    completion_ids=[ids])
+    rewards.take_logged()

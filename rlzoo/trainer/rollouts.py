@@ -34,6 +34,7 @@ from rlzoo.trainer.generation import Generated, HFGenerator, VLLMGenerator
 from rlzoo.trainer.group_shares import Group, GroupKey, assemble, select_groups, split_generation_batch
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.reward_functions import try_rewards
 from rlzoo.trainer.reward_shaping import KLRewardShaping, overlong_penalty, scorable, shape_rewards
 from rlzoo.trainer.rewards import RewardSet
 from rlzoo.trainer.rollout import Rollout, check_restored_batch
@@ -118,18 +119,15 @@ class RolloutSource:
         self.reward_metrics: dict[str, float] = {}  # the step's log_metric values (add_reward_metrics)
 
     def check_rewards(self) -> None:
-        """Call every reward function once on one problem (its reference answer as the completion), so that a
-        broken reward fails before the run's first evaluation and generation.
+        """Call every reward function once on the first training problem (its reference answer as the completion;
+        :func:`~rlzoo.trainer.reward_functions.try_rewards`), so that a broken reward fails before the run's first
+        evaluation and generation.
 
         Raises:
             RewardFunctionError: a function raised or returned a bad value (names it).
         """
-        item = self.task.sample_item()
-        prompt = self.task.prompt(self.tokenizer, item)
-        ids = self.tokenizer(item.answer, add_special_tokens=False)["input_ids"]
         self._set_progress()
-        self.rewards.compute(prompts=[prompt], completions=[item.answer], items=[item], completion_ids=[ids])
-        self.rewards.take_logged()  # forget what the check logged: not the step-0 evaluation's, nor step 1's
+        try_rewards(self.rewards, self.task, self.tokenizer, self.task.sample_item())
 
     def generate(self) -> tuple[Rollout, dict[str, float]]:
         """Sample, score and compute advantages for one generation batch (with DAPO dynamic sampling).

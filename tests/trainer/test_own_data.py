@@ -304,6 +304,23 @@ def test_rlzoo_eval_of_a_file_evaluates_eval_size_rows_and_a_run_its_own_held_ou
     Trainer(TrainConfig(**{**TINY, "eval_size": 200}, task=str(path), max_steps=1, output_dir=str(run))).train()
     assert main(["eval", "--run", str(run), "--max-completion-length", "2", "--output", str(tmp_path / "run.json")]) == 0
     assert json.loads((tmp_path / "run.json").read_text())["n"] == 4  # the run's held-out set: 20 % of the rows
+    # a run without a held-out set (eval_size 0): the --eval-size N rows its error asks for, uncapped (it
+    # evaluated 4 of 20, and 0 of a 3-row file: "nan%", exit 0, NaN in the JSON)
+    for rows in (20, 3):
+        data = tmp_path / f"d{rows}.jsonl"
+        data.write_text("".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(rows)))
+        bare = tmp_path / f"bare{rows}"
+        Trainer(TrainConfig(**{**TINY, "eval_size": 0, "save_steps": 1}, task=str(data), max_steps=1,
+                            output_dir=str(bare))).train()
+        assert main(["eval", "--run", str(bare), "--eval-size", "2", "--max-completion-length", "2", "--output",
+                     str(tmp_path / "bare.json")]) == 0
+        assert json.loads((tmp_path / "bare.json").read_text())["n"] == 2
+    tiny = tmp_path / "tiny_run"  # a held-out split capped to 0 rows (3 rows: 20 % is 0): an error, not n=0
+    Trainer(TrainConfig(**{**TINY, "eval_size": 5}, task=str(tmp_path / "d3.jsonl"), max_steps=1,
+                        output_dir=str(tiny))).train()
+    with pytest.raises(ValueError, match=r"has no held-out rows to evaluate \(eval_size 5; a run's held-out split "
+                                         r"takes at most 20 % of its data set's rows\): pass --eval-size N"):
+        main(["eval", "--run", str(tiny), "--max-completion-length", "2"])
 
 
 def test_a_python_data_set_is_what_its_run_records(tmp_path, monkeypatch):
@@ -559,3 +576,33 @@ def test_reward_functions_score_the_held_out_set_as_trls_eval_reward(tmp_path):
     without = DatasetTask(name="data.jsonl", dataset=train, answer_column=None, eval_size=3)
     assert without.eval_items() == []  # no split cut from the training rows without answers
     assert {i.question for i in itertools.islice(without.train_items(), 16)} == set(train["prompt"])
+
+
+def test_the_reward_check_runs_on_a_training_row_and_a_held_out_set_lacking_a_column_is_said(tmp_path, caplog):
+    """The start-up reward check ran on the first held-out row (helper trial): a held-out set without a column the
+    training rows have (a test split without the metadata a reward reads) stopped a valid run, with an error saying
+    the data set lacks it. The check runs on a training row; the held-out set is checked too, since the functions
+    score it: with answers its reward is then not logged (a warning; accuracy is), without them it is an error."""
+    import logging
+
+    from rlzoo.trainer.reward_functions import RewardFunctionError
+
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i), "extra": 1.0}
+                                        for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}])
+
+    def needs_extra(completions, extra, **kw):
+        return list(extra)
+
+    config = TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "run"))
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        history = Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[needs_extra]).train()
+    assert "eval/accuracy" in history[-1] and "eval/reward" not in history[-1]
+    assert history[-1]["rewards/needs_extra/mean"] == 1.0
+    assert "the held-out reward (eval/reward) is not logged: on the held-out set reward function 'needs_extra'" \
+        in caplog.text
+    config = TrainConfig(**TINY, max_steps=1, task_kwargs={"answer_column": None}, reward_funcs=("format",),
+                         output_dir=str(tmp_path / "no_answers"))
+    with pytest.raises(RewardFunctionError, match=r"^on the held-out set, which the reward functions score "
+                                                  r"\(eval/reward\): reward function 'needs_extra'"):
+        Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[needs_extra]).train()

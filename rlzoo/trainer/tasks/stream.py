@@ -157,10 +157,9 @@ class TaskStream:
         return self.task.eval_items()
 
     def sample_item(self) -> TaskItem:
-        """One problem to try things on (the first held-out one, else the first of the training stream); the
-        training position does not move."""
-        items = self.eval_items
-        return items[0] if items else next(iter(self.task.train_items()))
+        """One problem to try things on: the first of the training stream (the rows reward functions score in
+        training; a held-out set may lack a column they need); the training position does not move."""
+        return next(iter(self.task.train_items()))
 
     def next_train(self, n: int) -> list[TaskItem]:
         """The next ``n`` training items (advances the cursor).
