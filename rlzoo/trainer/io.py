@@ -43,19 +43,30 @@ def disk_full_is_os_error(path: str | os.PathLike[str]) -> Iterator[None]:
     """Turn "no space left on device" from any writer into ``OSError(ENOSPC)`` naming ``path``.
 
     Python's own writes raise ``OSError(28)`` without a file name; safetensors raises its own error type
-    with "No space left on device (os error 28)" in the message. Other errors pass through unchanged.
+    with "No space left on device (os error 28)" in the message; ``torch.save`` (and so
+    ``torch.distributed.checkpoint``, which wraps it in a ``CheckpointException``) a ``RuntimeError`` "unexpected pos
+    N vs M" without an errno, read as a full disk when ``path``'s file system has less than 1 MiB left. Other errors
+    pass through unchanged.
 
     Raises:
         OSError: ``[Errno 28] no space left on device: 'PATH'``.
     """
     try:
         yield
-    except Exception as err:
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.filename is not None:
             raise  # already names its file (a narrower ``disk_full_is_os_error`` inside this one)
-        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err) or (
+                "unexpected pos" in str(err) and _free_bytes(Path(path)) < 2**20):  # torch's short write
             raise OSError(errno.ENOSPC, "no space left on device", str(path)) from err
         raise
+
+
+def _free_bytes(path: Path) -> int:
+    """The bytes this process may still write on the file system of ``path`` (its nearest existing parent)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    stats = os.statvfs(existing)
+    return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

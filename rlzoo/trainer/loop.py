@@ -59,7 +59,7 @@ from rlzoo.trainer.resume import (
     saved_settings,
 )
 from rlzoo.trainer.run_config import absolute_paths, resolved_settings
-from rlzoo.trainer.run_dir import RunDirectory, RunLockedError, default_output_dir, timeline_rows
+from rlzoo.trainer.run_dir import RunDirectory, default_output_dir, timeline_rows
 from rlzoo.trainer.step_batch import OptimizerStepBatch
 from rlzoo.trainer.tasks import build_task, check_python_dataset, recorded_task
 from rlzoo.trainer.trackers import Trackers
@@ -246,7 +246,7 @@ class Trainer:
         if self.dist.is_main:
             try:
                 lock.enter_context(self.run_dir.lock())
-            except RunLockedError as err:
+            except (OSError, ValueError) as err:  # locked, or a run started here since the check (RunDirectory.lock)
                 refusal = err
         refusal = self.dist.broadcast_object(refusal)  # every rank stops with it: none waits in a collective
         if refusal is not None:
@@ -265,9 +265,11 @@ class Trainer:
                 self.logger.close()
 
     def _start(self) -> None:
-        """Clean up, resume when asked, record the settings, check the rewards, evaluate at step 0 (what
-        touches the run directory: rank 0 only)."""
+        """Check the rewards, clean up, resume when asked, record the settings, evaluate at step 0 (what touches
+        the run directory: rank 0 only)."""
         main = self.dist.is_main
+        self.rollouts.check_rewards()  # first: a broken reward leaves the directory as it was (nothing written)
+        self.evaluator.check_rewards()
         if main:
             self.run_dir.prepare()
         checkpoint, changes, source_run = None, {}, None
@@ -298,8 +300,6 @@ class Trainer:
             log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
                      self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
         self.dist.barrier()
-        self.rollouts.check_rewards()
-        self.evaluator.check_rewards()
         self._write_missing_row(resumed=checkpoint is not None)
 
     def _write_missing_row(self, *, resumed: bool) -> None:

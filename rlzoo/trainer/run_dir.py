@@ -9,7 +9,8 @@
   two contradict each other.
 - ``--resume auto`` in a directory without a checkpoint starts fresh; what an earlier start that wrote no
   checkpoint left (its config and metrics) moves to ``abandoned/no-checkpoint-TIMESTAMP/``.
-- At start, what interrupted atomic writes left is cleaned up (:func:`rlzoo.trainer.io.recover_interrupted_writes`).
+- At start, what interrupted atomic writes of the run's own files left is cleaned up
+  (:func:`rlzoo.trainer.io.recover_interrupted_writes`; a user's own ``.NAME.old`` or ``.NAME.tmp`` is not touched).
 - Resuming from a checkpoint older than the run's newest work starts a new timeline: the newer checkpoints and
   metrics rows move to ``abandoned/AFTER-STEP-N-TIMESTAMP/`` (nothing is deleted), so ``--resume latest``
   never picks them again.
@@ -95,8 +96,9 @@ class RunDirectory:
 
     def holds_run(self) -> bool:
         """Whether a run has written into the directory (its config, metrics or checkpoints; a Hugging Face
-        model's ``config.json`` is not a run's, :func:`~rlzoo.trainer.checkpoint.is_run_config`)."""
-        return (any((self.path / name).exists() for name in ("metrics.jsonl", "checkpoints"))
+        model's ``config.json`` is not a run's, :func:`~rlzoo.trainer.checkpoint.is_run_config`, nor a
+        ``checkpoints/`` directory without an rlzoo checkpoint)."""
+        return ((self.path / "metrics.jsonl").exists() or self._may_hold_a_checkpoint()
                 or is_run_config(self.path / "config.json"))
 
     def _resume_inside(self) -> bool:
@@ -159,10 +161,13 @@ class RunDirectory:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the directory's run lock for the duration of the block.
+        """Hold the directory's run lock for the duration of the block; once it is held, :meth:`check` again (a
+        fresh run started in the directory between the first check and the lock, during a model load of minutes,
+        is refused instead of mixed with this one).
 
         Raises:
             RunLockedError: another live process holds it (names pid and host).
+            and the errors of :meth:`check`.
         """
         import fcntl
 
@@ -177,6 +182,7 @@ class RunDirectory:
                 raise RunLockedError(
                     errno.EBUSY, f"another run is using this output directory ({_describe(_read_lock(fd))}); "
                     "wait for it or choose another --output-dir", str(self.path)) from None
+            self.check()  # again, now that no other run can start here: one may have since __init__'s check
             previous = _read_lock(fd)
             if previous:
                 log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",
@@ -195,20 +201,36 @@ class RunDirectory:
         """Under the lock: clean up after interrupted writes (temporaries; a checkpoint moved aside between two
         renames is put back), then delete the old run (``--overwrite`` when :attr:`starts_fresh`), or under
         ``--resume auto`` without a checkpoint move what an earlier start left to ``abandoned/``."""
-        for directory in (self.path, self.checkpoints):
-            for line in recover_interrupted_writes(directory):
+        for directory, names in ((self.path, RUN_FILES), (self.checkpoints, None)):  # not a user's own .X.old
+            for line in recover_interrupted_writes(directory, names):
                 log.warning("%s", line)
         if not self.starts_fresh:
             return
-        if self.overwrite:
-            for name in RUN_FILES:
-                target = self.path / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                elif target.exists():
-                    target.unlink()
+        if self.overwrite and self.holds_run():
+            self._delete_run()
         elif self.resume == "auto":
             self._set_aside_a_start_without_checkpoint()
+
+    def _delete_run(self) -> None:
+        """``--overwrite``: delete the run's files (:data:`RUN_FILES`), and of the names a user's own files could
+        have (``checkpoints/``, ``completions/``, ``tensorboard/``, ``wandb/``) only what the run wrote: its
+        checkpoints and completion tables, and a tracker's directory where its config.json names that tracker."""
+        reported = _recorded_trackers(self.path / "config.json")
+        for name in RUN_FILES:
+            target = self.path / name
+            if name in ("checkpoints", "completions"):
+                ours = [p for p in (target.iterdir() if target.is_dir() else ())
+                        if p.name.startswith(("step-", ".step-"))]
+                for path in ours:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if ours and not any(target.iterdir()):
+                    target.rmdir()
+            elif name in ("tensorboard", "wandb") and not ({name, "all"} & reported):
+                continue
+            elif target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
 
     def _set_aside_a_start_without_checkpoint(self) -> None:
         leftovers = [self.path / name for name in RUN_FILES
@@ -305,6 +327,19 @@ def timeline_rows(run: Path, step: int) -> list[dict[str, Any]]:
 
 
 _ABANDONED = re.compile(r"after-step-(\d+)-")
+
+
+def _recorded_trackers(config: Path) -> set[str]:
+    """The trackers a run's ``config.json`` names (``report_to`` of its settings and of every segment's)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(data, dict):
+        return set()
+    segments = [s.get("settings") for s in data.get("segments") or () if isinstance(s, dict)]
+    values = [data.get("report_to"), *(s.get("report_to") for s in segments if isinstance(s, dict))]
+    return {name.strip() for value in values if isinstance(value, str) for name in value.split(",")}
 
 
 def _read_lock(fd: int) -> dict[str, Any]:

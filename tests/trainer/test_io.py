@@ -1,6 +1,9 @@
 """Atomic writes: readers see the old content or the whole new one; a failed write leaves the old one."""
 
+import warnings
+
 import pytest
+import torch
 
 from rlzoo.trainer.io import atomic_dir, atomic_write_text
 
@@ -93,3 +96,41 @@ def test_disk_full_errors_name_the_file(tmp_path):
         assert info.value.errno == errno.ENOSPC
     with pytest.raises(ValueError, match="other"), disk_full_is_os_error(tmp_path):
         raise ValueError("other")
+
+
+def test_torchs_short_write_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    """A real full disk (a 4 MB tmpfs, helper trial) ended a run in a 60-line traceback: torch.save, and DCP around it,
+    raise RuntimeError "unexpected pos N vs M" with no errno. With under 1 MiB left on the file system that is the
+    one-line disk-full error naming the file; with space left (another cause) it passes through. /dev/full gives
+    torch's real error; the free space is what the file system of a full disk reports."""
+    import errno
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    from rlzoo.trainer.io import disk_full_is_os_error
+
+    real_statvfs = os.statvfs
+
+    def free(blocks: int):
+        def statvfs(path):
+            stats = real_statvfs(path)
+            return os.statvfs_result((stats.f_bsize, 4096, stats.f_blocks, blocks, blocks, *stats[5:]))
+        return statvfs
+
+    state = {"w": torch.randn(64, 64)}
+    monkeypatch.setattr(os, "statvfs", free(0))
+    with pytest.raises(OSError, match=r"no space left on device: '.*step-000001'") as info, \
+            disk_full_is_os_error(tmp_path / "step-000001"):
+        torch.save(state, "/dev/full")
+    assert info.value.errno == errno.ENOSPC and "unexpected pos" in str(info.value.__cause__)
+    full_dcp = tmp_path / "dcp"  # DCP's data file is /dev/full: its CheckpointException carries torch's error
+    full_dcp.mkdir()
+    (full_dcp / "__0_0.distcp").symlink_to("/dev/full")
+    with pytest.raises(OSError, match=r"no space left on device: '.*dcp'"), disk_full_is_os_error(full_dcp), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... assuming ... a single process"
+        dcp.save(state, checkpoint_id=full_dcp)
+    monkeypatch.setattr(os, "statvfs", free(1000))  # 4 MB left: not a full disk
+    with pytest.raises(RuntimeError, match="unexpected pos"), disk_full_is_os_error(tmp_path / "x.pt"):
+        torch.save(state, "/dev/full")

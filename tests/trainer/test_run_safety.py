@@ -136,6 +136,54 @@ def test_a_fresh_run_refuses_a_directory_holding_a_run_and_overwrite_starts_clea
     assert len(json.loads((run / "config.json").read_text())["segments"]) == 1
 
 
+def test_overwrite_deletes_the_runs_files_and_not_a_users_own(tmp_path):
+    """--overwrite deleted every name a run may write (checkpoints/, wandb/, tensorboard/, completions/) whatever they
+    held, and a checkpoints/ directory of a user's own (my_resnet.pt) counted as a run, whose refusal steered to
+    --overwrite (helper trial). Now a directory without an rlzoo checkpoint, metrics or config holds no run, and
+    --overwrite deletes the run's checkpoints and tables and the trackers its config.json names, not the rest."""
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "my_resnet.pt").write_text("w")
+    (mine / "wandb").mkdir()
+    (mine / "wandb" / "other.txt").write_text("x")
+    assert not RunDirectory(mine).holds_run()
+    _train(mine, max_steps=1, eval_size=0)  # not refused: no run there
+    assert (mine / "checkpoints" / "my_resnet.pt").read_text() == "w" and (mine / "checkpoints" / "step-000001").is_dir()
+    _train(mine, max_steps=1, eval_size=0, overwrite=True, report_to="tensorboard")
+    assert sorted(p.name for p in (mine / "checkpoints").iterdir()) == ["my_resnet.pt", "step-000001"]
+    assert (mine / "wandb" / "other.txt").read_text() == "x" and (mine / "tensorboard").is_dir()
+    _train(mine, max_steps=1, eval_size=0, overwrite=True)  # the tensorboard run's config names it: deleted
+    assert not (mine / "tensorboard").exists() and (mine / "wandb" / "other.txt").exists()
+    assert [r["step"] for r in _rows(mine / "metrics.jsonl")] == [1]
+
+
+def test_a_users_own_hidden_old_and_tmp_entries_are_not_recovered(tmp_path):
+    """Every start treated any hidden .X.old / .X.tmp in the output directory as its own interrupted write: a user's
+    .data.old/ was deleted (data/ existed), .backup.old/ renamed to backup/ and .notes.tmp deleted (helper trial)."""
+    run = tmp_path / "proj"
+    for name in ("data", ".data.old", ".backup.old"):
+        (run / name).mkdir(parents=True)
+    (run / ".data.old" / "v1.csv").write_text("x")
+    (run / ".notes.tmp").write_text("z")
+    (run / ".metrics.jsonl.x1y2z3a4.tmp").write_text("partial")  # the run's own: removed
+    _train(run, max_steps=1, eval_size=0)
+    assert _hidden(run) == [".backup.old", ".data.old", ".notes.tmp"] and not (run / "backup").exists()
+    assert (run / ".data.old" / "v1.csv").read_text() == "x"
+
+
+def test_a_run_that_started_in_the_directory_after_the_check_is_refused_under_the_lock(tmp_path, monkeypatch):
+    """The occupied-directory check ran before the model load and the lock only in train(): a second fresh run
+    launched at once into the same directory went on after the first finished, mixing both runs' metrics and
+    replacing its checkpoint (helper trial). The check runs again once the lock is held."""
+    run = tmp_path / "race"
+    second = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])  # checked: empty
+    _train(run, max_steps=1, eval_size=0)  # the first run, during the second's model load
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume latest"):
+        second.train()
+    assert (run / "metrics.jsonl").read_text() == before and (run / ".rlzoo.lock").read_text() == ""
+
+
 def test_a_models_directory_is_not_a_run_and_is_never_written_over(tmp_path, monkeypatch, capsys):
     """A Hugging Face model's config.json is not a run's: an export can replace an earlier export with
     --overwrite (it was refused as "a training run's directory"), and a run into a model's directory is refused
@@ -478,6 +526,10 @@ def test_a_broken_reward_fails_before_the_first_evaluation(tmp_path, monkeypatch
     with pytest.raises(RewardFunctionError, match="'broken' raised KeyError"):
         trainer.train()
     assert not evaluated
+    # nothing was written (a config.json and an empty metrics.jsonl made the fixed command's rerun refused as a
+    # "start that wrote no checkpoint", helper trial): the same command runs once the reward is fixed
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [".rlzoo.lock"]
+    assert _train(tmp_path / "run", max_steps=1, eval_size=0)[1][-1]["step"] == 1
 
 
 def test_an_unwritable_output_dir_fails_before_the_model_loads(tmp_path, monkeypatch):
