@@ -140,9 +140,11 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
     """``--config FILE``'s settings (laid over ``under``) merged with the dotted flags, and the remaining arguments;
     for ``train`` a run's config.json whose loss or rewards were Python objects is checked (:func:`_check_python_parts`).
     A ``--task`` flag other than the file's task drops the file's ``task_kwargs`` (that task's options;
-    :func:`~rlzoo.trainer.run_config.settings_for_task`) before the ``--task.NAME`` flags are laid over."""
+    :func:`~rlzoo.trainer.run_config.settings_for_task`) before the ``--task.NAME`` flags are laid over; an
+    ``--algorithm`` (``--advantage``) other than the file's or ``under``'s drops their ``loss``
+    (``advantage_options``; :func:`~rlzoo.trainer.run_config.settings_for_algorithm`)."""
     from rlzoo.trainer.config_files import load_config_file
-    from rlzoo.trainer.run_config import settings_for_task
+    from rlzoo.trainer.run_config import settings_for_algorithm, settings_for_task
 
     argv = list(argv)
     base: dict[str, Any] = {}
@@ -180,8 +182,13 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
         else:
             rest.append(argv[i])
         i += 1
+    algorithm, advantage = _task_flag(rest, "algorithm"), _task_flag(rest, "advantage")
     if path is not None:
         base = settings_for_task(base, _task_flag(rest), source=path)
+        base = settings_for_algorithm(base, algorithm, advantage, source=path)
+    if under:  # a resume: the checkpoint's loss options are those of its preset (and estimator)
+        under = settings_for_algorithm(under, algorithm or base.get("algorithm"), advantage or base.get("advantage"),
+                                       source="the checkpoint's settings")
     return lay_over(lay_over(under or {}, base), dotted), rest
 
 
@@ -197,15 +204,16 @@ def _dotted_value(argv: Sequence[str], i: int) -> str:
     return argv[i + 1]
 
 
-def _task_flag(argv: Sequence[str]) -> str | None:
-    """The value of the last ``--task TASK`` (or ``--task=TASK``) in ``argv`` (without the dotted flags), or None."""
-    task = None
+def _task_flag(argv: Sequence[str], name: str = "task") -> str | None:
+    """The value of the last ``--task TASK`` (or ``--task=TASK``; another flag ``name``) in ``argv`` (without the
+    dotted flags), or None."""
+    value = None
     for i, arg in enumerate(argv):
-        if arg == "--task" and i + 1 < len(argv):
-            task = argv[i + 1]
-        elif arg.startswith("--task="):
-            task = arg.split("=", 1)[1]
-    return task
+        if arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _check_python_parts(path: str, argv: Sequence[str]) -> None:

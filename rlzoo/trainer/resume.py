@@ -31,7 +31,7 @@ from typing import Any
 from rlzoo.trainer.checkpoint import Checkpointer, step_of
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.mid_cycle import NEXT_BATCH, ranks
-from rlzoo.trainer.run_config import absolute_paths
+from rlzoo.trainer.run_config import absolute_paths, settings_for_algorithm
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.tasks.stream import holds_out_training_rows
 
@@ -340,6 +340,8 @@ def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **
     if saved is None and resume != "auto":
         raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from; "
                                 "resume='auto' resumes if there is one and else starts fresh")
+    if saved is not None:  # another algorithm (estimator) drops the checkpoint's loss (advantage) options
+        saved = settings_for_algorithm(saved, overrides.get("algorithm"), overrides.get("advantage"), source=resume)
     return TrainConfig.from_dict({**(saved or {}), "output_dir": str(output_dir), "resume": resume, **overrides})
 
 

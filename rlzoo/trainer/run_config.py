@@ -174,6 +174,40 @@ def settings_for_task(settings: Mapping[str, Any], task: str | None, *, source: 
     return {k: v for k, v in settings.items() if k != "task_kwargs"}
 
 
+def settings_for_algorithm(settings: Mapping[str, Any], algorithm: str | None, advantage: str | None, *,
+                           source: str) -> dict[str, Any]:
+    """``settings`` (a config file's, a run's ``config.json`` or a checkpoint's) to be used with ``algorithm`` and
+    ``advantage`` given anew, as :func:`settings_for_task` for tasks: another preset than ``settings["algorithm"]``
+    drops the settings' ``loss`` options (``--loss.epsilon_high`` of dapo is no option of dro), and another advantage
+    estimator than the settings' (theirs: ``advantage``, else their preset's recommended one; the new one: the given,
+    else the settings', else the new preset's) drops their ``advantage_options``, each with an INFO line naming them
+    and ``source``. Names compare case-insensitively; an unknown one drops nothing (its error comes later). Never
+    raises."""
+    from rlzoo.losses import presets
+
+    def recommended(name: Any) -> str | None:
+        try:
+            return presets.get(name).advantage if isinstance(name, str) else None
+        except ValueError:
+            return None
+
+    def same(a: Any, b: Any) -> bool:
+        return not (isinstance(a, str) and isinstance(b, str)) or a.lower() == b.lower()
+
+    out = dict(settings)
+    old_algorithm = settings.get("algorithm", "grpo")  # TrainConfig.algorithm's default
+    if out.get("loss") and algorithm is not None and not same(algorithm, old_algorithm):
+        log.info("%s: loss options %s dropped: they are those of its algorithm %r, not of --algorithm %s "
+                 "(--loss.NAME VALUE sets that one's)", source, dict(out.pop("loss")), old_algorithm, algorithm)
+    old_advantage = settings.get("advantage") or recommended(old_algorithm)
+    new_advantage = advantage or settings.get("advantage") or recommended(algorithm or old_algorithm)
+    if out.get("advantage_options") and new_advantage is not None and not same(new_advantage, old_advantage):
+        log.info("%s: advantage options %s dropped: they are those of its advantage estimator %r, not of %r "
+                 "(--advantage.NAME VALUE sets that one's)", source, dict(out.pop("advantage_options")),
+                 old_advantage, new_advantage)
+    return out
+
+
 def resolved_settings(config: Any, loss: Any, *, advantage: str, precision: Any, policy: Any, dist: Any,
                       python_loss: bool, python_rewards: Any, output_dir: Path) -> dict[str, Any]:
     """What a run resolved from its settings, recorded in ``config.json`` beside them (``resolved_*``): the loss as

@@ -74,6 +74,34 @@ def test_cli_flags_and_a_config_file_given_on_resume_are_the_changes(tmp_path, m
                                             "progress": True})  # the console's, not the checkpoint's
 
 
+def test_another_algorithm_or_estimator_on_resume_drops_the_checkpoints_options_of_the_old_one(tmp_path, monkeypatch,
+                                                                                                  capsys, caplog):
+    """A run with --loss.epsilon_high and --advantage.scale could not be resumed with --algorithm dro ("unknown option
+    'epsilon_high' for loss 'dro'", not saying it came from the checkpoint) or --advantage maxrl, and no flag could
+    remove the option (helper trial). As a --task other than a config file's drops its task options, another preset
+    drops the checkpoint's loss options and another estimator its advantage options, with an INFO line; the same
+    preset and estimator keep them."""
+    run = tmp_path / "run"
+    code, err = _cli(monkeypatch, capsys, "train", *FLAGS, "--advantage.scale", "batch", "--max-steps", "1",
+                     "--output-dir", run)
+    assert code == 0, err
+    resume = ["--output-dir", str(run), "--resume", "latest", "--max-steps", "2"]
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        dro = parse_train_args([*resume, "--algorithm", "dro"])
+    assert dict(dro.loss) == {} and dict(dro.advantage_options) == {"scale": "batch"}  # dro's estimator is grpo's
+    assert "the checkpoint's settings: loss options {'epsilon_high': 0.28} dropped: they are those of its " \
+           "algorithm 'grpo', not of --algorithm dro" in caplog.text
+    maxrl = parse_train_args([*resume, "--advantage", "maxrl", "--loss.beta", "0.01"])
+    assert dict(maxrl.advantage_options) == {} and dict(maxrl.loss) == {"epsilon_high": 0.28, "beta": 0.01}
+    same = parse_train_args([*resume, "--algorithm", "GRPO", "--advantage", "grpo"])
+    assert dict(same.loss) == {"epsilon_high": 0.28} and dict(same.advantage_options) == {"scale": "batch"}
+    python = resume_config(run, max_steps=2, algorithm="dro", advantage="maxrl")
+    assert dict(python.loss) == {} and dict(python.advantage_options) == {}
+    code, err = _cli(monkeypatch, capsys, "train", *resume, "--algorithm", "dro", "--advantage", "maxrl",
+                     "--no-progress")
+    assert code == 0, err
+
+
 def test_inside_a_generation_cycle_a_resume_refuses_what_the_stored_batch_depends_on(tmp_path, caplog):
     """A checkpoint between the two optimizer steps of one generation batch holds that batch. ``--temperature`` changed
     there was "applied" to log-probs scored at the old temperature (ratio/max 2.77 where 1.14 was right); it is
