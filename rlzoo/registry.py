@@ -45,6 +45,15 @@ def close_names(name: str, names: Iterable[str], *, n: int = 3, cutoff: float = 
                                                          cutoff=cutoff)]
 
 
+def did_you_mean(unknown: Iterable[str], names: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for each of the ``unknown`` names with a close spelling in ``names``
+    (:func:`close_names`), else ``""``: the hint after a list of unknown options."""
+    names = list(names)
+    pairs = [(bad, close[0]) for bad in unknown if (close := close_names(bad, names, n=1))]
+    return f" (did you mean {', '.join(f'{good!r} for {bad!r}' if len(pairs) > 1 else repr(good) for bad, good in pairs)}?)" \
+        if pairs else ""
+
+
 class WrongTypeError(TypeError, ValueError):
     """An input of the wrong type (a ``DatasetDict`` for a ``Dataset``, a module that is not a model); names the
     type expected and how to get one. Subclasses ``ValueError`` too, so that one ``except ValueError`` catches every

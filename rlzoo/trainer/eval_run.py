@@ -193,7 +193,8 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
            "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
            "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
-           "n": result.n, "samples": [{"question": q, "completion": c, "score": s} for q, c, s in result.samples]}
+           "n": result.n, "samples": [{"question": q, "completion": c, "score": s, "answer": a}
+                                              for q, c, s, a in result.samples]}
     if args.output:
         atomic_write_text(args.output, json.dumps(out, indent=2) + "\n")
     return out

@@ -35,7 +35,7 @@ class EvalResult:
     Attributes:
         accuracy: mean score in [0, 1], None for a task without reference answers (nothing to score);
             ci_low, ci_high: 95 % Wilson interval; n: problems decoded.
-        samples: a few (question, completion, score) triples for the log.
+        samples: a few (question, completion, score, reference answer) of the first problems.
         rewards: ``eval/reward`` (the mean combined reward: TRL's ``eval_reward``) and ``eval/rewards/NAME/mean``
             per reward function, NaN-ignoring as the training metrics (NaN when none scored), and what the functions
             logged with ``log_metric`` during the evaluation as ``eval/NAME``; empty when evaluated without
@@ -46,7 +46,7 @@ class EvalResult:
     ci_low: float
     ci_high: float
     n: int
-    samples: tuple[tuple[str, str, float], ...] = ()
+    samples: tuple[tuple[str, str, float, str | None], ...] = ()
     rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
@@ -103,7 +103,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     answers = task.task.has_answers
     scores: list[float] = []
     rewarded: list[Tensor] = []  # [n, K] per batch
-    samples: list[tuple[str, str, float]] = []
+    samples: list[tuple[str, str, float, str | None]] = []
     bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
     most = -(-len(everything) // dist.world_size)  # the largest share: every rank asks as often
     for start in range(0, most, batch_size):
@@ -127,7 +127,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             score = float(task.score(text, item)) if answers else math.nan
             scores.append(score)
             if len(samples) < 3:
-                samples.append((task.question(item), text, score))
+                samples.append((task.question(item), text, score, item.answer))
     if bar is not None:
         bar.close()
     totals = dist.reduce_floats({"score": math.fsum(scores) if answers else 0.0, "n": float(len(scores))})

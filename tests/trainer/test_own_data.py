@@ -606,3 +606,29 @@ def test_the_reward_check_runs_on_a_training_row_and_a_held_out_set_lacking_a_co
     with pytest.raises(RewardFunctionError, match=r"^on the held-out set, which the reward functions score "
                                                   r"\(eval/reward\): reward function 'needs_extra'"):
         Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[needs_extra]).train()
+
+
+def test_data_files_in_any_case_and_compressed_load_and_a_missing_path_says_so(tmp_path, capsys):
+    """`.JSONL` and `.jsonl.gz` were refused as "unknown data file type" though datasets reads both, `--task ./nodir`
+    reported a hub download failure, and `--task.answer_colum` had no did-you-mean (helper trial). rlzoo eval's
+    samples carry the reference answer."""
+    import gzip
+
+    lines = "".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(10))
+    (tmp_path / "D.JSONL").write_text(lines)
+    with gzip.open(tmp_path / "d.jsonl.gz", "wt") as fh:
+        fh.write(lines)
+    for name in ("D.JSONL", "d.jsonl.gz"):
+        task = load_task(str(tmp_path / name), eval_size=2)
+        assert [i.answer for i in task.eval_items()] and len(task.eval_items()) == 2
+        assert main(["eval", "--model", "tiny-random", "--task", str(tmp_path / name), "--eval-size", "2",
+                     "--max-completion-length", "2"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["n"] == 2 and {s["answer"] for s in result["samples"]} <= {str(i + 1) for i in range(10)}
+    with pytest.raises(FileNotFoundError, match=r"^task path '\./no_such_dir' does not exist$"):
+        load_task("./no_such_dir")
+    with pytest.raises(ValueError, match=r"unknown data file type '\.txt'"):
+        (tmp_path / "d.txt").write_text(lines)
+        load_task(str(tmp_path / "d.txt"))
+    with pytest.raises(ValueError, match=r"\['answer_colum'\] for data set task .* \(did you mean 'answer_column'\?\)"):
+        load_task(str(tmp_path / "D.JSONL"), kwargs={"answer_colum": "answer"})

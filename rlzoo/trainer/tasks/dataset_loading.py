@@ -22,13 +22,23 @@ __all__ = ["FILE_BUILDERS", "is_dataset_spec", "load_dataset_rows", "load_datase
 log = logging.getLogger("rlzoo.train")
 
 FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-"""File suffix -> the ``datasets`` builder that reads it."""
+"""File suffix (any case) -> the ``datasets`` builder that reads it."""
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+"""Compressed text files ``datasets`` decompresses as it reads them (``d.jsonl.gz``)."""
+
+
+def file_builder(path: Path) -> str | None:
+    """The ``datasets`` builder of a data file's name (``.jsonl``, ``.JSONL``, ``.csv.gz``...), or None."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if len(suffixes) == 2 and suffixes[1] in COMPRESSIONS and suffixes[0] != ".parquet":
+        suffixes = suffixes[:1]
+    return FILE_BUILDERS.get(suffixes[-1]) if suffixes else None
 
 
 def is_dataset_spec(spec: str) -> bool:
     """Whether ``--task spec`` names a data set (a path, a data file name or a hub id) rather than a
     reasoning-gym task."""
-    return Path(spec).exists() or Path(spec).suffix in FILE_BUILDERS or "/" in spec
+    return Path(spec).exists() or file_builder(Path(spec)) is not None or "/" in spec
 
 
 def _is_saved_to_disk(path: Path) -> bool:
@@ -70,27 +80,27 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
     """
     import datasets
 
-    path = Path(spec)
+    path, builder = Path(spec), file_builder(Path(spec))
     if path.is_file():
-        if path.suffix not in FILE_BUILDERS:
-            raise ValueError(f"task file {spec!r}: unknown data file type {path.suffix!r}; "
-                             f"rlzoo reads {', '.join(FILE_BUILDERS)}")
+        if builder is None:
+            raise ValueError(f"task file {spec!r}: unknown data file type {''.join(path.suffixes[-2:])!r}; "
+                             f"rlzoo reads {', '.join(FILE_BUILDERS)} (also compressed: {', '.join(COMPRESSIONS)})")
         blank = path.stat().st_size == 0
-        if path.suffix != ".parquet":
+        if builder != "parquet" and path.suffix.lower() not in COMPRESSIONS:
             blank = not _check_utf8(path).strip()  # Arrow's readers would replace bad bytes silently
         if blank:
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
     try:
         if path.is_file():
-            loaded = datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path))
-        elif path.suffix in FILE_BUILDERS:
-            raise FileNotFoundError(f"task file {spec!r} does not exist")
+            loaded = datasets.load_dataset(builder, data_files=str(path))
+        elif not path.exists() and (builder is not None or spec.startswith(("./", "../", "/", "~"))):  # no hub id
+            raise FileNotFoundError(f"task {'file' if builder else 'path'} {spec!r} does not exist")
         elif path.is_dir() and _is_saved_to_disk(path):
             loaded = datasets.load_from_disk(str(path))
         else:
             loaded = datasets.load_dataset(spec, name=name, data_dir=data_dir, revision=revision)
     except (FileNotFoundError, ValueError) as err:
-        if path.is_file() or isinstance(err, FileNotFoundError) and path.suffix in FILE_BUILDERS:
+        if path.is_file() or isinstance(err, FileNotFoundError) and not path.exists():
             raise _file_error(path, err) from err
         raise ValueError(_load_error(spec, err)) from err
     except Exception as err:  # datasets' own errors (DatasetGenerationError, DatasetNotFoundError, ...)
@@ -198,7 +208,7 @@ def _file_error(path: Path, err: BaseException) -> BaseException:
     object, a CSV file without rows, else the file and ``datasets``' message."""
     if isinstance(err, FileNotFoundError) and not path.exists():
         return err
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         import json
 
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -209,7 +219,7 @@ def _file_error(path: Path, err: BaseException) -> BaseException:
                     return ValueError(f"{path}:{lineno}: invalid JSON: {bad.msg} (column {bad.colno})")
                 if not isinstance(row, dict):
                     return ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-    if path.suffix == ".csv" and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
+    if path.suffix.lower() == ".csv" and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
         return ValueError(f"task file {path} has no rows (a header at most)")
     cause = err.__cause__ or err.__context__ or err
     return ValueError(f"cannot read task file {path}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")

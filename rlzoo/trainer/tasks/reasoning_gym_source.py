@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from rlzoo.registry import UnknownNameError, close_names
+from rlzoo.registry import UnknownNameError, close_names, did_you_mean
 from rlzoo.trainer.tasks.base import TRAIN_CHUNK, Task, TaskItem, derive_seed
 
 __all__ = ["ReasoningGymTask", "list_reasoning_gym_tasks"]
@@ -119,7 +119,7 @@ class ReasoningGymTask(Task):
         bad = sorted(set(self.kwargs) - set(fields))
         if bad:
             reserved = [k for k in bad if k in ("seed", "size")]
-            hint = " (use train_seed / eval_seed / eval_size instead)" if reserved else ""
+            hint = " (use train_seed / eval_seed / eval_size instead)" if reserved else did_you_mean(bad, fields)
             raise ValueError(
                 f"unknown option(s) {bad} for reasoning-gym task {self.name!r}{hint}; "
                 f"valid: {', '.join(fields)}"

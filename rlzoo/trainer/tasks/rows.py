@@ -83,11 +83,12 @@ class RowOrigin:
         if self.path is None:
             return None, None
         path = Path(self.path)
+        suffix = path.suffix.lower()
         try:
             text = path.read_text(encoding="utf-8")
-            if path.suffix == ".csv":
+            if suffix == ".csv":
                 return _csv_record(text, row)
-            if path.suffix == ".json":
+            if suffix == ".json":
                 try:
                     whole = json.loads(text)
                 except json.JSONDecodeError:
@@ -96,7 +97,7 @@ class RowOrigin:
                     return None, whole[row] if row < len(whole) else None
                 if whole is not None:
                     return None, None
-            if path.suffix in (".jsonl", ".json"):
+            if suffix in (".jsonl", ".json"):
                 lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
                 if row < len(lines):
                     return lines[row][0], json.loads(lines[row][1])

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlzoo.registry import WrongTypeError
+from rlzoo.registry import WrongTypeError, did_you_mean
 from rlzoo.trainer.config import DEFAULT_TASK, TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
 from rlzoo.trainer.tasks.datasets_source import (
@@ -110,8 +110,8 @@ def load_task(
         options = dict(kwargs or {})
         unknown = sorted(set(options) - set(DATASET_OPTIONS))
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown} for data set task {name_or_path!r}; valid: "
-                             f"{', '.join(DATASET_OPTIONS)}")
+            raise ValueError(f"unknown option(s) {unknown} for data set task {name_or_path!r}{did_you_mean(unknown, DATASET_OPTIONS)}"
+                             f"; valid: {', '.join(DATASET_OPTIONS)}")
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         train, held_out, origin, eval_origin = load_dataset_rows(
             name_or_path, **{k: v for k, v in options.items() if k not in columns})
@@ -321,7 +321,9 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
                                  eval_origin=RowOrigin("eval_dataset"), evaluation_only=evaluation_only,
                                  **columns, **common)
     elif eval_dataset is not None:
-        raise ValueError("eval_dataset needs a train_dataset")
+        raise ValueError(f"eval_dataset needs a train_dataset (Trainer(config, train_dataset=..., eval_dataset=...)); "
+                         f"the held-out split of the task {config.task!r} is task_kwargs['eval_split'] "
+                         "(--task.eval_split SPLIT), else a seeded split of its rows")
     else:
         check_loadable_task(config.task)
         task = load_task(config.task, kwargs=config.resolved_task_kwargs, evaluation_only=evaluation_only,
