@@ -98,7 +98,10 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
                                 loss_given="algorithm" in base or "--algorithm" in given)  # a preset chosen anew
     if saved is not None:  # resuming: what is not given again is the checkpoint's, so only what is given can change
         base, _ = _config_and_dotted(argv, under=saved)
-    default = TrainConfig.from_dict(base)
+    try:
+        default = TrainConfig.from_dict(base)
+    except ValueError as err:
+        raise _naming_config_file(err, argv) from None
     parsed = tyro_cli(TrainConfig, args=rest, default=default, prog=prog, description=_TRAIN_HELP,
                       dotted=list(_DOTTED_FIELD))
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
@@ -109,6 +112,20 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
         raise ValueError(f"reward_weights has {len(weights)} entries but reward_funcs names {len(funcs)}: "
                          f"{list(funcs)}; give one weight per reward function")
     return config
+
+
+def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
+    """``err`` (a settings error) prefixed with the ``--config`` file's path when it names one of the file's keys
+    (``max_steps must be an integer``), so that the one-line error says where the value is."""
+    from rlzoo.trainer.config_files import load_config_file
+
+    path = next((argv[i + 1] if a == "--config" else a.split("=", 1)[1] for i, a in enumerate(argv)
+                 if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")), None)
+    message = str(err.args[0]) if err.args else str(err)
+    if path is None or not any(re.match(rf"{re.escape(key)}\b", message) or repr(key) in message
+                               for key in load_config_file(path)):
+        return err
+    return ValueError(f"{path}: {message}")
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:

@@ -558,7 +558,7 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     monkeypatch.delenv("RLZOO_DEBUG", raising=False)
     monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--config", str(path)])
     assert console_main() == 2
-    assert capsys.readouterr().err.startswith("rlzoo: error: num_generations must be >= 2, got 0")
+    assert capsys.readouterr().err.startswith(f"rlzoo: error: {path}: num_generations must be >= 2, got 0")
     with pytest.raises(CommandLineError, match="^--num-generations must be >= 2, got 0$"):  # a flag: named as one
         parse_train_args(["--num-generations", "0"])
 
@@ -580,6 +580,9 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     (["train", "--reward-weights"], "--reward-weights needs a value: a list (a number each), or None; give the"),
     (["train", "--progress", "x"], "--progress is a switch and takes no value, got 'x' (give --progress or --no"),
     (["train", "stray"], "unexpected argument 'stray'"),
+    # TRL's list syntax (--report_to tensorboard trackio): say the comma form
+    (["train", "--report_to", "tensorboard", "trackio"], ("unexpected argument 'trackio' after --report-to tensorboard: "
+                                                         "trackers are given comma-separated (--report-to tensorboard,trackio)")),
     (["train", "--config"], "--config needs a file"),
     (["train", "--loss.beta"], "--loss.beta needs a value"),
     # a flag after a dotted one is not its value: it said "unexpected argument '1'", or "epsilon_high must be a

@@ -20,7 +20,17 @@ _YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader without YAML 1.1's ``_`` digit separator, so that verl's ``"lower_upper"`` bounds
-    (``rollout_is_threshold: 0.5_5``) stay strings instead of becoming the number 0.55."""
+    (``rollout_is_threshold: 0.5_5``) stay strings instead of becoming the number 0.55, and refusing a key given
+    twice in one mapping (PyYAML keeps the last silently; TOML refuses it too)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -95,9 +105,11 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ValueError(f"{path}{where}: YAML syntax error: {problem}") from None
     elif path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}:{err.colno}: JSON syntax error: {err.msg}") from None
+        except ValueError as err:  # a duplicate key
+            raise ValueError(f"{path}: {err}") from None
     else:
         raise ValueError(f"config file must be .toml, .yaml/.yml or .json, got {path.name!r}")
     if not isinstance(data, dict):
@@ -106,6 +118,15 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = {k: v for k, v in data.items()
                 if not k.startswith("resolved_") and k not in ("segments", "output_dir", "resume", "overwrite")}
     return data
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (``json`` keeps the last silently)."""
+    seen = [key for key, _ in pairs]
+    twice = sorted({key for key in seen if seen.count(key) > 1})
+    if twice:
+        raise ValueError(f"duplicate key(s) {twice} in one JSON object")
+    return dict(pairs)
 
 
 def coerce(name: str, value: Any, hint: Any) -> Any:

@@ -105,6 +105,9 @@ def flag_error(event: Any, cls: type, args: list[str], *, prog: str, dotted: Seq
         switch = "--" + before.removeprefix("--").removeprefix("no-")
         if before and switch in switches:
             return f"{before} is a switch and takes no value, got {token!r} (give {switch} or --no-{switch[2:]})"
+        if where >= 2 and flag_name(args[where - 2]) == "--report-to":  # TRL's list syntax: --report_to a b
+            return (f"unexpected argument {token!r} after --report-to {args[where - 1]}: trackers are given "
+                    f"comma-separated (--report-to {args[where - 1]},{token})")
         return f"unexpected argument {token!r} (options are given as --NAME VALUE); {more}"
     if kind == "InvalidChoice":
         return f"{flag}: invalid choice {event.value!r}; valid choices: {', '.join(map(str, event.choices))}"

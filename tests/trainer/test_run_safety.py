@@ -544,6 +544,11 @@ def test_an_unwritable_output_dir_fails_before_the_model_loads(tmp_path, monkeyp
 @pytest.mark.parametrize(("name", "content", "flags", "message"), [
     ("run.yaml", "max_steps: [1\n", ["--config"], r"run\.yaml:2:1: YAML syntax error"),
     ("run.toml", "max_steps = 1\nlearning_rate = \n", ["--config"], r"run\.toml: TOML syntax error: .*line 2"),
+    # a value or key the settings refuse named no file; a key given twice was kept silently (the last one)
+    ("run.toml", 'max_steps = "two"\n', ["--config"], r"run\.toml: max_steps must be an integer, got 'two'"),
+    ("run.yaml", "max_stepz: 2\n", ["--config"], r"run\.yaml: unknown config keys \['max_stepz'\]"),
+    ("run.yaml", "max_steps: 1\nmax_steps: 2\n", ["--config"], r"run\.yaml:2:1: YAML syntax error: duplicate key"),
+    ("run.json", '{"max_steps": 1, "max_steps": 2}', ["--config"], r"run\.json: duplicate key\(s\) \['max_steps'\]"),
     ("task.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "2"}\n', ["--task"],
      r"task\.jsonl:2: not UTF-8 text"),
     ("rewards.py", "VALUE = 3\n", ["--reward-funcs", "{path}:missing"], r"rewards\.py:missing.*no attribute 'missing'"),
