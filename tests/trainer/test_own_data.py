@@ -632,3 +632,13 @@ def test_data_files_in_any_case_and_compressed_load_and_a_missing_path_says_so(t
         load_task(str(tmp_path / "d.txt"))
     with pytest.raises(ValueError, match=r"\['answer_colum'\] for data set task .* \(did you mean 'answer_column'\?\)"):
         load_task(str(tmp_path / "D.JSONL"), kwargs={"answer_colum": "answer"})
+
+
+def test_a_chat_template_failure_is_one_line_saying_a_list_content_is_the_cause():
+    """A conversational prompt whose content is a list of parts ({"type": "text", ...}, the multimodal format) ended
+    in a Jinja traceback from the chat template (helper trial); it is one ValueError naming the likely cause."""
+    _, tok = build_tiny_random()
+    parts = [{"role": "user", "content": [{"type": "text", "text": "2 + 2?"}]}]
+    with pytest.raises(ValueError, match=r"^the model's chat template failed on a conversational prompt \(TypeError: "
+                                         r".*\); a message's content is not a string \(a list of parts"):
+        render_prompt(tok, parts)

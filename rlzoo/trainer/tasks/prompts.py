@@ -57,7 +57,8 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
 
     Raises:
         ValueError: ``system_prompt`` with a standard-format prompt, a conversational prompt for a tokenizer
-            without a chat template, or a last message of another role.
+            without a chat template, a last message of another role, or a template that fails on the messages (a
+            content given as a list of parts says so).
     """
     if not is_conversational(prompt):
         if system_prompt is not None:
@@ -73,7 +74,14 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
     last = messages[-1]["role"]
     if last not in ("user", "tool", "assistant"):
         raise ValueError(f"the last message of a conversational prompt must be user, tool or assistant, got {last!r}")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last != "assistant",
-                                         continue_final_message=last == "assistant")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last != "assistant",
+                                             continue_final_message=last == "assistant")
+    except Exception as err:  # the template's own error (jinja2, or Python inside it): one line, with the likely cause
+        parts = any(not isinstance(m.get("content"), str) for m in messages)
+        hint = ("; a message's content is not a string (a list of parts, the multimodal format), which a text "
+                "model's template does not take: give each content as a string") if parts else ""
+        raise ValueError(f"the model's chat template failed on a conversational prompt ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}){hint}") from err
     assert isinstance(text, str)
     return text
