@@ -6,6 +6,7 @@ for completions that hit ``max_completion_length`` without EOS.
 """
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +30,8 @@ __all__ = [
     "build_generator",
     "completion_mask_from_eos",
 ]
+
+log = logging.getLogger("rlzoo.train")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -132,6 +135,7 @@ class HFGenerator:
         self.max_prompt_length = max_prompt_length
         self.share_prefix = share_prefix
         self.rollout_logprobs = rollout_logprobs
+        self._warned_length = False
 
     def encode_prompts(self, prompts: list[str], device: torch.device | str) -> tuple[Tensor, Tensor]:
         """Left-padded ``(ids [Np, P], mask [Np, P])``; no special tokens added (the template has them, as TRL)."""
@@ -141,6 +145,17 @@ class HFGenerator:
         if self.max_prompt_length is not None and ids.shape[1] > self.max_prompt_length:
             ids, mask = ids[:, -self.max_prompt_length:], mask[:, -self.max_prompt_length:]
         return ids.to(device), mask.to(device)
+
+    def _check_length(self, model: torch.nn.Module, prompt_length: int) -> None:
+        """Warn once when ``prompt_length`` + ``max_completion_length`` exceeds the model's positions
+        (``max_position_embeddings``): the model then runs past what it was trained on, silently."""
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if self._warned_length or not isinstance(limit, int) or prompt_length + self.max_completion_length <= limit:
+            return
+        self._warned_length = True
+        log.warning("a prompt of %d tokens + max_completion_length %d exceeds the model's %d positions "
+                    "(max_position_embeddings): set --max-prompt-length (prompts are cut from the left) or shorten "
+                    "the prompts", prompt_length, self.max_completion_length, limit)
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,
@@ -152,6 +167,7 @@ class HFGenerator:
 
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = self.encode_prompts(prompts, device)
+        self._check_length(model, prompt_ids.shape[1])
         g = 1 if greedy else num_generations
         group_index = torch.arange(len(prompts), device=device).repeat_interleave(g)
         eos = _eos_ids(model, self.tokenizer)

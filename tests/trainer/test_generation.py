@@ -64,3 +64,23 @@ def test_shared_prefix_sampling_equals_per_row_prefill():
     assert torch.equal(shared.is_truncated, expected_truncated)
     for ids, mask, text in zip(shared.completion_ids, shared.completion_mask, shared.texts, strict=True):
         assert text == tok.decode(ids[mask], skip_special_tokens=True)
+
+
+def test_a_prompt_past_the_models_positions_warns_once(caplog):
+    """A 10k-token prompt on tiny-random (2048 positions) trained silently, only transformers' tokenizer warning
+    hinting at it (helper trial): one warning naming the lengths and --max-prompt-length."""
+    import logging
+
+    model, tok = load_model("tiny-random")
+    model.config.max_position_embeddings = 40  # a short model: the prompts below reach past it
+    generator = HFGenerator(tok, max_completion_length=8, share_prefix=False)
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        for _ in range(2):
+            generator.generate(model, [_chat(tok, "x " * 20)], 1, greedy=True)
+    warned = [r.getMessage() for r in caplog.records if "max_position_embeddings" in r.getMessage()]
+    assert len(warned) == 1 and "+ max_completion_length 8 exceeds the model's 40 positions" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        HFGenerator(tok, max_completion_length=8, max_prompt_length=30).generate(model, [_chat(tok, "x " * 20)], 1,
+                                                                                greedy=True)
+    assert "max_position_embeddings" not in caplog.text  # cut to 30 + 8 <= 40
