@@ -181,11 +181,11 @@ def clip_metrics(x: LossInputs, w: Float[Tensor, "B T"], low: float, high: float
 
 def _warn_low_delta(delta: float | None, epsilon_high: float) -> None:
     """Warn when ``delta`` (two-sided clipping) is at most ``1 + epsilon_high`` (finite) or at most 1: the capped
-    ratio then bounds A > 0 tokens below the upper clip, with no gradient above ``delta`` (none at all at ``delta <=
+    ratio then bounds A > 0 tokens below the upper clip, with no gradient above ``delta`` (none at all at ``delta <
     1``, even on-policy). TRL 1.16 takes such values and recommends ``delta > 1 + epsilon``; the loss is unchanged."""
     if delta is not None and (delta <= 1 or delta <= 1 + epsilon_high < math.inf):
         warnings.warn(f"ppo_clip: delta={delta} <= 1 + epsilon_high = {1.0 + epsilon_high:g} caps the ratio of A > 0 "
-                      "tokens below the upper clip (no gradient above delta; at delta <= 1 none even on-policy): "
+                      "tokens below the upper clip (no gradient above delta; at delta < 1 none even on-policy): "
                       "delta is meant to be > 1 + epsilon_high", stacklevel=4)
 
 

@@ -17,6 +17,7 @@ from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
 from rlzoo.trainer.generation import HFGenerator
 from rlzoo.trainer.parallel import ParallelModel
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.reward_functions import RewardFunctionError, try_rewards
 from rlzoo.trainer.tasks import TaskStream, build_task
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class EvalResult:
         rewards: ``eval/reward`` (the mean combined reward: TRL's ``eval_reward``) and ``eval/rewards/NAME/mean``
             per reward function, NaN-ignoring as the training metrics (NaN when none scored), and what the functions
             logged with ``log_metric`` during the evaluation as ``eval/NAME``; empty when evaluated without
-            reward functions.
+            reward functions, or when one failed on a held-out completion of a task with answers.
+        reward_error: that failure (the held-out reward is then not logged; accuracy is).
     """
 
     accuracy: float | None
@@ -48,6 +50,7 @@ class EvalResult:
     n: int
     samples: tuple[tuple[str, str, float, str | None], ...] = ()
     rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    reward_error: str | None = None
 
     def __str__(self) -> str:
         reward = f"reward {self.rewards['eval/reward']:.3f}" if "eval/reward" in self.rewards else ""
@@ -103,6 +106,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     answers = task.task.has_answers
     scores: list[float] = []
     rewarded: list[Tensor] = []  # [n, K] per batch
+    reward_error: str | None = None
     samples: list[tuple[str, str, float, str | None]] = []
     bar = _progress_bar(len(items)) if progress and len(items) > batch_size else None
     most = -(-len(everything) // dist.world_size)  # the largest share: every rank asks as often
@@ -119,10 +123,16 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
             bar.update(len(chunk))
         prompts = [task.prompt(tokenizer, item) for item in chunk]
         gen = generator.generate(model, prompts, 1, greedy=True)
-        if rewards is not None:
+        if rewards is not None and reward_error is None:
             lengths = gen.completion_mask.sum(-1).tolist()
-            rewarded.append(rewards.compute(prompts, gen.texts, chunk, completion_ids=[
-                ids[:k] for ids, k in zip(gen.completion_ids.tolist(), lengths, strict=True)]))
+            try:  # outside the policy's autocast, as in training (a reward model's own precision)
+                with torch.autocast(gen.completion_ids.device.type, enabled=False):
+                    rewarded.append(rewards.compute(prompts, gen.texts, chunk, completion_ids=[
+                        ids[:k] for ids, k in zip(gen.completion_ids.tolist(), lengths, strict=True)]))
+            except RewardFunctionError as err:
+                if not answers:  # the reward is all this evaluation measures
+                    raise
+                reward_error = str(err)  # accuracy goes on; the held-out reward is dropped (agreed below)
         for item, text in zip(chunk, gen.texts, strict=True):
             score = float(task.score(text, item)) if answers else math.nan
             scores.append(score)
@@ -134,8 +144,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
     reward_metrics = {} if rewards is None else held_out_rewards(rewards, rewarded, dist)
+    if rewards is not None and dist.any(reward_error is not None):  # every rank drops it alike
+        reward_metrics, reward_error = {}, reward_error or "a reward function failed on another rank's share"
     return EvalResult(accuracy=(total / n if n else math.nan) if answers else None, ci_low=low, ci_high=high, n=n,
-                      samples=tuple(samples), rewards=reward_metrics)
+                      samples=tuple(samples), rewards=reward_metrics, reward_error=reward_error)
 
 
 def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
@@ -147,8 +159,13 @@ def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
     logged with ``log_metric`` during the evaluation, as ``eval/NAME`` (taken from ``rewards``, so that it does not
     join the next training step's row). A mean over no scored completion is NaN.
 
-    Matches TRL 1.16 ``GRPOTrainer`` in evaluation (``eval_reward``, ``eval_rewards/NAME/mean``), which samples;
-    these are of the greedy completions.
+    TRL 1.16 ``GRPOTrainer`` logs ``eval_reward`` and ``eval_rewards/NAME/mean`` of sampled completions, each the
+    mean of its per-batch means; these are of the greedy completions, pooled over all of them (the same for equal
+    batches where every completion is scored).
+
+    Raises:
+        RewardFunctionError: a function logged a metric named as one of the evaluator's own (``accuracy``,
+            ``ci_low``, ``ci_high``, ``reward``, ``rewards/NAME/mean``: ``eval/NAME`` would pose as or replace it).
     """
     k = len(rewards.names)
     table = torch.cat(scored) if scored else torch.empty(0, k)
@@ -160,6 +177,8 @@ def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
         sums[f"{name}/sum"], sums[f"{name}/n"] = float(column.double().sum()), float(column.numel())
     sums = dist.reduce_floats(sums)
     logged, _ = rewards.take_logged(dist)  # log_extra columns of evaluation completions are dropped
+    rewards.refuse_names(logged, {"accuracy", "ci_low", "ci_high", "reward", *(f"rewards/{n}/mean" for n in rewards.names)},
+                         "during an evaluation it is logged as eval/NAME, a key of the held-out evaluation's own")
     metrics = {f"eval/{name}": value for name, value in logged.items()}
 
     def mean(total: float, count: float) -> float:
@@ -222,8 +241,6 @@ class Evaluator:
         Raises:
             RewardFunctionError: a function fails on the held-out set of a task without answers (names it).
         """
-        from rlzoo.trainer.reward_functions import RewardFunctionError, try_rewards
-
         if self.rewards is None or not self.task.eval_items:
             return
         try:
@@ -265,6 +282,11 @@ class Evaluator:
             if self.dist.is_main:
                 log.warning("step %d held-out evaluation abandoned: the run is stopping", step)
             return None
+        if result.reward_error is not None:  # from now on: the functions fail on this held-out set
+            self.rewards = None
+            if self.dist.is_main:
+                log.warning("the held-out reward (eval/reward) is not logged from now on: on the held-out set %s",
+                            result.reward_error)
         if self.dist.is_main:
             log.info("step %d held-out greedy %s %s", step, "reward" if result.accuracy is None else "accuracy",
                      result)

@@ -246,10 +246,12 @@ class Trainer:
         if self.dist.is_main:
             try:
                 lock.enter_context(self.run_dir.lock())
-            except (OSError, ValueError) as err:  # locked, or a run started here since the check (RunDirectory.lock)
+                self.run_dir.check()  # again, under the lock: a run may have started here since __init__'s check
+            except (OSError, ValueError) as err:
                 refusal = err
         refusal = self.dist.broadcast_object(refusal)  # every rank stops with it: none waits in a collective
         if refusal is not None:
+            lock.close()
             raise refusal
         with lock, GracefulInterrupt() as interrupt:
             self.evaluator.should_stop = lambda: interrupt.requested  # a signal abandons a running evaluation

@@ -19,7 +19,7 @@ errors name the function.
 
 import collections
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from rlzoo.trainer.distributed import ONE_PROCESS, Distributed
@@ -136,6 +136,16 @@ class RewardLogs:
                 owners = tuple(self._taken_owners.get(name, ()))
                 raise RewardFunctionError(_clash(name, owners, _reserved_because(name)))
         return {**row, **metrics}
+
+    def refuse_names(self, metrics: Mapping[str, float], reserved: Collection[str], why: str) -> None:
+        """Refuse a metric of the last :meth:`take_logged` named as one of ``reserved`` (``why``: whose name it is).
+
+        Raises:
+            RewardFunctionError: names the metric, the functions that logged it, and says to rename it.
+        """
+        for name in metrics:
+            if name in reserved:
+                raise RewardFunctionError(_clash(name, tuple(self._taken_owners.get(name, ())), why))
 
     def take_extra(self) -> dict[str, list[Any]]:
         """The ``log_extra`` columns logged since the last call (or :meth:`take_logged`), which forgets them (so that

@@ -181,27 +181,32 @@ def settings_for_algorithm(settings: Mapping[str, Any], algorithm: str | None, a
     drops the settings' ``loss`` options (``--loss.epsilon_high`` of dapo is no option of dro), and another advantage
     estimator than the settings' (theirs: ``advantage``, else their preset's recommended one; the new one: the given,
     else the settings', else the new preset's) drops their ``advantage_options``, each with an INFO line naming them
-    and ``source``. Names compare case-insensitively; an unknown one drops nothing (its error comes later). Never
-    raises."""
+    and ``source``. Names compare as the registries spell them (``DR-GRPO`` is ``dr_grpo``). Settings that name no
+    algorithm (a shared config file) keep their loss options, and their advantage options unless they name the
+    estimator; an unknown name drops nothing (its error comes later). Never raises."""
+    from rlzoo.advantages import advantage_estimators
     from rlzoo.losses import presets
 
-    def recommended(name: Any) -> str | None:
+    def canonical(registry: Any, name: Any) -> str | None:
         try:
-            return presets.get(name).advantage if isinstance(name, str) else None
+            return registry.canonical(name) if isinstance(name, str) else None
         except ValueError:
             return None
 
-    def same(a: Any, b: Any) -> bool:
-        return not (isinstance(a, str) and isinstance(b, str)) or a.lower() == b.lower()
+    def recommended(name: Any) -> str | None:
+        preset = canonical(presets, name)
+        return presets.get(preset).advantage if preset else None
 
     out = dict(settings)
-    old_algorithm = settings.get("algorithm", "grpo")  # TrainConfig.algorithm's default
-    if out.get("loss") and algorithm is not None and not same(algorithm, old_algorithm):
+    old_algorithm = canonical(presets, settings.get("algorithm"))
+    new_algorithm = canonical(presets, algorithm)
+    if out.get("loss") and old_algorithm and new_algorithm and new_algorithm != old_algorithm:
         log.info("%s: loss options %s dropped: they are those of its algorithm %r, not of --algorithm %s "
                  "(--loss.NAME VALUE sets that one's)", source, dict(out.pop("loss")), old_algorithm, algorithm)
-    old_advantage = settings.get("advantage") or recommended(old_algorithm)
-    new_advantage = advantage or settings.get("advantage") or recommended(algorithm or old_algorithm)
-    if out.get("advantage_options") and new_advantage is not None and not same(new_advantage, old_advantage):
+    old_advantage = canonical(advantage_estimators, settings.get("advantage")) or recommended(old_algorithm)
+    new_advantage = (canonical(advantage_estimators, advantage) or canonical(advantage_estimators,
+                     settings.get("advantage")) or recommended(new_algorithm or old_algorithm))
+    if out.get("advantage_options") and old_advantage and new_advantage and new_advantage != old_advantage:
         log.info("%s: advantage options %s dropped: they are those of its advantage estimator %r, not of %r "
                  "(--advantage.NAME VALUE sets that one's)", source, dict(out.pop("advantage_options")),
                  old_advantage, new_advantage)

@@ -161,13 +161,12 @@ class RunDirectory:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the directory's run lock for the duration of the block; once it is held, :meth:`check` again (a
-        fresh run started in the directory between the first check and the lock, during a model load of minutes,
+        """Hold the directory's run lock for the duration of the block (the trainer then runs :meth:`check` again:
+        a fresh run started in the directory between its first check and the lock, during a model load of minutes,
         is refused instead of mixed with this one).
 
         Raises:
             RunLockedError: another live process holds it (names pid and host).
-            and the errors of :meth:`check`.
         """
         import fcntl
 
@@ -182,7 +181,6 @@ class RunDirectory:
                 raise RunLockedError(
                     errno.EBUSY, f"another run is using this output directory ({_describe(_read_lock(fd))}); "
                     "wait for it or choose another --output-dir", str(self.path)) from None
-            self.check()  # again, now that no other run can start here: one may have since __init__'s check
             previous = _read_lock(fd)
             if previous:
                 log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",

@@ -642,3 +642,39 @@ def test_a_chat_template_failure_is_one_line_saying_a_list_content_is_the_cause(
     with pytest.raises(ValueError, match=r"^the model's chat template failed on a conversational prompt \(TypeError: "
                                          r".*\); a message's content is not a string \(a list of parts"):
         render_prompt(tok, parts)
+
+
+def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not_the_run(tmp_path, caplog):
+    """Review findings: a reward's log_metric("accuracy") during an evaluation became eval/accuracy, posing as the
+    held-out accuracy (or silently replaced); it stops the run naming the function, as training's clashes do. A
+    function failing on a later held-out row (after the start-up check passed on the first) killed the training run
+    though accuracy is its main result: for a task with answers eval/reward is dropped with a warning."""
+    import logging
+
+    from rlzoo.trainer.reward_functions import RewardFunctionError
+
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i), "extra": 1.0}
+                                        for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": f"{i} - 0 =", "answer": str(i),
+                                            "extra": None if i == 3 else 1.0} for i in range(5)])
+
+    def poser(completions, log_metric, **kw):
+        log_metric("accuracy", 0.9)
+        return [0.0] * len(completions)
+
+    config = TrainConfig(**{**TINY, "eval_size": 5}, max_steps=1, task_kwargs={"answer_column": None},
+                         reward_funcs=("format",), output_dir=str(tmp_path / "poser"))
+    with pytest.raises(RewardFunctionError, match=r"reward function 'poser' logged the metric 'accuracy' with "
+                                                  r"log_metric, but during an evaluation it is logged as eval/NAME"):
+        Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[poser]).train()
+
+    def strict(completions, extra, **kw):
+        return [float(e) for e in extra]  # float(None): TypeError on held-out row 3 only
+
+    config = TrainConfig(**{**TINY, "eval_size": 5}, max_steps=1, output_dir=str(tmp_path / "strict"))
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        history = Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[strict]).train()
+    assert [r["step"] for r in history] == [0, 1] and all("eval/accuracy" in r for r in history)
+    assert not any(key.startswith("eval/reward") for r in history for key in r)
+    assert caplog.text.count("the held-out reward (eval/reward) is not logged from now on") == 1
+    assert "reward function 'strict' raised TypeError" in caplog.text

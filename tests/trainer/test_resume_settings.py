@@ -95,6 +95,12 @@ def test_another_algorithm_or_estimator_on_resume_drops_the_checkpoints_options_
     assert dict(maxrl.advantage_options) == {} and dict(maxrl.loss) == {"epsilon_high": 0.28, "beta": 0.01}
     same = parse_train_args([*resume, "--algorithm", "GRPO", "--advantage", "grpo"])
     assert dict(same.loss) == {"epsilon_high": 0.28} and dict(same.advantage_options) == {"scale": "batch"}
+    spelt = parse_train_args([*resume, "--algorithm", "Grpo", "--advantage", "GRPO"])  # as the registries fold
+    assert dict(spelt.loss) == {"epsilon_high": 0.28} and dict(spelt.advantage_options) == {"scale": "batch"}
+    shared = tmp_path / "shared.yaml"  # a file naming no algorithm keeps its options for any --algorithm
+    shared.write_text("loss: {beta: 0.04}\nadvantage_options: {scale: batch}\n")
+    fresh = parse_train_args(["--config", str(shared), "--algorithm", "dapo", "--advantage", "grpo"])
+    assert dict(fresh.loss) == {"beta": 0.04} and dict(fresh.advantage_options) == {"scale": "batch"}
     python = resume_config(run, max_steps=2, algorithm="dro", advantage="maxrl")
     assert dict(python.loss) == {} and dict(python.advantage_options) == {}
     code, err = _cli(monkeypatch, capsys, "train", *resume, "--algorithm", "dro", "--advantage", "maxrl",

@@ -321,9 +321,11 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
                                  eval_origin=RowOrigin("eval_dataset"), evaluation_only=evaluation_only,
                                  **columns, **common)
     elif eval_dataset is not None:
+        held_out = (f"the held-out split of the task {config.task!r} is task_kwargs['eval_split'] (--task.eval_split "
+                    "SPLIT), else a seeded split of its rows" if is_dataset_spec(config.task) else
+                    f"the task {config.task!r} holds out its own problems (eval_size, eval_seed)")
         raise ValueError(f"eval_dataset needs a train_dataset (Trainer(config, train_dataset=..., eval_dataset=...)); "
-                         f"the held-out split of the task {config.task!r} is task_kwargs['eval_split'] "
-                         "(--task.eval_split SPLIT), else a seeded split of its rows")
+                         f"{held_out}")
     else:
         check_loadable_task(config.task)
         task = load_task(config.task, kwargs=config.resolved_task_kwargs, evaluation_only=evaluation_only,
