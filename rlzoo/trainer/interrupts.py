@@ -69,8 +69,8 @@ class GracefulInterrupt:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
-            log.warning("%s received %s: the checkpoint of the last completed step goes on (Ctrl-C or SIGKILL stop "
-                        "at once)", name, when)
+            log.warning("%s received %s: the stop goes on (the current step finishes, then its checkpoint is "
+                        "written; Ctrl-C or SIGKILL stop at once)", name, when)
             return
         self.requested = signum
         if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun a terminal's Ctrl-C reaches its agent, not the ranks
