@@ -549,6 +549,21 @@ def test_verl_threshold_strings_stay_strings_on_the_command_line_and_in_yaml(tmp
                                                "epsilon_high": 0.28}
 
 
+def test_yaml_merge_keys_work_and_only_a_key_written_twice_is_refused(tmp_path):
+    """The duplicate-key check (a key written twice was kept silently, the last one) refused YAML merge keys
+    (``<<:``, "could not determine a constructor", helper trial): a key of the mapping itself overrides a merged one,
+    as YAML says; one written twice in the same mapping, at any depth, is the error."""
+    from rlzoo.trainer.config_files import load_config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("base: &base {epsilon_high: 0.3, beta: 0.0}\nloss:\n  <<: *base\n  epsilon_high: 0.28\n")
+    assert load_config_file(path)["loss"] == {"epsilon_high": 0.28, "beta": 0.0}
+    for text, line in (("max_steps: 1\n'max_steps': 2\n", 2), ("loss:\n  beta: 1\n  beta: 2\n", 3)):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=rf"run\.yaml:{line}:\d+: YAML syntax error: duplicate key"):
+            load_config_file(path)
+
+
 def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, monkeypatch, capsys):
     """It used to be a ZeroDivisionError traceback (the batch-divisibility check divided by it)."""
     with pytest.raises(ValueError, match="^num_generations must be >= 2, got 0$"):

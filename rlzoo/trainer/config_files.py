@@ -24,12 +24,13 @@ class _Loader(yaml.SafeLoader):
     twice in one mapping (PyYAML keeps the last silently; TOML refuses it too)."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
+        seen: set[str] = set()
+        for key_node, _ in node.value:  # the keys written in this mapping (a merge key's `<<:` mappings may repeat them)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key_node.value!r}",
+                                                            key_node.start_mark)
+                seen.add(key_node.value)
         return super().construct_mapping(node, deep=deep)
 
 

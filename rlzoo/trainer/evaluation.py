@@ -282,11 +282,10 @@ class Evaluator:
             if self.dist.is_main:
                 log.warning("step %d held-out evaluation abandoned: the run is stopping", step)
             return None
-        if result.reward_error is not None:  # from now on: the functions fail on this held-out set
-            self.rewards = None
-            if self.dist.is_main:
-                log.warning("the held-out reward (eval/reward) is not logged from now on: on the held-out set %s",
-                            result.reward_error)
+        if result.reward_error is not None and self.dist.is_main:  # this evaluation's: each tries again, so that a
+            # resumed run evaluates as the uninterrupted one did (a checkpoint does not record a failure)
+            log.warning("step %d: the held-out reward (eval/reward) is not logged: on the held-out set %s", step,
+                        result.reward_error)
         if self.dist.is_main:
             log.info("step %d held-out greedy %s %s", step, "reward" if result.accuracy is None else "accuracy",
                      result)

@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,8 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
     return path
 
 
-def recover_interrupted_writes(directory: str | os.PathLike[str], names: tuple[str, ...] | None = None) -> list[str]:
+def recover_interrupted_writes(directory: str | os.PathLike[str],
+                               names: Collection[str] | Callable[[str], bool] | None = None) -> list[str]:
     """Undo what a killed atomic write left in ``directory`` (not recursive).
 
     Removes temporaries (``.NAME.XXXX.tmp`` files and trees); a ``.NAME.old`` tree is renamed back to ``NAME``
@@ -194,7 +195,7 @@ def recover_interrupted_writes(directory: str | os.PathLike[str], names: tuple[s
 
     Args:
         directory: where to look (nothing happens if it does not exist).
-        names: only these ``NAME`` s (None: all).
+        names: only these ``NAME`` s, or those it says yes to (None: all).
 
     Returns:
         What was done, one line per entry (for a log message).
@@ -209,13 +210,13 @@ def recover_interrupted_writes(directory: str | os.PathLike[str], names: tuple[s
             continue
         if hidden.endswith(".tmp"):
             name = hidden[1:].rsplit(".", 2)[0]
-            if names is not None and name not in names:
+            if not _wanted(name, names):
                 continue
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             done.append(f"removed the temporary {entry}")
         elif hidden.endswith(".old") and entry.is_dir():
             name = hidden[1:-len(".old")]
-            if names is not None and name not in names:
+            if not _wanted(name, names):
                 continue
             target = directory / name
             if target.exists():
@@ -227,6 +228,10 @@ def recover_interrupted_writes(directory: str | os.PathLike[str], names: tuple[s
     if done:
         _fsync_path(directory)
     return done
+
+
+def _wanted(name: str, names: Collection[str] | Callable[[str], bool] | None) -> bool:
+    return names is None or (names(name) if callable(names) else name in names)
 
 
 def _fsync_path(path: Path) -> None:

@@ -43,6 +43,8 @@ RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "aband
              "wandb", "trackers.json")
 """What a run writes into its directory (``--overwrite`` deletes these and nothing else)."""
 LOCK_FILE = ".rlzoo.lock"
+_COMPLETIONS = re.compile(r"step-\d+\.parquet")
+"""A completions table of the run (``completions/step-NNNNNN.parquet``)."""
 
 
 class RunLockedError(OSError):
@@ -144,7 +146,7 @@ class RunDirectory:
             raise FileExistsError(f"output directory {self.path} holds a config.json that is not an rlzoo run's (a "
                                   "model's?), which the run would replace; choose another --output-dir")
         if self.starts_fresh and not self.overwrite and self.resume != "auto" and self.holds_run():
-            if not any(self.checkpoints.glob("step-*")):  # nothing to continue: --resume latest would fail
+            if not self._may_hold_a_checkpoint():  # nothing to continue: --resume latest would fail
                 auto = "" if self.resume is not None else "--resume auto (keeps its files under abandoned/) or "
                 raise FileExistsError(  # (a fork from another run's checkpoint keeps its --resume: no auto there)
                     f"output directory {self.path} holds a start that wrote no checkpoint (it stopped before its "
@@ -156,8 +158,11 @@ class RunDirectory:
             )
 
     def _may_hold_a_checkpoint(self) -> bool:
-        """Whether ``checkpoints/`` holds a checkpoint, or one an interrupted re-save moved aside (``.step-N...``)."""
-        return self.checkpoints.is_dir() and any(p.name.startswith(("step-", ".step-")) for p in self.checkpoints.iterdir())
+        """Whether ``checkpoints/`` holds a checkpoint (``step-N/``), or one an interrupted re-save moved aside
+        (``.step-N.old/``)."""
+        return self.checkpoints.is_dir() and any(
+            p.is_dir() and (step_of(p) is not None or (p.name.endswith(".old") and step_of(Path(p.name[1:-4]))
+                                                        is not None)) for p in self.checkpoints.iterdir())
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -199,7 +204,8 @@ class RunDirectory:
         """Under the lock: clean up after interrupted writes (temporaries; a checkpoint moved aside between two
         renames is put back), then delete the old run (``--overwrite`` when :attr:`starts_fresh`), or under
         ``--resume auto`` without a checkpoint move what an earlier start left to ``abandoned/``."""
-        for directory, names in ((self.path, RUN_FILES), (self.checkpoints, None)):  # not a user's own .X.old
+        is_step = lambda name: step_of(Path(name)) is not None
+        for directory, names in ((self.path, RUN_FILES), (self.checkpoints, is_step)):  # not a user's own .X.old
             for line in recover_interrupted_writes(directory, names):
                 log.warning("%s", line)
         if not self.starts_fresh:
@@ -216,9 +222,9 @@ class RunDirectory:
         reported = _recorded_trackers(self.path / "config.json")
         for name in RUN_FILES:
             target = self.path / name
-            if name in ("checkpoints", "completions"):
+            if name in ("checkpoints", "completions"):  # the run's: step-NNNNNN/ checkpoints, step-NNNNNN.parquet
                 ours = [p for p in (target.iterdir() if target.is_dir() else ())
-                        if p.name.startswith(("step-", ".step-"))]
+                        if (step_of(p) is not None and p.is_dir()) or _COMPLETIONS.fullmatch(p.name)]
                 for path in ours:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
                 if ours and not any(target.iterdir()):

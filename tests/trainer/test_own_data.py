@@ -625,6 +625,10 @@ def test_data_files_in_any_case_and_compressed_load_and_a_missing_path_says_so(t
                      "--max-completion-length", "2"]) == 0
         result = json.loads(capsys.readouterr().out)
         assert result["n"] == 2 and {s["answer"] for s in result["samples"]} <= {str(i + 1) for i in range(10)}
+    with gzip.open(tmp_path / "bad.jsonl.gz", "wb") as fh:  # datasets stored the byte and failed mid-run
+        fh.write(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl\.gz:2: not UTF-8 text \(byte 0xff at column 13\)"):
+        load_task(str(tmp_path / "bad.jsonl.gz"))
     with pytest.raises(FileNotFoundError, match=r"^task path '\./no_such_dir' does not exist$"):
         load_task("./no_such_dir")
     with pytest.raises(ValueError, match=r"unknown data file type '\.txt'"):
@@ -676,5 +680,5 @@ def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not
         history = Trainer(config, train_dataset=train, eval_dataset=held_out, reward_funcs=[strict]).train()
     assert [r["step"] for r in history] == [0, 1] and all("eval/accuracy" in r for r in history)
     assert not any(key.startswith("eval/reward") for r in history for key in r)
-    assert caplog.text.count("the held-out reward (eval/reward) is not logged from now on") == 1
+    assert caplog.text.count("the held-out reward (eval/reward) is not logged: on the held-out set") == 2  # each
     assert "reward function 'strict' raised TypeError" in caplog.text

@@ -149,8 +149,12 @@ def test_overwrite_deletes_the_runs_files_and_not_a_users_own(tmp_path):
     assert not RunDirectory(mine).holds_run()
     _train(mine, max_steps=1, eval_size=0)  # not refused: no run there
     assert (mine / "checkpoints" / "my_resnet.pt").read_text() == "w" and (mine / "checkpoints" / "step-000001").is_dir()
+    (mine / "checkpoints" / "step-notes.txt").write_text("n")  # named like the run's, but no checkpoint
+    (mine / "completions").mkdir()
+    (mine / "completions" / "step-000009.parquet.bak").write_text("b")
     _train(mine, max_steps=1, eval_size=0, overwrite=True, report_to="tensorboard")
-    assert sorted(p.name for p in (mine / "checkpoints").iterdir()) == ["my_resnet.pt", "step-000001"]
+    assert sorted(p.name for p in (mine / "checkpoints").iterdir()) == ["my_resnet.pt", "step-000001", "step-notes.txt"]
+    assert [p.name for p in (mine / "completions").iterdir()] == ["step-000009.parquet.bak"]
     assert (mine / "wandb" / "other.txt").read_text() == "x" and (mine / "tensorboard").is_dir()
     _train(mine, max_steps=1, eval_size=0, overwrite=True)  # the tensorboard run's config names it: deleted
     assert not (mine / "tensorboard").exists() and (mine / "wandb" / "other.txt").exists()
@@ -166,9 +170,17 @@ def test_a_users_own_hidden_old_and_tmp_entries_are_not_recovered(tmp_path):
     (run / ".data.old" / "v1.csv").write_text("x")
     (run / ".notes.tmp").write_text("z")
     (run / ".metrics.jsonl.x1y2z3a4.tmp").write_text("partial")  # the run's own: removed
+    mine = run / "checkpoints"  # also in checkpoints/: only .step-N... entries are the run's
+    (mine / ".mydata.old").mkdir(parents=True)
+    (mine / ".mydata.old" / "file").write_text("m")
+    (mine / ".scratch.x.tmp").mkdir()
+    (mine / "step-notes.txt").write_text("n")  # not a checkpoint: the directory holds no run
+    (mine / ".step-000007.ab12cd34.tmp").mkdir()  # a killed checkpoint write: removed
     _train(run, max_steps=1, eval_size=0)
     assert _hidden(run) == [".backup.old", ".data.old", ".notes.tmp"] and not (run / "backup").exists()
     assert (run / ".data.old" / "v1.csv").read_text() == "x"
+    assert _hidden(mine) == [".mydata.old", ".scratch.x.tmp"] and not (mine / "mydata").exists()
+    assert sorted(p.name for p in mine.iterdir() if not p.name.startswith(".")) == ["step-000001", "step-notes.txt"]
 
 
 def test_a_run_that_started_in_the_directory_after_the_check_is_refused_under_the_lock(tmp_path, monkeypatch):

@@ -86,7 +86,7 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
             raise ValueError(f"task file {spec!r}: unknown data file type {''.join(path.suffixes[-2:])!r}; "
                              f"rlzoo reads {', '.join(FILE_BUILDERS)} (also compressed: {', '.join(COMPRESSIONS)})")
         blank = path.stat().st_size == 0
-        if builder != "parquet" and path.suffix.lower() not in COMPRESSIONS:
+        if builder != "parquet":
             blank = not _check_utf8(path).strip()  # Arrow's readers would replace bad bytes silently
         if blank:
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
@@ -134,8 +134,18 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
 
 
 def _check_utf8(path: Path) -> bytes:
-    """The content of ``path``; raise naming the line and column of its first byte that is not UTF-8."""
-    data = path.read_bytes()
+    """The content of ``path`` (decompressed: ``d.jsonl.gz``); raise naming the line and column of its first byte that
+    is not UTF-8."""
+    if path.suffix.lower() in COMPRESSIONS:
+        import fsspec
+
+        try:
+            with fsspec.open(str(path), "rb", compression="infer") as fh:
+                data = fh.read()
+        except Exception as err:  # noqa: BLE001 (not the compression its name says, or its library missing: zstd)
+            raise ValueError(f"cannot read task file {path}: {type(err).__name__}: {err}") from None
+    else:
+        data = path.read_bytes()
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as bad:
