@@ -207,7 +207,7 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
                                  max_prompt_length=config.max_prompt_length, share_prefix=False)
     evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=models.tokenizer,
                           generator=eval_generator, precision=precision, dist=dist,
-                          progress=config.progress and dist.is_main, rewards=rewards)
+                          progress=config.progress and dist.is_main, rewards=rewards, progress_of_run=rollouts.sync_progress)
     optimizer = OptimizerStep(config.section(OptimizerConfig), models.policy.module, max_steps=config.max_steps)
     logger = MetricsLogger(run_dir, max_steps=config.max_steps, progress=config.progress, writes=dist.is_main,
                            trackers=trackers, title=plot_title(config, loss_fn, task.task.name,

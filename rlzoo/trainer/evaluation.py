@@ -216,13 +216,16 @@ class Evaluator:
         dist: the process group context (each rank evaluates a share of the held-out set).
         progress: show a progress bar over the held-out problems (when they take more than one batch).
         rewards: the run's reward functions, which also score the greedy completions (:func:`held_out_rewards`).
+        progress_of_run: sets the functions' ``trainer_state`` to the run's progress before an evaluation
+            (:meth:`RolloutSource.sync_progress <rlzoo.trainer.rollouts.RolloutSource.sync_progress>`).
     """
 
     def __init__(self, config: EvalConfig, *, task: TaskStream, tokenizer: Any, generator: HFGenerator,
                  precision: Precision, dist: Distributed = ONE_PROCESS, progress: bool = False,
-                 rewards: "RewardSet | None" = None) -> None:
+                 rewards: "RewardSet | None" = None, progress_of_run: Callable[[], None] | None = None) -> None:
         self.config = config
         self.rewards = rewards
+        self.progress_of_run = progress_of_run
         self.progress = progress
         self.task = task
         self.tokenizer = tokenizer
@@ -274,8 +277,8 @@ class Evaluator:
         due = step == 0 or final or (self.config.eval_steps and step % self.config.eval_steps == 0)
         if not (self.enabled and due):
             return {}
-        if self.rewards is not None:  # the functions' trainer_state: the steps taken, as TRL's in evaluation
-            self.rewards.trainer_state.global_step = step
+        if self.rewards is not None and self.progress_of_run is not None:  # the functions' trainer_state: the run's
+            self.progress_of_run()  # progress (global_step, epoch) at this step, as TRL's in evaluation
         try:
             result = self.run(model)
         except EvaluationAbandoned:

@@ -126,7 +126,7 @@ class RolloutSource:
         Raises:
             RewardFunctionError: a function raised or returned a bad value (names it).
         """
-        self._set_progress()
+        self.sync_progress()
         try_rewards(self.rewards, self.task, self.tokenizer, self.task.sample_item())
 
     def generate(self) -> tuple[Rollout, dict[str, float]]:
@@ -145,7 +145,7 @@ class RolloutSource:
         dropped: list[tuple[GroupKey, Group]] = []
         columns: dict[str, None] = {}  # the log_extra columns, in the order they were first logged
         rounds, t0 = 0, time.perf_counter()
-        self._set_progress()
+        self.sync_progress()
         with self.policy.gathered() as model:
             while rounds < (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
                 if rounds and self.dist.reduce_floats({"kept": float(len(kept))})["kept"] >= need * world:
@@ -290,8 +290,9 @@ class RolloutSource:
         """
         return self.rewards.add_logged(row, self.reward_metrics)
 
-    def _set_progress(self) -> None:
-        """Give the reward functions' ``trainer_state`` the run's progress before they are called
+    def sync_progress(self) -> None:
+        """Give the reward functions' ``trainer_state`` the run's progress before they are called (here, and by the
+        evaluator before it scores the held-out set)
         (:meth:`~rlzoo.trainer.rewards.RewardSet.set_progress`): the optimizer steps taken, the training rows drawn
         from the task so far (every rank draws the global batch) and, for the epochs the run plans, the rows its
         generation batches draw (``prompts_per_generation`` per rank each, one every ``steps_per_generation *

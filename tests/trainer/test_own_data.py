@@ -43,7 +43,7 @@ def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
     def spy(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, solution, level, **kw):
         assert "completion" not in kw and [7, 7, 7] not in completion_ids  # TRL drops both columns of the data
         assert len(completion_ids) == len(completions) and all(len(ids) <= 5 for ids in completion_ids)
-        calls.append((prompts, completions, solution, trainer_state.global_step))
+        calls.append((prompts, completions, solution, trainer_state.global_step, trainer_state.epoch))
         log_metric("spy/len", sum(len(c[0]["content"]) for c in completions) / len(completions))
         log_extra("solution_seen", list(solution))
         return [0.0] * len(completions)
@@ -56,7 +56,7 @@ def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
     for key in ("rewards/think_format_reward/mean", "rewards/think_format_reward/std", "rewards/accuracy/mean",
                 "spy/len", "num_tokens", "completions/mean_terminated_length", "eval/accuracy"):
         assert key in history[-1] or key in history[0], key
-    prompts, completions, solution, _ = [c for c in calls if len(c[1]) == 8][-1]
+    prompts, completions, solution, _, _ = [c for c in calls if len(c[1]) == 8][-1]
     by_text = {r["prompt"][-1]["content"]: r for r in rows}
     assert all(p == by_text[p[-1]["content"]]["prompt"] for p in prompts)  # the data set's messages, as TRL
     assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
@@ -64,6 +64,9 @@ def test_parquet_conversational_data_with_trls_own_reward_trains(tmp_path):
     generations = [c for c in calls if len(c[1]) == 8]  # not the reward check's (1), nor the evaluations' (2 each)
     assert [c[3] for c in generations] == [0, 1]  # trainer_state.global_step at each generation
     assert [c[3] for c in calls if len(c[1]) == 2] == [0, 2]  # and at the step-0 and final evaluations
+    # epoch: rows drawn / training rows (38: 40 minus 2 held out); an evaluation's is the run's at its step (it
+    # kept the last generation's, 2 / 38, at the final one: helper trial)
+    assert [c[4] for c in generations] == [0.0, 2 / 38] and [c[4] for c in calls if len(c[1]) == 2] == [0.0, 4 / 38]
     table = datasets.Dataset.from_parquet(str(tmp_path / "run" / "completions" / "step-000002.parquet"))
     assert {"step", "prompt", "completion", "think_format_reward", "accuracy", "spy", "solution_seen",
             "advantage"} <= set(table.column_names) and len(table) == 8
