@@ -558,7 +558,11 @@ def test_yaml_merge_keys_work_and_only_a_key_written_twice_is_refused(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("base: &base {epsilon_high: 0.3, beta: 0.0}\nloss:\n  <<: *base\n  epsilon_high: 0.28\n")
     assert load_config_file(path)["loss"] == {"epsilon_high": 0.28, "beta": 0.0}
-    for text, line in (("max_steps: 1\n'max_steps': 2\n", 2), ("loss:\n  beta: 1\n  beta: 2\n", 3)):
+    path.write_text("base: &base {epsilon_high: 0.3, beta: 0.0}\npresets: {mine: &mine {<<: *base, epsilon_high: "
+                    "0.28}}\nloss: {<<: *mine}\n")  # a merged mapping that itself merges (reviewer)
+    assert load_config_file(path)["loss"] == {"epsilon_high": 0.28, "beta": 0.0}
+    for text, line in (("max_steps: 1\n'max_steps': 2\n", 2), ("loss:\n  beta: 1\n  beta: 2\n", 3),
+                       ("loss:\n  1: a\n  1: b\n", 3)):
         path.write_text(text)
         with pytest.raises(ValueError, match=rf"run\.yaml:{line}:\d+: YAML syntax error: duplicate key"):
             load_config_file(path)

@@ -23,15 +23,16 @@ class _Loader(yaml.SafeLoader):
     (``rollout_is_threshold: 0.5_5``) stay strings instead of becoming the number 0.55, and refusing a key given
     twice in one mapping (PyYAML keeps the last silently; TOML refuses it too)."""
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[str] = set()
-        for key_node, _ in node.value:  # the keys written in this mapping (a merge key's `<<:` mappings may repeat them)
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:str":
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key_node.value!r}",
-                                                            key_node.start_mark)
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        node = super().compose_mapping_node(anchor)
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:  # as written, before a merge key's `<<:` mappings are folded in
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if (key_node.tag, key_node.value) in seen:
+                    raise yaml.composer.ComposerError(None, None, f"duplicate key {key_node.value!r}",
+                                                      key_node.start_mark)
+                seen.add((key_node.tag, key_node.value))
+        return node
 
 
 _Loader.yaml_implicit_resolvers = {

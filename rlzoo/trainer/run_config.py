@@ -187,11 +187,12 @@ def settings_for_algorithm(settings: Mapping[str, Any], algorithm: str | None, a
     from rlzoo.advantages import advantage_estimators
     from rlzoo.losses import presets
 
-    def canonical(registry: Any, name: Any) -> str | None:
+    def canonical(registry: Any, name: Any) -> str | None:  # None: not a registered name
         try:
-            return registry.canonical(name) if isinstance(name, str) else None
+            spelt = registry.canonical(name) if isinstance(name, str) else None
         except ValueError:
             return None
+        return spelt if spelt in registry.names() else None
 
     def recommended(name: Any) -> str | None:
         preset = canonical(presets, name)

@@ -205,7 +205,9 @@ class RunDirectory:
         renames is put back), then delete the old run (``--overwrite`` when :attr:`starts_fresh`), or under
         ``--resume auto`` without a checkpoint move what an earlier start left to ``abandoned/``."""
         is_step = lambda name: step_of(Path(name)) is not None
-        for directory, names in ((self.path, RUN_FILES), (self.checkpoints, is_step)):  # not a user's own .X.old
+        is_table = lambda name: _COMPLETIONS.fullmatch(name) is not None
+        for directory, names in ((self.path, RUN_FILES), (self.checkpoints, is_step),  # not a user's own .X.old
+                                 (self.path / "completions", is_table)):
             for line in recover_interrupted_writes(directory, names):
                 log.warning("%s", line)
         if not self.starts_fresh:

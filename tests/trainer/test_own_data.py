@@ -632,6 +632,12 @@ def test_data_files_in_any_case_and_compressed_load_and_a_missing_path_says_so(t
         fh.write(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "2"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl\.gz:2: not UTF-8 text \(byte 0xff at column 13\)"):
         load_task(str(tmp_path / "bad.jsonl.gz"))
+    from fsspec.utils import infer_compression
+
+    (tmp_path / "d.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd not really")
+    if infer_compression(str(tmp_path / "d.jsonl.zst")) is None:  # zstandard not installed: say so, not "not UTF-8"
+        with pytest.raises(ValueError, match=r"reading \.zst files needs the zstandard package"):
+            load_task(str(tmp_path / "d.jsonl.zst"))
     with pytest.raises(FileNotFoundError, match=r"^task path '\./no_such_dir' does not exist$"):
         load_task("./no_such_dir")
     with pytest.raises(ValueError, match=r"unknown data file type '\.txt'"):

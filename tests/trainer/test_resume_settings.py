@@ -24,6 +24,7 @@ from rlzoo.cli import parse_train_args
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.config import DEFAULT_TASK_KWARGS, TaskConfig
 from rlzoo.trainer.resume import compare_settings, resume_config
+from rlzoo.trainer.run_config import settings_for_algorithm
 
 # settings that differ from the defaults, so that a resume that fell back to the defaults would be refused
 FLAGS = [*TINY_FLAGS, "--learning-rate", "1e-3", "--save-steps", "5", "--task.max_terms", "3",
@@ -101,6 +102,10 @@ def test_another_algorithm_or_estimator_on_resume_drops_the_checkpoints_options_
     shared.write_text("loss: {beta: 0.04}\nadvantage_options: {scale: batch}\n")
     fresh = parse_train_args(["--config", str(shared), "--algorithm", "dapo", "--advantage", "grpo"])
     assert dict(fresh.loss) == {"beta": 0.04} and dict(fresh.advantage_options) == {"scale": "batch"}
+    folded = settings_for_algorithm({"algorithm": "dr_grpo", "loss": {"beta": 0.1}}, "DR-GRPO", None, source="f")
+    assert folded["loss"] == {"beta": 0.1}  # '-' and '_' fold as the registry folds them
+    unknown = settings_for_algorithm({"algorithm": "grpo", "loss": {"beta": 0.1}}, "grpoo", None, source="f")
+    assert unknown["loss"] == {"beta": 0.1}  # an unknown name drops nothing (its own error comes later)
     python = resume_config(run, max_steps=2, algorithm="dro", advantage="maxrl")
     assert dict(python.loss) == {} and dict(python.advantage_options) == {}
     code, err = _cli(monkeypatch, capsys, "train", *resume, "--algorithm", "dro", "--advantage", "maxrl",

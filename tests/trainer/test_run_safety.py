@@ -176,10 +176,15 @@ def test_a_users_own_hidden_old_and_tmp_entries_are_not_recovered(tmp_path):
     (mine / ".scratch.x.tmp").mkdir()
     (mine / "step-notes.txt").write_text("n")  # not a checkpoint: the directory holds no run
     (mine / ".step-000007.ab12cd34.tmp").mkdir()  # a killed checkpoint write: removed
+    tables = run / "completions"  # and a killed completions-table write, not a user's own temporary
+    tables.mkdir()
+    (tables / ".step-000002.parquet.ab12cd34.tmp").write_text("partial")
+    (tables / ".mine.tmp").write_text("m")
     _train(run, max_steps=1, eval_size=0)
     assert _hidden(run) == [".backup.old", ".data.old", ".notes.tmp"] and not (run / "backup").exists()
     assert (run / ".data.old" / "v1.csv").read_text() == "x"
     assert _hidden(mine) == [".mydata.old", ".scratch.x.tmp"] and not (mine / "mydata").exists()
+    assert _hidden(tables) == [".mine.tmp"]
     assert sorted(p.name for p in mine.iterdir() if not p.name.startswith(".")) == ["step-000001", "step-notes.txt"]
 
 
@@ -191,9 +196,17 @@ def test_a_run_that_started_in_the_directory_after_the_check_is_refused_under_th
     second = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])  # checked: empty
     _train(run, max_steps=1, eval_size=0)  # the first run, during the second's model load
     before = (run / "metrics.jsonl").read_text()
-    with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume latest"):
+    with pytest.raises(FileExistsError, match="already holds a run; continue it with --resume latest") as refused:
         second.train()
     assert (run / "metrics.jsonl").read_text() == before and (run / ".rlzoo.lock").read_text() == ""
+    import fcntl
+
+    fd = os.open(run / ".rlzoo.lock", os.O_RDWR)  # released by the refusal, not by garbage collection: the
+    try:  # exception (and its frames) is still alive here, as in a notebook's last traceback
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    assert refused.value is not None
 
 
 def test_a_models_directory_is_not_a_run_and_is_never_written_over(tmp_path, monkeypatch, capsys):

@@ -138,7 +138,12 @@ def _check_utf8(path: Path) -> bytes:
     is not UTF-8."""
     if path.suffix.lower() in COMPRESSIONS:
         import fsspec
+        from fsspec.utils import infer_compression
 
+        if infer_compression(str(path)) is None:  # fsspec knows zstd / lz4 only with their packages
+            package = {".zst": "zstandard", ".lz4": "lz4"}.get(path.suffix.lower(), path.suffix)
+            raise ValueError(f"task file {path}: reading {path.suffix} files needs the {package} package "
+                             f"(pip install {package})")
         try:
             with fsspec.open(str(path), "rb", compression="infer") as fh:
                 data = fh.read()
