@@ -140,7 +140,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
                 samples.append((task.question(item), text, score, item.answer))
     if bar is not None:
         bar.close()
-    totals = dist.reduce_floats({"score": math.fsum(scores) if answers else 0.0, "n": float(len(scores))})
+    totals = dist.reduce_floats({"score": sum(scores) if answers else 0.0, "n": float(len(scores))})
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
     reward_metrics = {} if rewards is None else held_out_rewards(rewards, rewarded, dist)
