@@ -119,8 +119,7 @@ def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
     (``max_steps must be an integer``), so that the one-line error says where the value is."""
     from rlzoo.trainer.config_files import load_config_file
 
-    path = next((argv[i + 1] if a == "--config" else a.split("=", 1)[1] for i, a in enumerate(argv)
-                 if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")), None)
+    path, _ = _config_file(argv)
     message = str(err.args[0]) if err.args else str(err)
     if path is None or not any(re.match(rf"{re.escape(key)}\b", message) or repr(key) in message
                                for key in load_config_file(path)):
@@ -163,20 +162,8 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
     from rlzoo.trainer.config_files import load_config_file
     from rlzoo.trainer.run_config import settings_for_algorithm, settings_for_task
 
-    argv = list(argv)
+    path, argv = _config_file(argv)
     base: dict[str, Any] = {}
-    path: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == "--config":
-            if i + 1 >= len(argv):
-                raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
-            path = argv[i + 1]
-            del argv[i:i + 2]
-            break
-        if arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-            del argv[i]
-            break
     if path is not None:
         base = load_config_file(path)
         if train:
@@ -207,6 +194,23 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
         under = settings_for_algorithm(under, algorithm or base.get("algorithm"), advantage or base.get("advantage"),
                                        source="the checkpoint's settings")
     return lay_over(lay_over(under or {}, base), dotted), rest
+
+
+def _config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The file of the first ``--config FILE`` (or ``--config=FILE``) in ``argv``, and the other arguments.
+
+    Raises:
+        CommandLineError: ``--config`` without a file.
+    """
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise CommandLineError("--config needs a file (TOML, YAML or JSON)")
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
 
 
 def _dotted_value(argv: Sequence[str], i: int) -> str:
