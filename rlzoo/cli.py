@@ -62,8 +62,8 @@ flags override it), and the dotted options --loss.NAME VALUE (see rlzoo explain 
 VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NAME VALUE (LoRA: the fields of
 peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null)."""
 
-_EVAL_HELP = """Greedy held-out accuracy of a run's checkpoint (--run RUN: its task, prompts and answer extraction) or
-of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
+_EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
+and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
@@ -574,8 +574,10 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
     print(json.dumps(out, indent=2))
-    print(f"rlzoo eval: {out['model']} on {out['task']}: greedy accuracy {100 * out['accuracy']:.1f}% (95% CI "
-          f"{100 * out['ci_low']:.1f}-{100 * out['ci_high']:.1f}, n={out['n']})", file=sys.stderr)
+    accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"
+                f"{100 * out['ci_high']:.1f}, n={out['n']})" if out["accuracy"] is not None else f"n={out['n']}")
+    reward = f", reward {out['reward']:.3f}" if out["reward"] is not None else ""
+    print(f"rlzoo eval: {out['model']} on {out['task']}: {accuracy}{reward}", file=sys.stderr)
     return 0
 
 
@@ -823,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--overwrite", action="store_true",
                         help="replace OUTPUT if it is not empty (everything in it is deleted; never a run directory)")
     for name, text in (("train", "train a model (rlzoo train --help)"),
-                       ("eval", "greedy accuracy of a run or a model (rlzoo eval --help)"),
+                       ("eval", "greedy accuracy and reward of a run or a model (rlzoo eval --help)"),
                        ("bench", "the pytest-benchmark suite"),
                        ("plot", "a picture of a loss: objective and gradient vs. the ratio (rlzoo plot --help)")):
         sub.add_parser(name, help=text)

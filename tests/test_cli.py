@@ -451,7 +451,8 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
     assert result == json.loads(out_file.read_text())
     assert result["checkpoint"].endswith("step-000001") and result["answer_extraction"] == "first_number"
     assert result["task_kwargs"] == {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1} and result["n"] == 3 and 0 <= result["accuracy"] <= 1
-    assert "greedy accuracy" in captured.err
+    assert result["reward"] == result["reward_metrics"]["rewards/accuracy/mean"] == pytest.approx(result["accuracy"])
+    assert "greedy accuracy" in captured.err and f"reward {result['reward']:.3f}" in captured.err
     with pytest.raises(CommandLineError, match="^unknown option --learning-rate"):  # only evaluation flags
         main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
 
@@ -797,15 +798,71 @@ def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_direc
     assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
 
 
-def test_eval_of_a_task_without_answers_is_refused_not_nan(tmp_path):
+def _no_nan(text: str) -> object:
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+
+def test_eval_of_a_task_without_answers_scores_it_with_the_reward_functions(tmp_path, capsys):
     """A data set with --task.answer_column null has no reference answers: rlzoo eval used to print "accuracy nan%
-    (n=0)" and write NaN into its JSON (not valid JSON)."""
+    (n=0)" and write NaN into its JSON (not valid JSON), then refused it, though the trainer evaluates such a held-out
+    set with the reward functions. rlzoo eval scores it with them now (--run: the run's), as the trainer did on the
+    same checkpoint, and writes null for what has no value; without a function that can score it, it is refused."""
+    from rlzoo.trainer.eval_run import EvalArgs, eval_result
+
     path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{i} + {i} ="}) + "\n" for i in range(8)))
-    with pytest.raises(ValueError, match=r"has no reference answers to evaluate against .*--task.answer_column"):
+    path.write_text("".join(json.dumps({"prompt": f"{i} + {i} ="}) + "\n" for i in range(12)))
+    rewards = tmp_path / "rw.py"
+    rewards.write_text("def short(completions, **kw):\n    return [1.0 / (1 + len(c)) for c in completions]\n")
+    with pytest.raises(ValueError, match=r"reward 'accuracy' needs reference answers; .*--task.answer_column"):
         main(["eval", "--model", "tiny-random", "--task", str(path), "--task.answer_column", "null",
               "--output", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max-steps", "1", "--num-generations", "2",
+                 "--per-device-train-batch-size", "4", "--max-completion-length", "4", "--task", str(path),
+                 "--task.answer_column", "null", "--task.split", "train[4:]", "--task.eval_split", "train[:4]",
+                 "--reward-funcs", f"{rewards}:short", "--output-dir", str(run), "--no-progress"]) == 0
+    final = [row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval/reward" in row]
+    capsys.readouterr()
+    out_file = tmp_path / "eval.json"
+    assert main(["eval", "--run", str(run), "--max-completion-length", "4", "--output", str(out_file)]) == 0
+    captured = capsys.readouterr()
+    result = _no_nan(out_file.read_text())
+    assert result == _no_nan(captured.out)
+    assert (result["accuracy"], result["ci_low"], result["ci_high"], result["n"]) == (None, None, None, 4)
+    assert result["reward"] == pytest.approx(final[-1]["eval/reward"], rel=1e-6) and 0 < result["reward"] <= 1
+    assert result["reward_metrics"] == {"rewards/short/mean": result["reward"]}
+    assert [s["score"] for s in result["samples"]] == [None] * 3 and [s["answer"] for s in result["samples"]] == [None] * 3
+    assert f"n=4, reward {result['reward']:.3f}" in captured.err
+    out = _no_nan(json.dumps(eval_result(EvalArgs(
+        model="tiny-random", task=str(path), task_kwargs={"answer_column": None}, reward_funcs=(f"{rewards}:short",),
+        eval_size=2, max_completion_length=4))))
+    assert out["n"] == 2 and out["reward"] is not None  # --model: rows of the data set itself, only evaluated
+
+
+def test_eval_of_a_run_with_python_reward_functions_scores_with_its_named_ones(tmp_path, caplog):
+    """A run whose reward functions were partly Python callables records only their names: rlzoo eval --run scores
+    with the named functions and their weights (a warning says which were left out); --reward-funcs replaces the
+    run's functions and their weights."""
+    from rlzoo.trainer.eval_run import EvalArgs, eval_config
+    from rlzoo.trainer.models import build_tiny_random
+
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step-000001"
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained(checkpoint / "model")
+    tokenizer.save_pretrained(checkpoint / "model")
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "reward_funcs": ["accuracy"],
+                                                 "reward_weights": [2.0, 0.5], "resolved_python_reward_funcs": ["mine"],
+                                                 "segments": []}))
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        config, _ = eval_config(EvalArgs(run=str(run)))
+    assert (config.reward_funcs, config.reward_weights) == (("accuracy",), (2.0,))
+    assert "reward functions ['mine'] were Python callables, which rlzoo eval cannot load: the reward is of " \
+           "['accuracy'] only" in caplog.text
+    config, _ = eval_config(EvalArgs(run=str(run), reward_funcs=("format",)))
+    assert (config.reward_funcs, config.reward_weights) == (("format",), None)
 
 
 def test_a_misspelt_config_key_or_task_gets_a_did_you_mean():

@@ -10,6 +10,8 @@ run's leaves out the run's task options, which are that task's). ``rlzoo eval --
 
 import dataclasses
 import json
+import logging
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +21,8 @@ from rlzoo.trainer.run_config import settings_for_task
 from rlzoo.trainer.tasks import check_loadable_task, list_reasoning_gym_tasks
 
 __all__ = ["EvalArgs", "eval_config", "eval_result"]
+
+log = logging.getLogger("rlzoo.train")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,6 +50,11 @@ class EvalArgs:
     """Seed of the held-out set."""
     eval_batch_size: int | None = None
     """Prompts per greedy batch."""
+    reward_funcs: tuple[str, ...] | None = None
+    """Reward functions that also score the greedy completions (the result's reward), as rlzoo train's
+    --reward-funcs (default: the run's, else accuracy); a task without reference answers is scored only by them."""
+    reward_weights: tuple[float, ...] | None = None
+    """One weight per reward function (default: the run's with its reward functions, else all 1)."""
     max_completion_length: int | None = None
     """Maximum completion tokens."""
     max_prompt_length: int | None = None
@@ -98,6 +107,10 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         checkpoint = str(path)
         settings["model"] = str(path / "model")
         settings.pop("peft", None)  # the checkpoint's model/ holds the adapter and names its base
+        if args.reward_funcs is None:
+            _named_rewards_only(run, settings, json.loads((run / "config.json").read_text()))
+    if args.reward_funcs is not None and args.reward_weights is None:
+        settings.pop("reward_weights", None)  # the run's weights are its own reward functions'
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
@@ -151,6 +164,22 @@ def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) 
                      f"evaluate; pass --eval-size N to evaluate N problems{seen}")
 
 
+def _named_rewards_only(run: Path, settings: dict[str, Any], recorded: dict[str, Any]) -> None:
+    """Leave out of ``settings`` the weights of a run's reward functions given as Python callables (``recorded``,
+    the run's whole config.json, names them), which cannot be loaded by name: the held-out reward is then of its
+    named functions only (a warning says so)."""
+    python = recorded.get("resolved_python_reward_funcs") or []
+    if not python:
+        return
+    names = list(settings.get("reward_funcs") or [])
+    weights = settings.get("reward_weights")
+    if isinstance(weights, list):
+        settings["reward_weights"] = weights[:len(names)] or None
+    log.warning("--run %s: its reward functions %s were Python callables, which rlzoo eval cannot load: the reward "
+                "is %s (pass --reward-funcs to score with others)", run, python,
+                f"of {names} only" if names else "not scored")
+
+
 def _trained_eval_size(run: Path) -> int:
     """The ``eval_size`` run ``run`` was trained with (its config.json; the default when it holds none)."""
     size = load_config_file(run / "config.json").get("eval_size", TrainConfig.eval_size)
@@ -175,8 +204,11 @@ def _is_checkpoint(path: Path) -> bool:
 
 def eval_result(args: EvalArgs) -> dict[str, Any]:
     """Evaluate and return the JSON-able result: ``model``, ``checkpoint``, ``task``, ``answer_extraction``,
-    ``accuracy``, ``ci_low``, ``ci_high`` (95 % Wilson), ``n`` and a few ``samples``; written to ``args.output``
-    (atomically) when given.
+    ``accuracy``, ``ci_low``, ``ci_high`` (95 % Wilson; all three null for a task without reference answers),
+    ``n``, ``reward`` (the mean combined reward of the greedy completions, TRL's ``eval_reward``; null when no reward
+    function scored them), ``reward_metrics`` (``rewards/NAME/mean`` per function and what the functions logged:
+    :attr:`~rlzoo.trainer.evaluation.EvalResult.rewards` without the ``eval/`` prefix; a mean over nothing scored
+    is null) and a few ``samples``; written to ``args.output`` (atomically) when given.
 
     Raises:
         the errors of :func:`eval_config` and :func:`rlzoo.trainer.evaluation.evaluate`.
@@ -190,11 +222,20 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     # the --eval-size rows asked for, uncapped)
     own_held_out = args.run is not None and args.task is None and _trained_eval_size(Path(args.run)) >= 1
     result = evaluate(config, evaluation_only=not own_held_out)
+    answers = result.accuracy is not None
+    rewards = {key.removeprefix("eval/"): _json_number(v) for key, v in result.rewards.items()}
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
            "task_kwargs": config.resolved_task_kwargs, "answer_extraction": config.answer_extraction,
-           "eval_size": result.n, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
-           "n": result.n, "samples": [{"question": q, "completion": c, "score": s, "answer": a}
-                                              for q, c, s, a in result.samples]}
+           "eval_size": result.n, "accuracy": _json_number(result.accuracy),
+           "ci_low": result.ci_low if answers else None, "ci_high": result.ci_high if answers else None,
+           "n": result.n, "reward": rewards.pop("reward", None), "reward_metrics": rewards,
+           "samples": [{"question": q, "completion": c, "score": _json_number(s), "answer": a if answers else None}
+                       for q, c, s, a in result.samples]}
     if args.output:
-        atomic_write_text(args.output, json.dumps(out, indent=2) + "\n")
+        atomic_write_text(args.output, json.dumps(out, indent=2, allow_nan=False) + "\n")
     return out
+
+
+def _json_number(value: float | None) -> float | None:
+    """``value``, or None for NaN (JSON has no NaN: null is a mean over nothing)."""
+    return None if value is None or math.isnan(value) else value

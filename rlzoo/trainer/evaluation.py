@@ -298,21 +298,32 @@ class Evaluator:
 def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult:
     """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints): up to
     ``eval_size`` of a data set's rows when ``evaluation_only`` (the task only evaluated), else the held-out set a
-    run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task).
+    run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task). ``config.reward_funcs`` (none:
+    an empty tuple) also score the greedy completions, as in training (:attr:`EvalResult.rewards`); of a task
+    without reference answers they are all that is evaluated. A reward function that fails on the first held-out
+    problem is, for a task with answers, left out with a warning (accuracy is still evaluated), as the trainer's
+    :meth:`Evaluator.check_rewards` does.
 
     Raises:
-        ValueError: ``eval_size`` < 1; a task without reference answers (names ``--task.answer_column``) or without
-            held-out rows (a run's held-out split capped to 0 rows), checked before the model loads; and the errors
-            of model and task loading.
+        ValueError: ``eval_size`` < 1; a task without reference answers and without reward functions (names
+            ``--task.answer_column`` and ``--reward-funcs``) or without held-out rows (a run's held-out split capped
+            to 0 rows), checked before the model loads; and the errors of model, task and reward function loading.
+        RewardFunctionError: a reward function fails on the held-out set of a task without answers.
     """
+    from rlzoo.trainer.config import RewardConfig
     from rlzoo.trainer.models import load_model
+    from rlzoo.trainer.rewards import build_rewards
 
     if config.eval_size < 1:
         raise ValueError(f"eval_size must be >= 1 to evaluate, got {config.eval_size}")
     task = build_task(config.section(TaskConfig), evaluation_only=evaluation_only)
-    if not task.task.has_answers:  # accuracy needs them: NaN over 0 problems is not a result (nor valid JSON)
+    if not task.task.has_answers and not config.reward_funcs:  # nothing to score: NaN over 0 problems is no result
         raise ValueError(f"task {config.task!r} has no reference answers to evaluate against (its answer column is "
-                         "unset): pass --task.answer_column COLUMN")
+                         "unset): pass --task.answer_column COLUMN, or --reward-funcs to score the completions with")
+    if not task.eval_items and not evaluation_only and not task.task.has_answers:
+        raise ValueError(f"task {config.task!r} has no reference answers, so a run on it holds out no rows of it (only "
+                         "a separate --task.eval_split): pass --task.eval_split SPLIT, or --task with the data to "
+                         "evaluate")
     if not task.eval_items:  # e.g. a run's held-out split capped to 0 rows of a tiny data set: n=0 is no result
         raise ValueError(f"task {config.task!r} has no held-out rows to evaluate (eval_size {config.eval_size}"
                          + ("" if evaluation_only else "; a run's held-out split takes at most 20 % of its data set's "
@@ -320,11 +331,17 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     precision = Precision.resolve(config.section(ModelConfig))
+    rewards = (build_rewards(config.section(RewardConfig), (), task=task, max_steps=config.max_steps,
+                             device=precision.device) if config.reward_funcs else None)
     model, tokenizer = load_model(config.model, dtype=precision.inference_dtype, device=precision.device)
     model.eval()
     rollout = config.section(RolloutConfig)
     generator = HFGenerator(tokenizer, max_completion_length=rollout.max_completion_length,
                             max_prompt_length=rollout.max_prompt_length, share_prefix=False)
     evaluator = Evaluator(config.section(EvalConfig), task=task, tokenizer=tokenizer, generator=generator,
-                          precision=dataclasses.replace(precision, autocast_dtype=None))
-    return evaluator.run(model)
+                          precision=dataclasses.replace(precision, autocast_dtype=None), rewards=rewards)
+    evaluator.check_rewards()
+    result = evaluator.run(model)
+    if result.reward_error is not None:
+        log.warning("the held-out reward is not reported: on the held-out set %s", result.reward_error)
+    return result

@@ -111,8 +111,9 @@ class DatasetTask(Task):
             object.__setattr__(self, "eval_origin", RowOrigin(f"data set {self.name!r} (held out)"))
         object.__setattr__(self, "_label_names", self._answer_labels())
         # without answers a held-out set is scored by the reward functions only: one given (eval_dataset), as TRL
-        # evaluates, but no split cut from the training rows (TRL never cuts one)
-        wanted = self.eval_size if self.answer_column is not None or self.eval_dataset is not None else 0
+        # evaluates, but no split cut from the training rows (TRL never cuts one); only evaluated: its rows
+        held_out = self.answer_column is not None or self.eval_dataset is not None or self.evaluation_only
+        wanted = self.eval_size if held_out else 0
         if self._streaming:
             self._hold_out_stream(wanted)
             return
