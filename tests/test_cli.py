@@ -777,19 +777,28 @@ def test_the_zoo_commands_work_without_the_train_extra(argv, code, says):
     assert "Traceback" not in proc.stderr
 
 
-def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_directory(tmp_path):
-    """--model RUN (train, export) used to be read as a model (AttributeError: module 'torch' has no attribute
-    'auto', from rlzoo's own config.json); --model RUN/checkpoints/step-N said "not a loadable checkpoint". A
-    checkpoint now stands for its model/, and a run directory names its newest checkpoint's model."""
-    from rlzoo.trainer.models import build_tiny_random, load_model
+def _fake_run(run: Path, config: dict) -> tuple[Path, torch.nn.Module]:
+    """A run directory holding ``config`` as its config.json and one checkpoint (step 2) of a tiny random model:
+    the checkpoint and the model."""
+    from rlzoo.trainer.models import build_tiny_random
 
-    run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "step-000002"
     model, tokenizer = build_tiny_random()
     model.save_pretrained(checkpoint / "model")
     tokenizer.save_pretrained(checkpoint / "model")
     (checkpoint / "trainer_state.json").write_text("{}")
-    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "dtype": "auto", "segments": []}))
+    (run / "config.json").write_text(json.dumps({**config, "segments": []}))
+    return checkpoint, model
+
+
+def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_directory(tmp_path):
+    """--model RUN (train, export) used to be read as a model (AttributeError: module 'torch' has no attribute
+    'auto', from rlzoo's own config.json); --model RUN/checkpoints/step-N said "not a loadable checkpoint". A
+    checkpoint now stands for its model/, and a run directory names its newest checkpoint's model."""
+    from rlzoo.trainer.models import load_model
+
+    run = tmp_path / "run"
+    checkpoint, model = _fake_run(run, {"model": "tiny-random", "dtype": "auto"})
     loaded, _ = load_model(str(checkpoint))
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True))
     with pytest.raises(ValueError, match=f"^model '{run}' is an rlzoo run directory, not a model \\(its newest "
@@ -845,17 +854,10 @@ def test_eval_of_a_run_with_python_reward_functions_scores_with_its_named_ones(t
     with the named functions and their weights (a warning says which were left out); --reward-funcs replaces the
     run's functions and their weights."""
     from rlzoo.trainer.eval_run import EvalArgs, eval_config
-    from rlzoo.trainer.models import build_tiny_random
 
     run = tmp_path / "run"
-    checkpoint = run / "checkpoints" / "step-000001"
-    model, tokenizer = build_tiny_random()
-    model.save_pretrained(checkpoint / "model")
-    tokenizer.save_pretrained(checkpoint / "model")
-    (checkpoint / "trainer_state.json").write_text("{}")
-    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "reward_funcs": ["accuracy"],
-                                                 "reward_weights": [2.0, 0.5], "resolved_python_reward_funcs": ["mine"],
-                                                 "segments": []}))
+    _fake_run(run, {"model": "tiny-random", "reward_funcs": ["accuracy"], "reward_weights": [2.0, 0.5],
+                    "resolved_python_reward_funcs": ["mine"]})
     with caplog.at_level("WARNING", logger="rlzoo.train"):
         config, _ = eval_config(EvalArgs(run=str(run)))
     assert (config.reward_funcs, config.reward_weights) == (("accuracy",), (2.0,))
