@@ -1,4 +1,5 @@
-"""Train with TRL 1.16's GRPOTrainer and an rlzoo loss TRL does not have (GMPO by default; any preset or PolicyLoss).
+"""Train with TRL 1.16's GRPOTrainer and an rlzoo loss TRL does not have (GMPO by default; any preset or PolicyLoss
+that TRL can feed without vLLM).
 
 Everything is TRL's (generation, rewards, group advantages, logging); one line changes: the trainer class,
 ``rlzoo.integrations.trl.GRPOTrainer``, with ``loss=``. The task: two-digit additions, reward 1 when the
@@ -57,15 +58,26 @@ def resolve_model(name: str, scratch: str) -> str:
     return name
 
 
+# The presets TRL can feed without vLLM: not those needing the sampler's log-probs (m2po, decoupled_ppo) or a
+# teacher's (opd), which TRL has only from vLLM / not at all.
+WITHOUT_VLLM = [name for name in rlzoo.list_losses()
+                if not {"rollout_logprobs", "teacher_logprobs"} & rlzoo.get_loss(name).required_fields()]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--loss", default="gmpo", choices=rlzoo.list_losses())
+    parser.add_argument("--loss", default="gmpo", choices=WITHOUT_VLLM)
     parser.add_argument("--max-steps", type=int, default=50)
     parser.add_argument("--output-dir", default="runs/trl-integration")
     args = parser.parse_args(argv)
 
+    # The rlzoo loss: a preset with the paper's defaults (rlzoo explain gmpo), or any rlzoo.PolicyLoss.
+    loss = rlzoo.get_loss(args.loss)
     config = GRPOConfig(
+        # TRL loads the reference model only when beta != 0: a preset with a KL term (grpo, two_sided) needs its
+        # log-probs, and the loss's own beta weighs the KL
+        beta=loss.options().get("beta", 0.0),
         output_dir=args.output_dir,
         per_device_train_batch_size=8,
         num_generations=4,
@@ -78,10 +90,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
     )
-    # The rlzoo loss: a preset with the paper's defaults (rlzoo explain gmpo), or any rlzoo.PolicyLoss.
-    # A preset with a KL term (grpo, two_sided) also needs GRPOConfig(beta=...) so that TRL loads the reference
-    # model; the trainer says so at construction.
-    loss = rlzoo.get_loss(args.loss)
     with tempfile.TemporaryDirectory(prefix="trl-integration-") as scratch:  # the tiny model's files, removed after
         trainer = GRPOTrainer(model=resolve_model(args.model, scratch), reward_funcs=contains_answer, args=config,
                               train_dataset=additions(8 * args.max_steps), loss=loss)

@@ -134,7 +134,8 @@ def resolve_loss(
         UserWarning: an explicit loss while ``GRPOConfig`` loss fields it replaces (``loss_type``, ``epsilon``,
             ``importance_sampling_level``, ``entropy_coef``, ``top_entropy_quantile``, ...) are not at TRL's defaults
             (names them: they are not used); an explicit loss without a KL penalty while ``GRPOConfig.beta != 0``
-            (TRL computes reference log-probs for nothing); an explicit loss without a sampler correction while
+            (TRL computes reference log-probs for nothing); an explicit loss with a KL penalty whose ``beta`` is not
+            ``GRPOConfig.beta`` (the loss's weighs the KL); an explicit loss without a sampler correction while
             ``use_vllm`` and ``vllm_importance_sampling_correction`` (TRL's default) ask for one (none is applied).
 
     Raises:
@@ -147,8 +148,9 @@ def resolve_loss(
             log-probs (its counted tokens must be known before the forward pass); ``group_index``
             ("prompt-mean") when ``steps_per_generation`` is not a multiple of ``gradient_accumulation_steps``;
             ``teacher_logprobs`` (``opd``: TRL has no teacher); any other field TRL cannot provide (``versions``
-            and ``current_version`` for ``prox_logp_method="loglinear"``). Also any error of
-            :func:`~rlzoo.compat.trl.loss_from_grpo_config` (e.g. ``use_adaptive_entropy=True``).
+            and ``current_version`` for ``prox_logp_method="loglinear"``); ``use_adaptive_entropy=True`` (TRL's
+            controller is trainer state no rlzoo loss runs). Also any error of
+            :func:`~rlzoo.compat.trl.loss_from_grpo_config`.
     """
     if loss is None:
         fields = {name: getattr(args, name) for name in GRPO_LOSS_DEFAULTS if name not in _TRAINER_FIELDS}
@@ -170,6 +172,12 @@ def resolve_loss(
     needed = resolved.required_fields()
     ignored = {field: getattr(args, field) for field, default in GRPO_LOSS_DEFAULTS.items()
                if field not in _STILL_READ and getattr(args, field) != default}
+    if loss is not None and ignored.get("use_adaptive_entropy"):  # the controller is TRL's trainer state: not run
+        raise ValueError(
+            "GRPOConfig.use_adaptive_entropy=True is not supported: TRL's adaptive entropy controller is trainer "
+            f"state, not a loss, and loss {name!r} does not run it; set use_adaptive_entropy=False and give the loss "
+            f"a fixed entropy_coef: rlzoo.get_loss({name!r}, entropy_coef=...)"
+        )
     if loss is not None and ignored and isinstance(resolved, PolicyLoss):  # a TRLGRPOLoss is built from them
         warnings.warn(
             f"GRPOTrainer(loss={name!r}) replaces TRL's loss, so these GRPOConfig loss settings are not used: "
@@ -186,6 +194,14 @@ def resolve_loss(
             f"so TRL loads no reference model: set GRPOConfig(beta={beta}) (any non-zero value makes TRL compute "
             f"ref_per_token_logps; the loss's own beta weights the KL), or drop the penalty: "
             f"rlzoo.get_loss({name!r}, beta=0.0)"
+        )
+    own_beta = policy.options().get("beta")
+    if loss is not None and "ref_logprobs" in needed and args.beta not in (0, own_beta):
+        warnings.warn(
+            f"GRPOConfig.beta={args.beta} only makes TRL compute reference log-probs: the KL penalty is weighted by "
+            f"loss {name!r}'s own beta={own_beta}; give the loss yours: rlzoo.get_loss({name!r}, beta={args.beta})",
+            UserWarning,
+            stacklevel=3,
         )
     if loss is not None and "ref_logprobs" not in needed and args.beta != 0:
         warnings.warn(

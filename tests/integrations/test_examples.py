@@ -14,8 +14,8 @@ DOC = ROOT / "docs" / "integrations.md"
 
 
 def test_trl_example_trains(tmp_path, monkeypatch):
-    """examples/trl_integration.py: TRL's GRPOTrainer with rlzoo's gmpo, 2 steps on the tiny model; the tiny
-    model's directory is removed after (it left a /tmp/tiny-random-* per run)."""
+    """examples/trl_integration.py: TRL's GRPOTrainer with rlzoo's gmpo, 2 steps on the tiny model, and grpo (a KL
+    term) 1 step; the tiny model's directory is removed after (it left a /tmp/tiny-random-* per run)."""
     import tempfile
 
     pytest.importorskip("trl", reason="TRL is not installed: pip install trl==1.16.0")
@@ -27,6 +27,9 @@ def test_trl_example_trains(tmp_path, monkeypatch):
     try:
         module = runpy.run_path(str(ROOT / "examples" / "trl_integration.py"))
         history = module["main"](["--model", "tiny-random", "--max-steps", "2", "--output-dir", str(tmp_path)])
+        # a preset with a KL term: the example gives GRPOConfig its beta (it stopped at construction: beta=0)
+        assert len(module["main"](["--model", "tiny-random", "--max-steps", "1", "--loss", "grpo",
+                                   "--output-dir", str(tmp_path)])) == 1
     finally:
         torch.set_num_threads(threads)
     assert len(history) == 2

@@ -288,6 +288,30 @@ def test_an_explicit_loss_names_the_trl_loss_settings_it_replaces():
                                                       "gradient_accumulation_steps": 1, "max_completion_length": 64}))
 
 
+def test_a_grpo_config_beta_other_than_the_losss_warns_and_adaptive_entropy_is_refused():
+    """GRPOConfig(beta=0.5) with loss="grpo" (beta 0.04) trained with 0.04 without a word; now a warning says that the
+    loss's beta weighs the KL and how to give it 0.5 (the same beta, or none needed: no warning). use_adaptive_entropy
+    =True with an explicit loss only warned, advising to pass no loss, which raised: it is refused now, as TRL's own
+    loss path refuses it."""
+    args = types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "steps_per_generation": 1, "gradient_accumulation_steps": 1,
+                                    "max_completion_length": 8})
+    with pytest.warns(UserWarning, match=r"^GRPOConfig.beta=0.5 only makes TRL compute reference log-probs: the KL "
+                                         r"penalty is weighted by loss 'grpo''s own beta=0.04; give the loss yours: "
+                                         r"rlzoo.get_loss\('grpo', beta=0.5\)$"):
+        resolve_loss("grpo", types.SimpleNamespace(**{**vars(args), "beta": 0.5}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_loss("grpo", types.SimpleNamespace(**{**vars(args), "beta": 0.04}))
+        resolve_loss(rlzoo.get_loss("grpo", beta=0.5), types.SimpleNamespace(**{**vars(args), "beta": 0.5}))
+    adaptive = types.SimpleNamespace(**{**vars(args), "use_adaptive_entropy": True})
+    with pytest.raises(ValueError, match=r"^GRPOConfig.use_adaptive_entropy=True is not supported: .* loss 'dapo' "
+                                         r"does not run it; set use_adaptive_entropy=False and give the loss a fixed "
+                                         r"entropy_coef: rlzoo.get_loss\('dapo', entropy_coef=...\)$"):
+        resolve_loss("dapo", adaptive)
+    with pytest.raises(ValueError, match=r"^GRPOConfig.use_adaptive_entropy=True is not supported"):
+        resolve_loss(None, adaptive)
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
 def test_policy_loss_is_logged_as_trl_logs_it(tiny, tmp_path, loss_type):
     """With an entropy bonus TRL logs policy_loss: for dapo a micro-batch's share of the step's loss, for dr_grpo
