@@ -60,6 +60,7 @@ def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     (["plot", "dapo", "--task.max_terms", "3"], "loss options only"),
     (["plot", "--all", "dapo"], "defaults"),
     (["plot", "ppo", "--old-prob", "2"], "old_prob"),
+    (["plot", "dapo", "--output", "dapo.txt"], "matplotlib writes no 'txt' files; give a file ending in one of "),
 ])
 def test_plot_bad_input_is_one_line(argv, message, capsys, monkeypatch):
     """Unknown names and options, dotted options of another kind, --all with a name, bad ranges: exit 2 and one
@@ -68,3 +69,16 @@ def test_plot_bad_input_is_one_line(argv, message, capsys, monkeypatch):
     assert console_main() == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_plot_writes_the_formats_matplotlib_writes(tmp_path):
+    """--output x.jpg / .webp / .svg failed inside matplotlib ("metadata not supported for format 'jpeg'"): the
+    date- and version-free metadata is given only to the writers that take it, and a picture drawn twice is the
+    same file."""
+    from rlzoo.losses.pictures import plot_objective
+
+    for name in ("a.jpg", "a.webp", "a.svg", "a.pdf", "b.svg", "b.pdf"):
+        plot_objective("dapo", tmp_path / name, dpi=20)
+    assert all((tmp_path / n).stat().st_size > 1000 for n in ("a.jpg", "a.webp"))
+    for fmt in ("svg", "pdf"):
+        assert (tmp_path / f"a.{fmt}").read_bytes() == (tmp_path / f"b.{fmt}").read_bytes()

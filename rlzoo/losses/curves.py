@@ -24,7 +24,7 @@ from rlzoo.losses.presets import get_loss, presets
 
 __all__ = ["RATIO_OPTIONS", "ObjectiveCurve", "ObjectivePicture", "objective_curves"]
 
-RATIO_OPTIONS = ("dual_clip", "delta", "clip_ratio_c")
+RATIO_OPTIONS = ("dual_clip", "delta", "clip_ratio_c", "distillation_clip_ratio_c")
 """Options whose value is a ratio threshold: the default ``r`` range reaches 1.2 x the largest one of an active
 part (and 1.2 x ``1 + epsilon_high``, CISPO's cap of 5), so that it shows."""
 

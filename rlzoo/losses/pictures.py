@@ -104,6 +104,7 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
 
     Raises:
         ImportError: matplotlib is not installed (says what to install).
+        ValueError: ``output``'s extension is no format matplotlib writes (names the ones it does).
         OSError: the file cannot be written. And the errors of :func:`objective_curves`.
     """
     try:
@@ -201,7 +202,16 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
     path = Path(output)
     buffer = io.BytesIO()
     fmt = path.suffix.lstrip(".").lower() or "png"
-    fig.savefig(buffer, format=fmt, dpi=dpi, metadata={"Software": None})
+    formats = fig.canvas.get_supported_filetypes()
+    if fmt not in formats:
+        plt.close(fig)
+        raise ValueError(f"output {str(path)!r}: matplotlib writes no {fmt!r} files; give a file ending in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
+    # no version nor date in the file (the same picture, the same bytes); only these writers take metadata
+    metadata = {"png": {"Software": None}, "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
+                "svg": {"Creator": None, "Date": None}}.get(fmt)
+    with plt.rc_context({"svg.hashsalt": "rlzoo"}):  # an SVG's element ids: not random
+        fig.savefig(buffer, format=fmt, dpi=dpi, metadata=metadata)
     plt.close(fig)
     if fmt == "png":  # a 64-colour palette (Pillow, which matplotlib needs): about 3x smaller, no visible change
         from PIL import Image

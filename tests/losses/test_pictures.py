@@ -63,6 +63,15 @@ def test_dual_clip_and_delta_bound_the_open_side(name, options, cap):
     torch.testing.assert_close(down.gradient[between], -down.ratios[between], **F64)
 
 
+def test_the_default_range_shows_the_distillation_dual_clip():
+    """opd's distillation term is dual-clipped at distillation_clip_ratio_c (3.0): its gradient jumps there, which
+    the default range (up to 3.0) drew as a cliff on the picture's right edge; it reaches 1.2 x c now."""
+    up = objective_curves("opd", **FAST).curves[0]
+    assert up.ratios[-1] == pytest.approx(1.2 * 3.0)
+    beyond, before = up.gradient[up.ratios > 3.0 + 1e-6], up.gradient[up.ratios < 3.0 - 1e-6]
+    assert len(beyond) > 1 and (beyond == 0).all() and before[-1] < -1.0  # the jump at c, and past it
+
+
 def test_cispo_picture_is_the_clipped_detached_weight():
     """CISPO (MiniMax-M1 eq. 4-5): g = sg[clip(r, 0, 5)] A everywhere, never 0 (no token loses its gradient);
     the value -sg[w] A log pi is not the integral of the gradient (dotted in the picture)."""
