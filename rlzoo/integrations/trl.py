@@ -313,7 +313,8 @@ class GRPOTrainer(trl.GRPOTrainer):
     to TRL's generation batch (keys ``rlzoo_group_index``, ``rlzoo_rewards``; the rewards are read from TRL's
     ``_calculate_rewards``). Metrics go to TRL's logger under the
     loss's names (TRL's: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``,
-    ``clip_ratio/low_min``, ``clip_ratio/high_max``, ``kl``, ``entropy``, ``cispo_clip_ratio``,
+    ``clip_ratio/low_min``, ``clip_ratio/high_max``, ``kl``, ``entropy``, ``cispo_clip_ratio`` (the default loss;
+    ``loss="cispo"`` logs that fraction as ``clip_ratio/high_mean``),
     ``vespo/phi_seq_mean``, ``policy_loss``; plus rlzoo's ``ratio/*`` and the parts' own): a token-weighted mean
     over processes (``*/max`` and ``*_max``: the max, ``*/min`` and ``*_min``: the min);
     ``sampling/*`` is left to TRL, which logs it per generation batch.

@@ -66,6 +66,8 @@ _VERL_INSTEAD = {
 }
 _AGG_COUNT = {"token-mean": "batch_num_tokens", "seq-mean-token-mean": "global_batch_size",
               "seq-mean-token-sum": "global_batch_size", "seq-mean-token-sum-norm": "global_batch_size"}
+VERL_LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""verl 0.9.1's ``loss_agg_mode`` names (its ``agg_loss``), spelt exactly as verl takes them."""
 # rlzoo metric -> verl's name for the same statistic, for a PPO-clip surrogate (verl's vanilla and gspo losses:
 # pg_clipfrac, pg_clipfrac_lower). verl's other losses give pg_clipfrac meanings of their own (cispo: ratio !=
 # its clip, whatever the advantage's sign), so a loss with another surrogate reports its clip metrics under
@@ -127,11 +129,14 @@ class VerlPolicyLoss:
             has them.
 
         Raises:
-            ValueError: ``dp_size > 1`` without the global count the aggregation divides by (as verl), or an
-                unknown ``loss_agg_mode`` (lists the valid ones).
+            ValueError: ``dp_size > 1`` without the global count the aggregation divides by (as verl), or a
+                ``loss_agg_mode`` (followed) that is not verl's, as verl spells it (lists
+                :data:`VERL_LOSS_AGG_MODES`: ``token_mean`` or ``prompt-mean`` are not).
             BatchError: NaN/inf or a positive log-prob at a counted position, or a negative/NaN/inf
                 ``rollout_is_weights`` value there.
         """
+        if self.follow_loss_agg_mode and loss_agg_mode not in VERL_LOSS_AGG_MODES:  # verl's agg_loss would raise
+            raise ValueError(f"loss_agg_mode {loss_agg_mode!r} is not one of verl's: {', '.join(VERL_LOSS_AGG_MODES)}")
         info = dict(getattr(config, "global_batch_info", None) or {})
         dp_size = int(info.get("dp_size") or 1)
         aggregation = loss_agg_mode if self.follow_loss_agg_mode else self.loss.aggregation.registered_name()
@@ -201,7 +206,7 @@ def register(
         The registered :class:`VerlPolicyLoss`.
 
     Raises:
-        TypeError: ``loss`` is neither a PolicyLoss nor a str.
+        TypeError: ``name`` is not a non-empty str; ``loss`` is neither a PolicyLoss nor a str.
         UnknownNameError: an unknown preset (lists the presets).
         ValueError: ``name`` is taken (and ``overwrite`` is False), or the loss needs a field verl does not pass
             to policy losses (reference log-probs, entropies, sampler log-probs); the message names the verl option
@@ -214,6 +219,8 @@ def register(
 
         register("rlzoo_gmpo", "gmpo", follow_loss_agg_mode=False)  # loss_mode=rlzoo_gmpo
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register(name, loss): name must be a non-empty str (verl's loss_mode), got {name!r}")
     if isinstance(loss, str):
         loss = get_loss(loss)
     if not isinstance(loss, PolicyLoss):

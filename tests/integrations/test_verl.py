@@ -263,6 +263,8 @@ def test_bad_arguments(verl):
         register("rlzoo_x", "no-such-loss")
     with pytest.raises(TypeError, match="PolicyLoss"):
         register("rlzoo_x", 3)
+    with pytest.raises(TypeError, match=r"name must be a non-empty str \(verl's loss_mode\), got ''"):
+        register("", "dapo")  # went into verl's registry, under a name no config can spell (so did 3)
     fn = VerlPolicyLoss(loss=rlzoo.get_loss("dapo"))
     batch = {"old_log_prob": -torch.ones(2, 3, dtype=F64), "log_prob": -torch.ones(2, 3, dtype=F64),
              "advantages": torch.ones(2, 3, dtype=F64), "response_mask": torch.ones(2, 3, dtype=torch.bool)}
@@ -272,3 +274,8 @@ def test_bad_arguments(verl):
         fn(**batch, config=actor_config(), rollout_is_weights=torch.full((2, 3), float("nan"), dtype=F64))
     with pytest.raises(BatchError, match="logprobs"):
         fn(**{**batch, "log_prob": torch.ones(2, 3, dtype=F64)}, config=actor_config())
+    for mode in ("token_mean", "TOKEN-MEAN", "prompt-mean"):  # verl's agg_loss raises for them: ran as token-mean
+        with pytest.raises(ValueError, match=rf"^loss_agg_mode '{mode}' is not one of verl's: token-mean, token-sum, "):
+            fn(**batch, loss_agg_mode=mode, config=actor_config())
+        with pytest.raises(ValueError, match="Invalid loss_agg_mode"):  # verl's own refusal
+            verl.agg_loss(batch["log_prob"], batch["response_mask"].float(), mode)
