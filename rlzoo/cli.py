@@ -42,11 +42,15 @@ _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task
 
 def _scalar(text: str) -> Any:
     """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number); ``None``, Python's
-    spelling of null that TRL users type (``--loss.dual_clip None``), is null too (YAML reads it as a string)."""
+    spelling of null that TRL users type (``--loss.dual_clip None``), is null too, and ``inf`` / ``-inf`` /
+    ``nan`` (any case; YAML spells them ``.inf``, ``.nan``) are floats, as Python's ``float`` reads them (YAML reads
+    them as strings: ``--loss.epsilon_high inf`` was "must be a number, got str 'inf'")."""
     import yaml
 
     if text == "None":
         return None
+    if re.fullmatch(r"[-+]?(inf|infinity|nan)", text, flags=re.IGNORECASE):
+        return float(text)
     from rlzoo.trainer.config_files import yaml_load
 
     try:
@@ -60,7 +64,7 @@ _TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig
 Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names, or a run's config.json;
 flags override it), and the dotted options --loss.NAME VALUE (see rlzoo explain ALGORITHM), --advantage.NAME
 VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NAME VALUE (LoRA: the fields of
-peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null)."""
+peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null, inf)."""
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
 and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
@@ -413,6 +417,7 @@ def _also_means(name: str, meanings: Mapping[str, tuple[str, str]], shown: str) 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from rlzoo.losses import algorithms_markdown, get_loss, presets
+    from rlzoo.losses.presets import needs_line
     from rlzoo.registry import UnknownNameError, close_names
 
     if args.loss_options and (args.all or not args.name or args.kind not in (None, "preset")):
@@ -467,6 +472,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         if loss is not None:  # the components these options build
             given = " ".join(f"--loss.{k} {v}" for k, v in args.loss_options.items())
             print(f"\ncomponents (with {given}):\n" + "\n".join("  " + line for line in loss.describe().splitlines()))
+            print(needs_line(loss))
     return 0
 
 

@@ -194,7 +194,9 @@ def check_number(owner: str, name: str, value: Any, *, low: float | None = None,
         raise ValueError(f"{owner}: {name} must be a number, got None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{owner}: {name} must be a number, got {type(value).__name__} {value!r}")
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+    if math.isnan(value):
+        raise ValueError(f"{owner}: {name} must be a number, got NaN")
+    if math.isinf(value) and not allow_inf:
         raise ValueError(f"{owner}: {name} must be finite, got {value}")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{owner}: {name} must be {'>' if low_open else '>='} {low}, got {value}")

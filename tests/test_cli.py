@@ -1,6 +1,7 @@
 """The ``rlzoo`` command: list, explain, train/eval argument parsing, a tiny end-to-end train and eval."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -536,6 +537,20 @@ def test_help_is_plain_text(capsys):
     assert "``" not in text and ":class:" not in text and "`" not in text
 
 
+def test_inf_and_nan_flag_values_are_floats_as_python_reads_them(capsys):
+    """--loss.epsilon_high inf (M2PO's unclipped side, as TRL users type Python's float) said "must be a number, got
+    str 'inf'" (YAML spells it .inf); nan said the same instead of refusing NaN as NaN."""
+    from rlzoo.cli import _scalar
+
+    assert [_scalar(t) for t in ("inf", "-inf", "+Infinity", "INF", ".inf")] == [math.inf, -math.inf, math.inf,
+                                                                                  math.inf, math.inf]
+    assert math.isnan(_scalar("nan")) and _scalar("information") == "information"
+    assert main(["explain", "dapo", "--loss.epsilon_high", "inf"]) == 0
+    assert "epsilon_high=inf" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"^ppo_clip: epsilon_high must be a number, got NaN$"):
+        main(["explain", "dapo", "--loss.epsilon_high", "nan"])
+
+
 def test_verl_threshold_strings_stay_strings_on_the_command_line_and_in_yaml(tmp_path):
     """YAML 1.1 reads ``_`` as a digit separator (``0.5_5`` -> 0.55); verl's "lower_upper" rollout-correction bounds
     must reach the loss as written, from a flag and from a YAML config file, while numbers stay numbers."""
@@ -887,6 +902,8 @@ def test_explain_takes_loss_options_as_plot_and_train_do(capsys):
     out = capsys.readouterr().out
     assert out.startswith("dapo: ") and "components (with --loss.epsilon_high 0.3 --loss.beta 0.04):" in out
     assert "ppo_clip(epsilon_low=0.2, epsilon_high=0.3" in out and "kl(beta=0.04" in out
+    # what the options need too (the card's needs: line is the defaults'): a KL penalty reads ref_logprobs
+    assert out.endswith("needs:     logprobs, advantages, completion_mask, ref_logprobs\n")
     with pytest.raises(ValueError, match="did you mean 'epsilon_high'"):
         main(["explain", "dapo", "--loss.epsilon_hihg", "0.3"])
     assert capsys.readouterr().out == ""  # the error comes alone: no card printed before it

@@ -51,8 +51,8 @@ class CISPO(Surrogate, name="cispo"):
         check_number("cispo", "epsilon_high", self.epsilon_high, low=-1.0)
         if 1.0 + self.epsilon_high < 1.0 - self.epsilon_low:
             raise ValueError(
-                f"cispo: the upper bound 1 + epsilon_high ({1.0 + self.epsilon_high}) must be >= the lower bound "
-                f"1 - epsilon_low ({1.0 - self.epsilon_low})"
+                f"cispo: the upper bound 1 + epsilon_high ({1.0 + self.epsilon_high:.6g}) must be >= the lower bound "
+                f"1 - epsilon_low ({1.0 - self.epsilon_low:.6g})"
             )
 
     def __call__(self, x: LossInputs) -> PartOutput:

@@ -142,14 +142,18 @@ class Preset:
             "components (defaults):",
             textwrap.indent(loss.describe(), "  "),
         ]
-        required = sorted(loss.required_fields())
-        lines.append("needs:     logprobs, advantages, completion_mask" + "".join(f", {f}" for f in required))
+        lines.append(needs_line(loss))
         if self.notes:
             lines += ["", "notes: " + self.notes]
         return "\n".join(lines)
 
 
 presets: Registry[Preset] = Registry("loss preset")
+
+
+def needs_line(loss: PolicyLoss) -> str:
+    """The card's ``needs:`` line: the :class:`~rlzoo.PolicyBatch` fields ``loss`` reads."""
+    return "needs:     logprobs, advantages, completion_mask" + "".join(f", {f}" for f in sorted(loss.required_fields()))
 
 
 def preset(name: str, **card: Any) -> Callable[[Callable[[], PolicyLoss]], Callable[[], PolicyLoss]]:

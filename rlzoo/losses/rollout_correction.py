@@ -92,7 +92,7 @@ def _positive(owner: str, option: str, text: str) -> float:
     except ValueError:
         raise ValueError(f"{owner}: {option} must hold numbers, got {text!r}") from None
     if not value > 0 or math.isinf(value):
-        raise ValueError(f"{owner}: {option} bounds must be finite and > 0, got {text!r}")
+        raise ValueError(f"{owner}: {option} bounds must be finite and > 0, got {text}")
     return value
 
 
