@@ -5,7 +5,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from rlzoo.trainer.rewards import RewardSet
 
 __all__ = ["EvalResult", "EvaluationAbandoned", "Evaluator", "evaluate", "greedy_accuracy", "held_out_rewards",
-           "wilson_interval"]
+           "training_rng_untouched", "wilson_interval"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -190,6 +191,22 @@ def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
     return metrics
 
 
+@contextlib.contextmanager
+def training_rng_untouched() -> Iterator[None]:
+    """Run the block on a fork of the global random states a checkpoint saves (Python's ``random``, torch's CPU
+    generator and the current CUDA device's), restored after it: an evaluation, whose reward functions may draw
+    (noise, sampling), leaves the training trajectory as it found it, so a run's numbers do not depend on
+    ``eval_steps``, and a run extended past its final checkpoint (saved before the final evaluation) follows the
+    longer run's trajectory."""
+    state = random.getstate()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(state)
+
+
 class EvaluationAbandoned(Exception):
     """An evaluation stopped before its end (a signal asked the run to stop)."""
 
@@ -247,7 +264,8 @@ class Evaluator:
         if self.rewards is None or not self.task.eval_items:
             return
         try:
-            try_rewards(self.rewards, self.task, self.tokenizer, self.task.eval_items[0])
+            with training_rng_untouched():
+                try_rewards(self.rewards, self.task, self.tokenizer, self.task.eval_items[0])
         except RewardFunctionError as err:
             if not self.task.task.has_answers:
                 raise RewardFunctionError(f"on the held-out set, which the reward functions score (eval/reward): "
@@ -263,9 +281,10 @@ class Evaluator:
 
     def run(self, model: torch.nn.Module | ParallelModel, limit: int | None = None) -> EvalResult:
         """Greedy accuracy of ``model`` (a Hugging Face model, or a :class:`ParallelModel` whose parameters are
-        gathered for the evaluation) on the held-out set (``limit`` problems at most)."""
+        gathered for the evaluation) on the held-out set (``limit`` problems at most). The run's random state is
+        as before (:func:`training_rng_untouched`)."""
         gathered = model.gathered() if isinstance(model, ParallelModel) else contextlib.nullcontext(model)
-        with gathered as whole, self.precision.autocast():
+        with training_rng_untouched(), gathered as whole, self.precision.autocast():
             return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
                                    batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
                                    progress=self.progress, should_stop=self.should_stop, rewards=self.rewards)

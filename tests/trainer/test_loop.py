@@ -83,6 +83,33 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
         assert torch.equal(p, q)
 
 
+def noisy(completions, **kwargs) -> list[float]:
+    """A reward with random noise (as a sampled judge's), drawn from torch's global generator (Python's ``random``
+    would do as well, but the tests' type checker, beartype, draws from it at every checked call)."""
+    return [float(any(ch.isdigit() for ch in c)) + float(torch.rand(())) for c in completions]
+
+
+def test_evaluation_leaves_the_training_trajectory_as_it_found_it(tmp_path):
+    """A reward function that draws from a global random state also scores the held-out set, so each evaluation
+    advanced the run's random state: a run's numbers depended on eval_steps, and a run extended past its final checkpoint
+    (written before the final evaluation) diverged from the longer run. Evaluations run on a fork of the random
+    states now: the same steps, bit for bit, with an evaluation every step, with none between step 0 and the end,
+    and extended from a 2-step run's final checkpoint (the longer run evaluated at step 2 before step 3)."""
+    common = {"max_steps": 3, "eval_size": 4, "eval_batch_size": 4, "learning_rate": 1e-3, "reward_funcs": (),
+              "save_steps": 0}
+    every = Trainer(_config(tmp_path / "a", eval_steps=1, **common), reward_funcs=[noisy]).train()
+    ends = Trainer(_config(tmp_path / "b", eval_steps=0, **common), reward_funcs=[noisy]).train()
+    Trainer(_config(tmp_path / "c", eval_steps=1, **{**common, "max_steps": 2}), reward_funcs=[noisy]).train()
+    extended = Trainer(_config(tmp_path / "c", eval_steps=1, resume="latest", **common), reward_funcs=[noisy]).train()
+    assert [r["step"] for r in every if "eval/reward" in r] == [0, 1, 2, 3]
+    assert [r["step"] for r in ends if "eval/reward" in r] == [0, 3]
+    for key in ("reward", "loss", "grad_norm"):
+        want = [r[key] for r in every if key in r]
+        assert len(want) == 3 and want == [r[key] for r in ends if key in r], key  # bit for bit
+        assert want[2] == [r[key] for r in extended if key in r][-1], key
+    assert len({r["reward"] for r in every if "reward" in r}) == 3  # the noise is drawn: a real check
+
+
 def test_resume_inside_a_generation_cycle_restores_the_unfinished_batch(tmp_path):
     """num_iterations = 2: the checkpoint after step 1 holds a generation batch with one pass left; resuming
     trains on it (no new generation) and reproduces the uninterrupted run's steps 2 and 3."""
