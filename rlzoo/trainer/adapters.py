@@ -90,7 +90,9 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
             own (:func:`peft_options`), a ``lora_dropout``
             above 0 (:func:`_check_no_dropout`; checked before the model loads), an adapter on the output layer
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
-            an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`); and
+            an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`), a new adapter
+            that does not start at a zero update when a reference is needed (:func:`_check_adapter_starts_at_zero`:
+            PiSSA, OLoRA, ...); and
             the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
@@ -120,6 +122,9 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         model = get_peft_model(model, copy.copy(peft_config))
+        if needs_reference:
+            _check_adapter_starts_at_zero(model, option="peft_config.init_lora_weights" if given_as_object
+                                          else "--peft.init_lora_weights")
         # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model
         # object without one the ``model:CLASS`` name that load_model refuses saying what to pass
         model.peft_config["default"].base_model_name_or_path = model_config.model
@@ -159,6 +164,33 @@ def _check_no_tied_embedding_adapter(model: Any, *, option: str) -> None:
                      f"untouched in lm_head, merging writes the adapter into it (lm_head changes too); remove {name} "
                      f"from {option}, or train the embedding whole with "
                      f"modules_to_save=['{name}'] (--peft.modules_to_save [{name}])")
+
+
+def _check_adapter_starts_at_zero(model: Any, *, option: str) -> None:
+    """Refuse a new adapter whose update ``B A`` is not zero (PiSSA, OLoRA, CorDA, LoftQ rewrite the base weights to
+    a residual and start ``B A`` at the difference; ``init_lora_weights=False`` starts it random) when the loss needs
+    a reference: the reference is the model with the adapter disabled (as TRL), which is then not the initial
+    policy (a user trial: KL 0.005 at step 1 with PiSSA, where it is exactly 0). ``||B A||_F^2`` is
+    ``sum((B^T B) * (A A^T))``, of two ``r x r`` matrices; "zero" is relative to ``||B||_F ||A||_F`` (1e-6: an
+    orthogonal initialisation's ``B A`` is 0 up to rounding).
+
+    Raises:
+        ValueError: names ``option``, the first layer whose update is not zero, and what to do instead.
+    """
+    for name, module in model.named_modules():
+        pairs = [(getattr(module, "lora_A", {}), getattr(module, "lora_B", {}), lambda m: m.weight),
+                 (getattr(module, "lora_embedding_A", {}), getattr(module, "lora_embedding_B", {}), lambda m: m)]
+        for a_dict, b_dict, weight in pairs:
+            for key in a_dict.keys() & b_dict.keys():
+                a, b = weight(a_dict[key]).detach().double(), weight(b_dict[key]).detach().double()
+                a, b = (a, b) if b.shape[-1] == a.shape[0] else (a.T, b.T)  # embeddings keep A, B transposed
+                size = float(((b.T @ b) * (a @ a.T)).sum().clamp(min=0).sqrt())
+                if size > 1e-6 * float(a.norm() * b.norm()):
+                    raise ValueError(
+                        f"{option}: the adapter starts with a non-zero update (layer {name}; PiSSA, OLoRA, CorDA and "
+                        "LoftQ rewrite the base weights, init_lora_weights=False is random), so the model with the "
+                        "adapter disabled, which is the loss's reference (ref_logprobs, as TRL), is not the initial "
+                        "policy: use the default init_lora_weights, or a loss without a reference (--loss.beta 0)")
 
 
 def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:

@@ -223,6 +223,26 @@ def test_bad_lora_options_name_the_field(tmp_path):
                             output_dir=str(tmp_path / "run2")))
 
 
+def test_an_adapter_that_starts_away_from_zero_is_refused_when_the_loss_needs_a_reference(tmp_path):
+    """PiSSA / OLoRA rewrite the base weights to a residual (B A starts at the difference): the model with the adapter
+    disabled, the KL's reference, was then not the initial policy (a user trial: kl 0.005 at step 1, where it is
+    exactly 0). Refused when a reference is needed; an orthogonal init (B A zero up to rounding) and the default
+    train; without a reference PiSSA is fine."""
+    def config(init, **loss):
+        return TrainConfig(**{**TINY, "peft": {**TINY["peft"], "init_lora_weights": init}, "loss": loss,
+                              "output_dir": str(tmp_path / f"{init}-{len(loss)}"), "max_steps": 1})
+
+    for init in ("pissa", "olora", False):
+        with pytest.raises(ValueError, match=r"^--peft.init_lora_weights: the adapter starts with a non-zero update "
+                                             r"\(layer .*\), so the model with the adapter disabled, which is the "
+                                             r"loss's reference .* is not the initial policy: use the default"):
+            Trainer(config(init, beta=0.04), reward_funcs=[digit_fraction])
+    for init, kl in (("orthogonal", 1e-10), (True, 0.0)):  # step 1: the policy is the reference (up to rounding)
+        history = Trainer(config(init, beta=0.04), reward_funcs=[digit_fraction]).train()
+        assert abs(history[-1]["kl"]) <= kl
+    Trainer(config("pissa", beta=0.0), reward_funcs=[digit_fraction])  # no reference: nothing to compare with
+
+
 def test_an_adapter_on_a_tied_embedding_is_refused(tmp_path):
     """User trial: LoRA on embed_tokens of a model that ties it to lm_head (tiny-random, SmolLM2) trained with
     lm_head reading the untouched shared weight, but the export merged the delta into it: logits off by 19. Refused
