@@ -182,6 +182,12 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
     required = loss_fn.required_fields()
     rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                             device=precision.device)
+    # the TrainerState fields transformers.Trainer sets when training starts (TRL passes its Trainer's state):
+    # "only on the main process" in a reward function reads is_world_process_zero
+    state = rewards.trainer_state
+    state.is_world_process_zero, state.is_local_process_zero = dist.is_main, dist.local_rank == 0
+    state.logging_steps, state.eval_steps, state.save_steps = 1, config.eval_steps, config.save_steps
+    state.train_batch_size = config.per_device_train_batch_size
     trackers = (Trackers(config.section(TrackingConfig), output_dir=run_dir, settings=config.to_dict())
                 if dist.is_main else None)
     completion_log = CompletionLog(run_dir, tokenizer=models.tokenizer, reward_names=rewards.names,

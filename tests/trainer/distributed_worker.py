@@ -36,9 +36,13 @@ CASES = {
 }
 
 
-def digit_fraction(prompts, completions, log_extra=None, **columns):
+def digit_fraction(prompts, completions, log_extra=None, trainer_state=None, **columns):
     """Reward: the fraction of a completion's characters that are digits (varies on the random model); logs each
-    completion's digits as the completions table's column ``digits`` (TRL's ``log_extra``)."""
+    completion's digits as the completions table's column ``digits`` (TRL's ``log_extra``). Checks that its
+    ``trainer_state`` says which process is rank 0 (it said True on every rank)."""
+    if trainer_state is not None:
+        rank = int(os.environ.get("RANK", "0"))
+        assert (trainer_state.is_world_process_zero, trainer_state.is_local_process_zero) == (rank == 0, rank == 0)
     if log_extra is not None:
         log_extra("digits", ["".join(ch for ch in c if ch.isdigit()) for c in completions])
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]

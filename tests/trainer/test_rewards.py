@@ -554,9 +554,9 @@ def test_trainer_state_progress_is_trls():
 def _run(tmp_path, fn, *, max_steps, train_dataset=None, **options):
     from rlzoo.trainer import TrainConfig, Trainer
 
-    config = TrainConfig(model="tiny-random", num_generations=2, per_device_train_batch_size=4,
-                         max_completion_length=4, eval_size=0, progress=False, save_steps=0, max_steps=max_steps,
-                         output_dir=str(tmp_path / "run"), **options)
+    config = TrainConfig(**{"model": "tiny-random", "num_generations": 2, "per_device_train_batch_size": 4,
+                            "max_completion_length": 4, "eval_size": 0, "progress": False, "save_steps": 0,
+                            "max_steps": max_steps, "output_dir": str(tmp_path / "run"), **options})
     return Trainer(config, reward_funcs=[fn], train_dataset=train_dataset)
 
 
@@ -571,11 +571,18 @@ def test_a_run_gives_reward_functions_its_epochs_and_refuses_a_metric_of_its_own
 
     def spy(prompts, completions, trainer_state, **kwargs):
         seen.append((trainer_state.global_step, trainer_state.epoch, trainer_state.num_train_epochs))
+        fields.update({k: getattr(trainer_state, k) for k in ("is_world_process_zero", "is_local_process_zero",
+                                                             "logging_steps", "eval_steps", "save_steps",
+                                                             "train_batch_size")})
         return [0.0] * len(completions)
 
+    fields = {}
     rows = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(6)])
-    _run(tmp_path / "data", spy, max_steps=4, train_dataset=rows).train()
+    _run(tmp_path / "data", spy, max_steps=4, train_dataset=rows, eval_steps=3, save_steps=2).train()
     assert seen == [(0, 0.0, 2), (0, 0.0, 2), (1, 1 / 3, 2), (2, 2 / 3, 2), (3, 1.0, 2)]  # the reward check first
+    # as transformers.Trainer sets them (they were its defaults: 500 steps, no batch size)
+    assert fields == {"is_world_process_zero": True, "is_local_process_zero": True, "logging_steps": 1,
+                      "eval_steps": 3, "save_steps": 2, "train_batch_size": 4}
     seen.clear()
     _run(tmp_path / "gym", spy, max_steps=2, task="chain_sum", task_kwargs=ONE_DIGIT).train()
     assert [s[:2] for s in seen] == [(0, 0.0), (0, 0.0), (1, 0.5)] and {s[2] for s in seen} == {sys.maxsize}
