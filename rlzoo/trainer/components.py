@@ -192,6 +192,8 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
                 if dist.is_main else None)
     completion_log = CompletionLog(run_dir, tokenizer=models.tokenizer, reward_names=rewards.names,
                                    trackers=trackers, dist=dist) if config.log_completions else None
+    if completion_log is not None:
+        rewards.table_columns = frozenset({*CompletionLog.OWN_COLUMNS, *rewards.names})
     rollout_config = config.section(RolloutConfig)
     scorer = Scorer(config.section(ScorerConfig), precision=precision, temperature=config.temperature,
                     micro_batch_size=config.per_device_train_batch_size,

@@ -68,10 +68,13 @@ class RewardLogs:
     Attributes:
         extra_columns: what the functions logged with ``log_extra`` since :meth:`take_extra` or :meth:`take_logged`
             (column -> values).
+        table_columns: the completions table's own columns, which a ``log_extra`` column may not replace (set by the
+            trainer when it writes the table; empty: none).
     """
 
     def __init__(self) -> None:
         self.extra_columns: dict[str, list[Any]] = collections.defaultdict(list)
+        self.table_columns: frozenset[str] = frozenset()
         self._extra_rows = 0  # completions scored since the extra columns were last taken (aligns the columns)
         self._warned_extra: set[tuple[str, tuple[str, ...]]] = set()
         self._metrics: dict[str, list[float]] = collections.defaultdict(list)
@@ -179,10 +182,15 @@ class RewardLogs:
 
         Raises:
             RewardFunctionError: a function logged a column with a count other than ``n`` (names it, the column and
-                both counts).
+                both counts), or one of :attr:`table_columns` (TRL replaces the table's own column).
         """
         for column, by_function in logged.items():
             for name, values in by_function.items():
+                if column in self.table_columns:
+                    raise RewardFunctionError(
+                        f"reward function {name!r} logged the column {column!r} with log_extra, one of the completions "
+                        f"table's own ({', '.join(sorted(self.table_columns))}), which it would replace: log it under "
+                        f"another name, e.g. {f'{name}/{column}'!r}")
                 if len(values) != n:
                     raise RewardFunctionError(
                         f"reward function {name!r} logged {len(values)} values for column {column!r} with log_extra, "

@@ -299,6 +299,10 @@ class CompletionLog:
         self.reward_names = tuple(reward_names)
         self.trackers = trackers
         self.dist = dist
+        self._as_text: set[str] = set()  # log_extra columns written as text (said once each)
+
+    OWN_COLUMNS = ("step", "prompt", "completion", "advantage")
+    """The table's columns besides one per reward function (a ``log_extra`` column may not be named as one)."""
 
     def table(self, step: int, rollout: Rollout, *,
               extra: Mapping[str, Sequence[Any]] | None = None) -> dict[str, list[Any]]:
@@ -326,6 +330,22 @@ class CompletionLog:
         table["advantage"] = advantages.tolist()
         return table
 
+    def _one_type(self, column: str, values: list[Any]) -> list[Any]:
+        """A ``log_extra`` column's ``values``, or their text (None kept) when they are of types no one column holds
+        (``[1, "n/a"]``: pyarrow's "Expected bytes, got a 'int' object" stopped the run), with a warning, once per
+        column."""
+        import pyarrow as pa
+
+        try:
+            pa.array(values)
+            return values
+        except (pa.ArrowException, OverflowError):
+            if column not in self._as_text:
+                self._as_text.add(column)
+                log.warning("the log_extra column %r holds values of several types; the completions table holds "
+                            "their text", column)
+            return [None if v is None else str(v) for v in values]
+
     def record(self, step: int, rollout: Rollout, *,
                extra: Mapping[str, Sequence[Any]] | None = None) -> Path | None:
         """Write the table of a generation batch (:meth:`table`) to ``completions/step-NNNNNN.parquet``
@@ -345,6 +365,8 @@ class CompletionLog:
             n = [len(t["step"]) for t in shares]
             columns = list(dict.fromkeys(c for t in shares for c in t))  # a log_extra column of some ranks only
             table = {c: [v for t, k in zip(shares, n, strict=True) for v in t.get(c, [None] * k)] for c in columns}
+        table = {c: v if c in self.OWN_COLUMNS or c in self.reward_names else self._one_type(c, v)
+                 for c, v in table.items()}
         buffer = io.BytesIO()
         datasets.Dataset.from_dict(table).to_parquet(buffer)
         path = self.directory / f"step-{step:06d}.parquet"

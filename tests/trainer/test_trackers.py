@@ -10,6 +10,7 @@ from rlzoo.cli import console_main, main
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.config import TrackingConfig
 from rlzoo.trainer.plots import plot_metrics
+from rlzoo.trainer.rewards import RewardFunctionError
 from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.trackers import Trackers
 
@@ -288,3 +289,34 @@ def test_report_to_takes_trls_list_form_in_config_files(tmp_path):
     for listed, trackers in (("[tensorboard, trackio]", ("tensorboard", "trackio")), ("[]", ())):
         path.write_text(f"report_to: {listed}\nmodel: tiny-random\n")
         assert parse_train_args(["--config", str(path)]).trackers == trackers
+
+
+def test_log_extra_columns_of_mixed_types_or_named_as_the_tables_own(tmp_path, caplog):
+    """A log_extra column of mixed types (``[1, "n/a"]``) stopped the run at its first table write with pyarrow's
+    25-line "Expected bytes, got a 'int' object"; it is written as text now, with one warning. A column named as one
+    of the table's own (``completion``) replaced the completion text without a word: refused by the start-up check,
+    before anything is written."""
+    import datasets
+
+    def judge(completions, log_extra, **kwargs):
+        log_extra("parsed", [len(c) if i % 2 else "n/a" for i, c in enumerate(completions)])
+        return [0.0] * len(completions)
+
+    def clash(completions, log_extra, **kwargs):
+        log_extra("completion", ["mine"] * len(completions))
+        return [0.0] * len(completions)
+
+    common = {"model": "tiny-random", "num_generations": 2, "per_device_train_batch_size": 4,
+              "max_completion_length": 4, "eval_size": 0, "progress": False, "max_steps": 2, "log_completions": True,
+              "reward_funcs": ()}
+    run = tmp_path / "mixed"
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        Trainer(TrainConfig(**common, output_dir=str(run)), reward_funcs=[judge]).train()
+    table = datasets.Dataset.from_parquet(str(run / "completions" / "step-000001.parquet"))
+    assert table["parsed"][0] == "n/a" and table["parsed"][1].isdigit()
+    assert caplog.text.count("the log_extra column 'parsed' holds values of several types") == 1
+    with pytest.raises(RewardFunctionError, match=r"^reward function 'clash' logged the column 'completion' with "
+                                                  r"log_extra, one of the completions table's own \(advantage, clash, "
+                                                  r"completion, prompt, step\), which it would replace"):
+        Trainer(TrainConfig(**common, output_dir=str(tmp_path / "clash")), reward_funcs=[clash]).train()
+    assert not (tmp_path / "clash" / "metrics.jsonl").exists()
