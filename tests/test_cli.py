@@ -254,6 +254,21 @@ def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsy
     assert "Traceback" not in err
 
 
+def test_the_vllm_backend_without_vllm_is_one_line(monkeypatch, capsys, tmp_path):
+    """--backend vllm without vllm printed two tracebacks (ImportError, then RuntimeError, not a user error)."""
+    import builtins
+
+    real = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                        if name == "vllm" else real(name, *a, **k))
+    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--model", "tiny-random", "--backend", "vllm", "--max-steps",
+                                     "1", "--eval-size", "0", "--output-dir", str(tmp_path / "run")])
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    assert console_main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlzoo: error: --backend vllm needs vllm: pip install 'rlzoo[vllm]'") and err.count("\n") == 1
+
+
 def test_an_error_under_torchrun_names_its_rank(monkeypatch, capsys):
     """A rank-local error (a reward function raising on one rank) ends the job through torchrun, whose summary
     names the rank that failed first; rlzoo's own line names it too."""

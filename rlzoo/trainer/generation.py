@@ -236,7 +236,7 @@ class VLLMGenerator:
     starting point and check it on your hardware; the Hugging Face backend is the tested path.
 
     Raises:
-        RuntimeError: vLLM is not installed or no CUDA device is present.
+        ImportError: vLLM is not installed (says what to install). ValueError: no CUDA device is present.
     """
 
     rollout_logprobs = True  # vLLM always reports the sampled tokens' log-probs
@@ -246,10 +246,10 @@ class VLLMGenerator:
                  max_prompt_length: int | None = None, dtype: torch.dtype | None = None) -> None:
         try:
             import vllm
-        except ImportError as err:
-            raise RuntimeError("the vLLM backend needs vllm: pip install 'rlzoo[vllm]' (GPU only)") from err
+        except ImportError:
+            raise ImportError("--backend vllm needs vllm: pip install 'rlzoo[vllm]' (GPU only), or --backend hf") from None
         if not torch.cuda.is_available():
-            raise RuntimeError("the vLLM backend needs a CUDA device; use backend='hf' on CPU")
+            raise ValueError("--backend vllm needs a CUDA device; use --backend hf on CPU")
         from rlzoo.trainer.io import save_pretrained_atomic
 
         self.tokenizer = tokenizer
@@ -334,7 +334,7 @@ def build_generator(config: RolloutConfig, model: torch.nn.Module, tokenizer: An
     records them too).
 
     Raises:
-        RuntimeError: the vLLM backend without vLLM or CUDA.
+        ImportError, ValueError: the vLLM backend without vLLM or CUDA.
     """
     if config.backend == "vllm":
         return VLLMGenerator(
