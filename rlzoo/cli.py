@@ -588,8 +588,8 @@ def _cmd_eval(argv: Sequence[str]) -> int:
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
-    """``rlzoo tasks [NAME]``: every reasoning-gym task with its options (NAME: one, with defaults), and the data
-    set tasks' options."""
+    """``rlzoo tasks [NAME]``: every reasoning-gym task with its options (NAME: one, with defaults; a data set file
+    or directory: the data set options), and the data set tasks' options."""
     import dataclasses
 
     from reasoning_gym.factory import DATASETS
@@ -605,6 +605,11 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
         return [f"{f.name}={ours.get(f.name, f.default)!r}" if f.name in ours or f.default is not dataclasses.MISSING
                 else f.name for f in fields]
 
+    if args.name and args.name not in DATASETS and Path(args.name).exists():  # a data set file or directory
+        print(f"{args.name} (data set): --task {args.name}")
+        for name, meaning in DATASET_OPTIONS.items():
+            print(f"  --task.{name:<14} {meaning}")
+        return 0
     if args.name:
         if args.name in DATASET_OPTIONS or args.name not in DATASETS:
             from rlzoo.registry import UnknownNameError, close_names

@@ -536,6 +536,15 @@ def test_tasks_lists_tasks_and_options(capsys):
     assert "--task.max_terms 2" in capsys.readouterr().out  # the built-in job's, not reasoning-gym's 6
 
 
+def test_tasks_of_a_data_set_file_lists_the_data_set_options(tmp_path, capsys):
+    """`rlzoo tasks data.jsonl` said "unknown reasoning-gym task" for a file that exists."""
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    assert main(["tasks", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path} (data set): --task {path}\n") and "--task.answer_column" in out
+
+
 def test_tasks_unknown_name_has_a_did_you_mean_and_the_names():
     """`rlzoo tasks chain_su` said only "rlzoo tasks lists them", where `--algorithm dapoo` has a did-you-mean."""
     with pytest.raises(UnknownNameError, match=r"unknown reasoning-gym task 'chain_su'; did you mean 'chain_sum'.*"
