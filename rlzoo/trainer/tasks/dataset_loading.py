@@ -123,13 +123,14 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
     held_out, eval_origin = _split(loaded, eval_split, spec, "eval_split", label, file_path)
     if eval_split == split:
         log.warning("data set %r: --task.eval_split %s is the training split: the held-out accuracy is measured on "
-                    "training problems", spec, split)
+                    "training problems (unless --exclude-eval-questions, which drops them from training)", spec, split)
     elif origin.label == eval_origin.label:  # one split, sliced on either side (an unsliced one: all its rows)
         ours, theirs = (o.ranges or (range(len(d)),) for o, d in ((origin, train), (eval_origin, held_out)))
         shared = sum(max(0, min(a.stop, b.stop) - max(a.start, b.start)) for a in ours for b in theirs)
         if shared:
             log.warning("data set %r: --task.eval_split %s and --task.split %s share %d rows: the held-out accuracy "
-                        "is partly measured on training problems", spec, eval_split, split, shared)
+                        "is partly measured on training problems (unless --exclude-eval-questions, which drops them "
+                        "from training)", spec, eval_split, split, shared)
     return train, held_out, origin, eval_origin
 
 
