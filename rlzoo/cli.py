@@ -40,16 +40,18 @@ _DOTTED = re.compile(r"^--(loss|advantage|task|peft)\.([A-Za-z0-9_\-]+)(?:=(.*))
 _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs", "peft": "peft"}
 
 
-def _scalar(text: str) -> Any:
+def _scalar(text: str, *, numeric: bool = False) -> Any:
     """A flag value as a YAML scalar (``0.28``, ``true``, ``null``, and ``1e-3`` as a number); ``None``, Python's
-    spelling of null that TRL users type (``--loss.dual_clip None``), is null too, and ``inf`` / ``-inf`` /
-    ``nan`` (any case; YAML spells them ``.inf``, ``.nan``) are floats, as Python's ``float`` reads them (YAML reads
-    them as strings: ``--loss.epsilon_high inf`` was "must be a number, got str 'inf'")."""
+    spelling of null that TRL users type (``--loss.dual_clip None``), is null too. ``numeric`` (the loss's and the
+    advantage estimator's options, which are numbers, names and flags): ``inf`` / ``-inf`` / ``nan`` (any case; YAML
+    spells them ``.inf``, ``.nan``) are floats, as Python's ``float`` reads them (YAML reads them as strings:
+    ``--loss.epsilon_high inf`` was "must be a number, got str 'inf'"); a task's or adapter's option keeps them as
+    text (a split or module named ``nan``)."""
     import yaml
 
     if text == "None":
         return None
-    if re.fullmatch(r"[-+]?(inf|infinity|nan)", text, flags=re.IGNORECASE):
+    if numeric and re.fullmatch(r"[-+]?(inf|infinity|nan)", text, flags=re.IGNORECASE):
         return float(text)
     from rlzoo.trainer.config_files import yaml_load
 
@@ -64,7 +66,7 @@ _TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig
 Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names, or a run's config.json;
 flags override it), and the dotted options --loss.NAME VALUE (see rlzoo explain ALGORITHM), --advantage.NAME
 VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NAME VALUE (LoRA: the fields of
-peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null, inf)."""
+peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null; inf for --loss / --advantage)."""
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
 and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
@@ -186,7 +188,7 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
                     raise CommandLineError(f"unexpected argument {argv[i + 1]!r} after {argv[i - 1]} {value}: a dotted "
                                            f"option takes one value; a list is given comma-separated ({argv[i - 1]} "
                                            f"{value},{argv[i + 1]})")
-            dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = _scalar(value)
+            dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = _scalar(value, numeric=kind in ("loss", "advantage"))
         else:
             rest.append(argv[i])
         i += 1
@@ -496,7 +498,7 @@ def _loss_options(argv: Sequence[str], prog: str) -> tuple[list[str], dict[str, 
             value = match.group(3)
             if value is None:
                 value, i = _dotted_value(argv, i), i + 1
-            overrides[match.group(2).replace("-", "_")] = _scalar(value)
+            overrides[match.group(2).replace("-", "_")] = _scalar(value, numeric=True)
         i += 1
     return rest, overrides
 
@@ -579,7 +581,7 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, dotted=["task"])
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2, allow_nan=False))
     accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"
                 f"{100 * out['ci_high']:.1f}, n={out['n']})" if out["accuracy"] is not None else f"n={out['n']}")
     reward = f", reward {out['reward']:.3f}" if out["reward"] is not None else ""

@@ -566,9 +566,11 @@ def test_inf_and_nan_flag_values_are_floats_as_python_reads_them(capsys):
     str 'inf'" (YAML spells it .inf); nan said the same instead of refusing NaN as NaN."""
     from rlzoo.cli import _scalar
 
-    assert [_scalar(t) for t in ("inf", "-inf", "+Infinity", "INF", ".inf")] == [math.inf, -math.inf, math.inf,
-                                                                                  math.inf, math.inf]
-    assert math.isnan(_scalar("nan")) and _scalar("information") == "information"
+    assert [_scalar(t, numeric=True) for t in ("inf", "-inf", "+Infinity", "INF", ".inf")] == [
+        math.inf, -math.inf, math.inf, math.inf, math.inf]
+    assert math.isnan(_scalar("nan", numeric=True)) and _scalar("information", numeric=True) == "information"
+    assert _scalar("nan") == "nan" and _scalar("inf") == "inf"  # --task.split nan: a name, as written
+    assert parse_train_args(["--task.name", "inf", "--loss.epsilon_high", "inf"]).task_kwargs == {"name": "inf"}
     assert main(["explain", "dapo", "--loss.epsilon_high", "inf"]) == 0
     assert "epsilon_high=inf" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"^ppo_clip: epsilon_high must be a number, got NaN$"):
@@ -886,6 +888,41 @@ def test_eval_of_a_task_without_answers_scores_it_with_the_reward_functions(tmp_
         model="tiny-random", task=str(path), task_kwargs={"answer_column": None}, reward_funcs=(f"{rewards}:short",),
         eval_size=2, max_completion_length=4))))
     assert out["n"] == 2 and out["reward"] is not None  # --model: rows of the data set itself, only evaluated
+
+
+def test_eval_reward_of_a_run_whose_reward_function_moved_or_counts_steps(tmp_path, capsys, caplog):
+    """rlzoo eval --run scored with the run's reward functions from a fresh trainer_state (global_step 0: a
+    step-scheduled reward differed from the trainer's), and a run whose reward file had moved failed altogether,
+    where it reported accuracy before: the functions see the checkpoint's step; one that cannot be loaded is left
+    out with a warning for a task with answers; --reward-funcs none evaluates accuracy only. A logged inf is null
+    in the JSON (not the invalid Infinity)."""
+    rewards = tmp_path / "rw.py"
+    rewards.write_text("import math\n"
+                       "def step(completions, trainer_state, log_metric, **kw):\n"
+                       "    log_metric('spread', math.inf)\n"
+                       "    return [float(trainer_state.global_step)] * len(completions)\n")
+    run = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max-steps", "2", "--num-generations", "2",
+                 "--per-device-train-batch-size", "4", "--max-completion-length", "4", "--eval-size", "2",
+                 "--task.max_terms", "2", "--reward-funcs", "accuracy", f"{rewards}:step", "--output-dir", str(run),
+                 "--no-progress"]) == 0
+    final = [row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval/reward" in row]
+    assert final[-1]["step"] == 2 and final[-1]["eval/rewards/step/mean"] == 2.0
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run), "--max-completion-length", "4"]) == 0
+    result = _no_nan(capsys.readouterr().out)
+    assert result["reward_metrics"]["rewards/step/mean"] == 2.0 and result["reward"] == final[-1]["eval/reward"]
+    assert result["reward_metrics"]["spread"] is None
+    rewards.rename(tmp_path / "moved.py")
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        assert main(["eval", "--run", str(run), "--max-completion-length", "4"]) == 0
+    result = _no_nan(capsys.readouterr().out)
+    assert result["reward"] is None and result["reward_metrics"] == {} and result["accuracy"] is not None
+    assert "the held-out reward is not reported: " in caplog.text and "--reward-funcs none" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        assert main(["eval", "--run", str(run), "--max-completion-length", "4", "--reward-funcs", "none"]) == 0
+    assert _no_nan(capsys.readouterr().out)["reward"] is None and "not reported" not in caplog.text
 
 
 def test_eval_of_a_run_with_python_reward_functions_scores_with_its_named_ones(tmp_path, caplog):

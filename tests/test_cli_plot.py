@@ -60,7 +60,8 @@ def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     (["plot", "dapo", "--task.max_terms", "3"], "loss options only"),
     (["plot", "--all", "dapo"], "defaults"),
     (["plot", "ppo", "--old-prob", "2"], "old_prob"),
-    (["plot", "dapo", "--output", "dapo.txt"], "matplotlib writes no 'txt' files; give a file ending in one of "),
+    (["plot", "dapo", "--output", "dapo.txt"], "matplotlib writes no 'txt' pictures; give a file ending in one of "),
+    (["plot", "dapo", "--output", "dapo.pgf"], "matplotlib writes no 'pgf' pictures"),  # LaTeX: a traceback
 ])
 def test_plot_bad_input_is_one_line(argv, message, capsys, monkeypatch):
     """Unknown names and options, dotted options of another kind, --all with a name, bad ranges: exit 2 and one
@@ -77,8 +78,8 @@ def test_plot_writes_the_formats_matplotlib_writes(tmp_path):
     same file."""
     from rlzoo.losses.pictures import plot_objective
 
-    for name in ("a.jpg", "a.webp", "a.svg", "a.pdf", "b.svg", "b.pdf"):
+    for name in ("a.jpg", "a.webp", "a.tif", "a.svg", "a.pdf", "a.eps", "b.svg", "b.pdf", "b.eps"):
         plot_objective("dapo", tmp_path / name, dpi=20)
-    assert all((tmp_path / n).stat().st_size > 1000 for n in ("a.jpg", "a.webp"))
-    for fmt in ("svg", "pdf"):
+    assert all((tmp_path / n).stat().st_size > 1000 for n in ("a.jpg", "a.webp", "a.tif", "a.eps"))
+    for fmt in ("svg", "pdf"):  # (PostScript records its creation date)
         assert (tmp_path / f"a.{fmt}").read_bytes() == (tmp_path / f"b.{fmt}").read_bytes()

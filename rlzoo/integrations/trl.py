@@ -196,10 +196,11 @@ def resolve_loss(
             f"rlzoo.get_loss({name!r}, beta=0.0)"
         )
     own_beta = policy.options().get("beta")
-    if loss is not None and "ref_logprobs" in needed and args.beta not in (0, own_beta):
+    if loss is not None and own_beta and "ref_logprobs" in needed and args.beta not in (0, own_beta):
         warnings.warn(
             f"GRPOConfig.beta={args.beta} only makes TRL compute reference log-probs: the KL penalty is weighted by "
-            f"loss {name!r}'s own beta={own_beta}; give the loss yours: rlzoo.get_loss({name!r}, beta={args.beta})",
+            f"the loss's own beta={own_beta} (loss {name!r}); give it yours: rlzoo.get_loss({name!r}, "
+            f"beta={args.beta})",
             UserWarning,
             stacklevel=3,
         )

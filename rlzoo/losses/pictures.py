@@ -202,16 +202,16 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
     path = Path(output)
     buffer = io.BytesIO()
     fmt = path.suffix.lstrip(".").lower() or "png"
-    formats = fig.canvas.get_supported_filetypes()
+    formats = set(fig.canvas.get_supported_filetypes()) - {"pgf"}  # pgf: LaTeX source that needs xelatex to draw
     if fmt not in formats:
         plt.close(fig)
-        raise ValueError(f"output {str(path)!r}: matplotlib writes no {fmt!r} files; give a file ending in one of "
+        raise ValueError(f"output {str(path)!r}: matplotlib writes no {fmt!r} pictures; give a file ending in one of "
                          f"{', '.join('.' + f for f in sorted(formats))}")
     # no version nor date in the file (the same picture, the same bytes); only these writers take metadata
     metadata = {"png": {"Software": None}, "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
                 "svg": {"Creator": None, "Date": None}}.get(fmt)
     with plt.rc_context({"svg.hashsalt": "rlzoo"}):  # an SVG's element ids: not random
-        fig.savefig(buffer, format=fmt, dpi=dpi, metadata=metadata)
+        fig.savefig(buffer, format=fmt, dpi=dpi, **({"metadata": metadata} if metadata else {}))
     plt.close(fig)
     if fmt == "png":  # a 64-colour palette (Pillow, which matplotlib needs): about 3x smaller, no visible change
         from PIL import Image

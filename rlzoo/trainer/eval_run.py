@@ -52,7 +52,8 @@ class EvalArgs:
     """Prompts per greedy batch."""
     reward_funcs: tuple[str, ...] | None = None
     """Reward functions that also score the greedy completions (the result's reward), as rlzoo train's
-    --reward-funcs (default: the run's, else accuracy); a task without reference answers is scored only by them."""
+    --reward-funcs (default: the run's, else accuracy; none: accuracy only); a task without reference answers is
+    scored only by them."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward function (default: the run's with its reward functions, else all 1)."""
     max_completion_length: int | None = None
@@ -111,6 +112,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
             _named_rewards_only(run, settings, json.loads((run / "config.json").read_text()))
     if args.reward_funcs is not None and args.reward_weights is None:
         settings.pop("reward_weights", None)  # the run's weights are its own reward functions'
+    if args.reward_funcs is not None and [f.lower() for f in args.reward_funcs] == ["none"]:
+        args = dataclasses.replace(args, reward_funcs=())  # accuracy only
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
@@ -221,7 +224,8 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     # whose held-out set is the one it was trained with (if it had one: one trained with eval_size 0 is evaluated on
     # the --eval-size rows asked for, uncapped)
     own_held_out = args.run is not None and args.task is None and _trained_eval_size(Path(args.run)) >= 1
-    result = evaluate(config, evaluation_only=not own_held_out)
+    step = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("step", 0) if checkpoint else 0
+    result = evaluate(config, evaluation_only=not own_held_out, global_step=int(step))
     answers = result.accuracy is not None
     rewards = {key.removeprefix("eval/"): _json_number(v) for key, v in result.rewards.items()}
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,
@@ -237,5 +241,5 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
 
 
 def _json_number(value: float | None) -> float | None:
-    """``value``, or None for NaN (JSON has no NaN: null is a mean over nothing)."""
-    return None if value is None or math.isnan(value) else value
+    """``value``, or None for NaN (a mean over nothing) and +-inf (a metric a function logged): JSON has neither."""
+    return None if value is None or not math.isfinite(value) else value

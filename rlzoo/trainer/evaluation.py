@@ -192,14 +192,16 @@ def held_out_rewards(rewards: "RewardSet", scored: list[Float[Tensor, "_ K"]],
 
 
 @contextlib.contextmanager
-def training_rng_untouched() -> Iterator[None]:
+def training_rng_untouched(device: torch.device | str | None = None) -> Iterator[None]:
     """Run the block on a fork of the global random states a checkpoint saves (Python's ``random``, torch's CPU
-    generator and the current CUDA device's), restored after it: an evaluation, whose reward functions may draw
-    (noise, sampling), leaves the training trajectory as it found it, so a run's numbers do not depend on
-    ``eval_steps``, and a run extended past its final checkpoint (saved before the final evaluation) follows the
-    longer run's trajectory."""
+    generator and that of the CUDA ``device``, default the current one), restored after it: an evaluation, whose
+    reward functions may draw (noise, sampling), leaves the training trajectory as it found it, so a run's numbers do
+    not depend on ``eval_steps``, and a run extended past its final checkpoint (saved before the final evaluation)
+    follows the longer run's trajectory. numpy's global state is neither forked nor checkpointed."""
     state = random.getstate()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    cuda = torch.device(device) if device is not None else torch.device("cuda") if torch.cuda.is_available() else None
+    devices = ([cuda.index if cuda.index is not None else torch.cuda.current_device()]
+               if cuda is not None and cuda.type == "cuda" else [])
     try:
         with torch.random.fork_rng(devices=devices):
             yield
@@ -264,7 +266,7 @@ class Evaluator:
         if self.rewards is None or not self.task.eval_items:
             return
         try:
-            with training_rng_untouched():
+            with training_rng_untouched(self.precision.device):
                 try_rewards(self.rewards, self.task, self.tokenizer, self.task.eval_items[0])
         except RewardFunctionError as err:
             if not self.task.task.has_answers:
@@ -284,7 +286,7 @@ class Evaluator:
         gathered for the evaluation) on the held-out set (``limit`` problems at most). The run's random state is
         as before (:func:`training_rng_untouched`)."""
         gathered = model.gathered() if isinstance(model, ParallelModel) else contextlib.nullcontext(model)
-        with training_rng_untouched(), gathered as whole, self.precision.autocast():
+        with training_rng_untouched(self.precision.device), gathered as whole, self.precision.autocast():
             return greedy_accuracy(whole, self.tokenizer, self.task, self.generator,
                                    batch_size=self.config.eval_batch_size, limit=limit, dist=self.dist,
                                    progress=self.progress, should_stop=self.should_stop, rewards=self.rewards)
@@ -314,14 +316,16 @@ class Evaluator:
         return result.metrics()
 
 
-def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult:
+def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: int = 0) -> EvalResult:
     """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints): up to
     ``eval_size`` of a data set's rows when ``evaluation_only`` (the task only evaluated), else the held-out set a
     run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task). ``config.reward_funcs`` (none:
     an empty tuple) also score the greedy completions, as in training (:attr:`EvalResult.rewards`); of a task
     without reference answers they are all that is evaluated. A reward function that fails on the first held-out
     problem is, for a task with answers, left out with a warning (accuracy is still evaluated), as the trainer's
-    :meth:`Evaluator.check_rewards` does.
+    :meth:`Evaluator.check_rewards` does; so are reward functions that cannot be loaded (a moved file, a package not
+    installed). ``global_step``: the functions' ``trainer_state.global_step`` (a checkpoint's step; the epoch is not
+    restored).
 
     Raises:
         ValueError: ``eval_size`` < 1; a task without reference answers and without reward functions (names
@@ -350,8 +354,17 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True) -> EvalResult
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     precision = Precision.resolve(config.section(ModelConfig))
-    rewards = (build_rewards(config.section(RewardConfig), (), task=task, max_steps=config.max_steps,
-                             device=precision.device) if config.reward_funcs else None)
+    rewards = None
+    if config.reward_funcs:
+        try:
+            rewards = build_rewards(config.section(RewardConfig), (), task=task, max_steps=config.max_steps,
+                                    device=precision.device)
+        except (ValueError, ImportError, OSError) as err:
+            if not task.task.has_answers:  # the reward is all this evaluation measures
+                raise
+            log.warning("the held-out reward is not reported: %s (--reward-funcs none evaluates accuracy only)", err)
+        else:
+            rewards.trainer_state.global_step = global_step
     model, tokenizer = load_model(config.model, dtype=precision.inference_dtype, device=precision.device)
     model.eval()
     rollout = config.section(RolloutConfig)

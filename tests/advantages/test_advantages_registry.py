@@ -56,7 +56,7 @@ def test_unknown_name_lists_valid_names() -> None:
     [
         ("grpo", {"scale": "std"}, "scale", "'batch', 'group', 'none'"),
         ("grpo", {"eps": -1e-4}, "eps", ">= 0"),
-        ("grpo", {"eps": float("nan")}, "eps", "finite"),
+        ("grpo", {"eps": float("nan")}, "eps", "a number, got NaN"),
         ("grpo_passk", {"scale": "batch"}, "scale", "'group', 'none'"),
         ("gpg", {"alpha": "two"}, "alpha", "'informative', 'nonzero_rewards', 'one'"),
         ("reinforce_pp_baseline", {"whiten": "batch"}, "whiten", "'sequence', 'token'"),

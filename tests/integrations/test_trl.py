@@ -296,13 +296,23 @@ def test_a_grpo_config_beta_other_than_the_losss_warns_and_adaptive_entropy_is_r
     args = types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "steps_per_generation": 1, "gradient_accumulation_steps": 1,
                                     "max_completion_length": 8})
     with pytest.warns(UserWarning, match=r"^GRPOConfig.beta=0.5 only makes TRL compute reference log-probs: the KL "
-                                         r"penalty is weighted by loss 'grpo''s own beta=0.04; give the loss yours: "
-                                         r"rlzoo.get_loss\('grpo', beta=0.5\)$"):
+                                         r"penalty is weighted by the loss's own beta=0.04 \(loss 'grpo'\); give it "
+                                         r"yours: rlzoo.get_loss\('grpo', beta=0.5\)$"):
         resolve_loss("grpo", types.SimpleNamespace(**{**vars(args), "beta": 0.5}))
+    class ReferenceDrift(rlzoo.losses.Penalty):  # reads the reference, with no KL penalty (beta 0)
+        def required_fields(self) -> frozenset[str]:
+            return frozenset({"ref_logprobs"})
+
+        def __call__(self, x):
+            raise AssertionError("not called")
+
+    dapo = rlzoo.get_loss("dapo")
+    drift = dataclasses.replace(dapo, penalties=(*dapo.penalties, ReferenceDrift()))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resolve_loss("grpo", types.SimpleNamespace(**{**vars(args), "beta": 0.04}))
         resolve_loss(rlzoo.get_loss("grpo", beta=0.5), types.SimpleNamespace(**{**vars(args), "beta": 0.5}))
+        resolve_loss(drift, types.SimpleNamespace(**{**vars(args), "beta": 0.04}))  # no KL beta to set: no advice
     adaptive = types.SimpleNamespace(**{**vars(args), "use_adaptive_entropy": True})
     with pytest.raises(ValueError, match=r"^GRPOConfig.use_adaptive_entropy=True is not supported: .* loss 'dapo' "
                                          r"does not run it; set use_adaptive_entropy=False and give the loss a fixed "
