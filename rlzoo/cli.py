@@ -578,6 +578,8 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     if unknown:
         raise ValueError(f"rlzoo eval takes only evaluation options; {unknown} are rlzoo train's")
     _refuse_trl_spellings(rest)
+    rest = [("none" if a == "None" and i and flag_name(rest[i - 1]) == "--reward-funcs" else a)  # tyro: None = unset
+            for i, a in enumerate(rest)]
     args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, dotted=["task"])
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
@@ -598,6 +600,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
     from rlzoo.trainer.config import TaskConfig
     from rlzoo.trainer.tasks import DATASET_OPTIONS, list_reasoning_gym_tasks
+    from rlzoo.trainer.tasks.dataset_loading import is_dataset_spec
 
     def options(name: str, defaults: bool) -> list[str]:
         fields = [f for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("seed", "size")]
@@ -607,7 +610,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
         return [f"{f.name}={ours.get(f.name, f.default)!r}" if f.name in ours or f.default is not dataclasses.MISSING
                 else f.name for f in fields]
 
-    if args.name and args.name not in DATASETS and Path(args.name).exists():  # a data set file or directory
+    if args.name and args.name not in DATASETS and is_dataset_spec(args.name):  # a data set: file, directory, hub id
         print(f"{args.name} (data set): --task {args.name}")
         for name, meaning in DATASET_OPTIONS.items():
             print(f"  --task.{name:<14} {meaning}")

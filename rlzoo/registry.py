@@ -375,6 +375,6 @@ class Component:
         return cls(**{k: _from_jsonable(v) for k, v in config.items()})
 
     def describe(self) -> str:
-        """``name(option=value, ...)``, as printed by ``rlzoo explain``."""
+        """``name(option=value, ...)``, as printed by ``rlzoo explain`` (an unregistered part: its class name)."""
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
-        return f"{self.registered_name()}({opts})"
+        return f"{self.label()}({opts})"

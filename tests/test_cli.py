@@ -255,18 +255,23 @@ def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsy
 
 
 def test_the_vllm_backend_without_vllm_is_one_line(monkeypatch, capsys, tmp_path):
-    """--backend vllm without vllm printed two tracebacks (ImportError, then RuntimeError, not a user error)."""
+    """--backend vllm without vllm printed two tracebacks (ImportError, then RuntimeError, not a user error); a vllm
+    that is installed but does not import (a CUDA / torch mismatch) is said to be so, with its own error."""
     import builtins
 
     real = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
-                        if name == "vllm" else real(name, *a, **k))
-    monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--model", "tiny-random", "--backend", "vllm", "--max-steps",
-                                     "1", "--eval-size", "0", "--output-dir", str(tmp_path / "run")])
-    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
-    assert console_main() == 2
-    err = capsys.readouterr().err
-    assert err.startswith("rlzoo: error: --backend vllm needs vllm: pip install 'rlzoo[vllm]'") and err.count("\n") == 1
+    for error, says in ((ModuleNotFoundError("No module named 'vllm'", name="vllm"),
+                         "--backend vllm needs vllm: pip install 'rlzoo[vllm]'"),
+                        (ImportError("_C.so: undefined symbol"),
+                         "--backend vllm: vllm is installed but does not import: _C.so: undefined symbol")):
+        monkeypatch.setattr(builtins, "__import__", lambda name, *a, e=error, **k: (_ for _ in ()).throw(e)
+                            if name == "vllm" else real(name, *a, **k))
+        monkeypatch.setattr("sys.argv", ["rlzoo", "train", "--model", "tiny-random", "--backend", "vllm",
+                                         "--max-steps", "1", "--eval-size", "0", "--output-dir", str(tmp_path / "run")])
+        monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+        assert console_main() == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rlzoo: error: {says}") and err.count("\n") == 1
 
 
 def test_an_error_under_torchrun_names_its_rank(monkeypatch, capsys):
@@ -543,6 +548,8 @@ def test_tasks_of_a_data_set_file_lists_the_data_set_options(tmp_path, capsys):
     assert main(["tasks", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{path} (data set): --task {path}\n") and "--task.answer_column" in out
+    assert main(["tasks", "openai/gsm8k"]) == 0  # a hub id (not looked up)
+    assert capsys.readouterr().out.startswith("openai/gsm8k (data set): --task openai/gsm8k\n")
 
 
 def test_tasks_unknown_name_has_a_did_you_mean_and_the_names():
@@ -920,9 +927,12 @@ def test_eval_reward_of_a_run_whose_reward_function_moved_or_counts_steps(tmp_pa
     assert result["reward"] is None and result["reward_metrics"] == {} and result["accuracy"] is not None
     assert "the held-out reward is not reported: " in caplog.text and "--reward-funcs none" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="rlzoo.train"):
-        assert main(["eval", "--run", str(run), "--max-completion-length", "4", "--reward-funcs", "none"]) == 0
-    assert _no_nan(capsys.readouterr().out)["reward"] is None and "not reported" not in caplog.text
+    for none in ("none", "None"):  # (tyro reads None as "not given": the run's functions scored)
+        with caplog.at_level("WARNING", logger="rlzoo.train"):
+            assert main(["eval", "--run", str(run), "--max-completion-length", "4", "--reward-funcs", none]) == 0
+        assert _no_nan(capsys.readouterr().out)["reward"] is None and "not reported" not in caplog.text
+    with pytest.raises(ValueError, match="acuracy"):  # asked for, not inherited: an error, not a warning
+        main(["eval", "--run", str(run), "--max-completion-length", "4", "--reward-funcs", "acuracy"])
 
 
 def test_eval_of_a_run_with_python_reward_functions_scores_with_its_named_ones(tmp_path, caplog):

@@ -189,6 +189,12 @@ def resolve_loss(
         )
     if "ref_logprobs" in needed and args.beta == 0:
         beta = policy.options().get("beta")
+        if not beta:  # a part of the user's reads the reference, not a KL penalty
+            raise ValueError(
+                f"loss {name!r} needs reference log-probs (for {', '.join(policy.needed_by('ref_logprobs'))}), but "
+                "GRPOConfig.beta=0.0, so TRL loads no reference model: set GRPOConfig(beta=...) to any non-zero value "
+                "(TRL then computes ref_per_token_logps; the loss does not read GRPOConfig.beta)"
+            )
         raise ValueError(
             f"loss {name!r} has a KL penalty (beta={beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
             f"so TRL loads no reference model: set GRPOConfig(beta={beta}) (any non-zero value makes TRL compute "

@@ -207,7 +207,7 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
         plt.close(fig)
         raise ValueError(f"output {str(path)!r}: matplotlib writes no {fmt!r} pictures; give a file ending in one of "
                          f"{', '.join('.' + f for f in sorted(formats))}")
-    # no version nor date in the file (the same picture, the same bytes); only these writers take metadata
+    # no version nor date in png, pdf and svg files (the same picture, the same bytes); only these writers take it
     metadata = {"png": {"Software": None}, "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
                 "svg": {"Creator": None, "Date": None}}.get(fmt)
     with plt.rc_context({"svg.hashsalt": "rlzoo"}):  # an SVG's element ids: not random

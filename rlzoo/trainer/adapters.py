@@ -104,9 +104,12 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     given_as_object = peft_config is not None
     if peft_config is None and adapter_config.peft is not None:
         peft_config = lora_config(adapter_config.peft)
+    init_option = "peft_config.init_lora_weights" if given_as_object else "--peft.init_lora_weights"
     if peft_config is not None:  # bad adapter options fail before a model loads
         _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
                           and not given_as_object else "peft_config.lora_dropout")
+        if needs_reference:
+            _check_adapter_starts_at_zero(peft_config, option=init_option)
     by_name = model is None
     if by_name:
         model, tokenizer = load_model(model_config.model, dtype=dtype, device=device, trainable=True)
@@ -123,8 +126,7 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         model = get_peft_model(model, copy.copy(peft_config))
         if needs_reference:
-            _check_adapter_starts_at_zero(model, option="peft_config.init_lora_weights" if given_as_object
-                                          else "--peft.init_lora_weights")
+            _check_adapter_starts_at_zero(peft_config, model, option=init_option)
         # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model
         # object without one the ``model:CLASS`` name that load_model refuses saying what to pass
         model.peft_config["default"].base_model_name_or_path = model_config.model
@@ -166,31 +168,48 @@ def _check_no_tied_embedding_adapter(model: Any, *, option: str) -> None:
                      f"modules_to_save=['{name}'] (--peft.modules_to_save [{name}])")
 
 
-def _check_adapter_starts_at_zero(model: Any, *, option: str) -> None:
-    """Refuse a new adapter whose update ``B A`` is not zero (PiSSA, OLoRA, CorDA, LoftQ rewrite the base weights to
-    a residual and start ``B A`` at the difference; ``init_lora_weights=False`` starts it random) when the loss needs
-    a reference: the reference is the model with the adapter disabled (as TRL), which is then not the initial
-    policy (a user trial: KL 0.005 at step 1 with PiSSA, where it is exactly 0). ``||B A||_F^2`` is
-    ``sum((B^T B) * (A A^T))``, of two ``r x r`` matrices; "zero" is relative to ``||B||_F ||A||_F`` (1e-6: an
-    orthogonal initialisation's ``B A`` is 0 up to rounding).
+REWRITE_BASE = ("pissa", "olora", "corda", "loftq")
+"""peft's ``init_lora_weights`` that rewrite the base weights to a residual (``pissa_niter_N`` too)."""
+
+
+def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option: str) -> None:
+    """Refuse a new LoRA adapter whose update ``B A`` does not start at zero when the loss needs a reference: the
+    reference is the model with the adapter disabled (as TRL), which is then not the initial policy (a user trial:
+    KL 0.005 at step 1 with PiSSA, where it is exactly 0). Without ``model`` (before it loads), by name: PiSSA,
+    OLoRA, CorDA, LoftQ (:data:`REWRITE_BASE`) rewrite the base weights to a residual and start ``B A`` at the
+    difference. With ``model`` (the adapter just made), by value, for any other start (``init_lora_weights=False``
+    is random): ``||B A||_F^2`` is ``sum((B^T B) * (A A^T))`` of two ``r x r`` matrices (conv weights flattened),
+    "zero" relative to ``||B||_F ||A||_F`` within 4 ulps of the weights' or the base layer's dtype (an orthogonal
+    initialisation's ``B A`` is zero up to rounding, in bf16 too). Only ``peft.LoraConfig`` adapters (AdaLoRA starts its update at zero through its own
+    ``E``).
 
     Raises:
-        ValueError: names ``option``, the first layer whose update is not zero, and what to do instead.
+        ValueError: names ``option`` (and the first layer whose update is not zero) and what to do instead.
     """
-    for name, module in model.named_modules():
-        pairs = [(getattr(module, "lora_A", {}), getattr(module, "lora_B", {}), lambda m: m.weight),
-                 (getattr(module, "lora_embedding_A", {}), getattr(module, "lora_embedding_B", {}), lambda m: m)]
-        for a_dict, b_dict, weight in pairs:
+    from peft import AdaLoraConfig, LoraConfig
+
+    if not isinstance(peft_config, LoraConfig) or isinstance(peft_config, AdaLoraConfig):
+        return
+    init = peft_config.init_lora_weights
+    layer = None
+    if isinstance(init, str) and init.lower().startswith(REWRITE_BASE):
+        layer = "every adapted layer"
+    for name, module in (model.named_modules() if model is not None and layer is None else ()):
+        for a_dict, b_dict in ((getattr(module, "lora_A", {}), getattr(module, "lora_B", {})),
+                               (getattr(module, "lora_embedding_A", {}), getattr(module, "lora_embedding_B", {}))):
             for key in a_dict.keys() & b_dict.keys():
-                a, b = weight(a_dict[key]).detach().double(), weight(b_dict[key]).detach().double()
-                a, b = (a, b) if b.shape[-1] == a.shape[0] else (a.T, b.T)  # embeddings keep A, B transposed
-                size = float(((b.T @ b) * (a @ a.T)).sum().clamp(min=0).sqrt())
-                if size > 1e-6 * float(a.norm() * b.norm()):
-                    raise ValueError(
-                        f"{option}: the adapter starts with a non-zero update (layer {name}; PiSSA, OLoRA, CorDA and "
-                        "LoftQ rewrite the base weights, init_lora_weights=False is random), so the model with the "
-                        "adapter disabled, which is the loss's reference (ref_logprobs, as TRL), is not the initial "
-                        "policy: use the default init_lora_weights, or a loss without a reference (--loss.beta 0)")
+                a, b = (getattr(x, "weight", x) for x in (a_dict[key], b_dict[key]))  # Linear / Conv, or a Parameter
+                base = getattr(getattr(module, "get_base_layer", lambda: None)(), "weight", a)  # made in its dtype
+                tol = max(1e-6, 4 * torch.finfo(a.dtype).eps, 4 * torch.finfo(base.dtype).eps)
+                a, b = a.detach().double().flatten(1), b.detach().double().flatten(1)  # (r, in...), (out, r)
+                if float(((b.T @ b) * (a @ a.T)).sum().clamp(min=0).sqrt()) > tol * float(a.norm() * b.norm()):
+                    layer = layer or f"layer {name}"
+    if layer is not None:
+        raise ValueError(
+            f"{option}={init!r}: the adapter starts with a non-zero update ({layer}; PiSSA, OLoRA, CorDA and LoftQ "
+            "rewrite the base weights, init_lora_weights=False is random), so the model with the adapter disabled, "
+            "which is the reference (ref_logprobs, as TRL), is not the initial policy: use the default "
+            "init_lora_weights, or train without a reference (--loss.beta 0, no --use-kl-in-reward)")
 
 
 def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:

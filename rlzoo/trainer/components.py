@@ -186,7 +186,9 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
     # "only on the main process" in a reward function reads is_world_process_zero
     state = rewards.trainer_state
     state.is_world_process_zero, state.is_local_process_zero = dist.is_main, dist.local_rank == 0
-    state.logging_steps, state.eval_steps, state.save_steps = 1, config.eval_steps, config.save_steps
+    whole_run = max(config.max_steps, 1)  # 0 (at the end only) is no interval: a schedule's step % 0 would raise
+    state.logging_steps = 1
+    state.eval_steps, state.save_steps = config.eval_steps or whole_run, config.save_steps or whole_run
     state.train_batch_size = config.per_device_train_batch_size
     trackers = (Trackers(config.section(TrackingConfig), output_dir=run_dir, settings=config.to_dict())
                 if dist.is_main else None)

@@ -225,7 +225,8 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     # the --eval-size rows asked for, uncapped)
     own_held_out = args.run is not None and args.task is None and _trained_eval_size(Path(args.run)) >= 1
     step = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("step", 0) if checkpoint else 0
-    result = evaluate(config, evaluation_only=not own_held_out, global_step=int(step))
+    result = evaluate(config, evaluation_only=not own_held_out, global_step=int(step),
+                      inherited_rewards=args.run is not None and args.reward_funcs is None)
     answers = result.accuracy is not None
     rewards = {key.removeprefix("eval/"): _json_number(v) for key, v in result.rewards.items()}
     out = {"model": config.model, "checkpoint": checkpoint, "task": config.task,

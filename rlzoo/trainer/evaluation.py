@@ -316,21 +316,23 @@ class Evaluator:
         return result.metrics()
 
 
-def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: int = 0) -> EvalResult:
+def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: int = 0,
+             inherited_rewards: bool = False) -> EvalResult:
     """Greedy held-out accuracy of ``config.model`` on ``config.task`` (what ``rlzoo eval`` prints): up to
     ``eval_size`` of a data set's rows when ``evaluation_only`` (the task only evaluated), else the held-out set a
     run on the task trains beside (``rlzoo eval --run RUN`` on the run's own task). ``config.reward_funcs`` (none:
     an empty tuple) also score the greedy completions, as in training (:attr:`EvalResult.rewards`); of a task
     without reference answers they are all that is evaluated. A reward function that fails on the first held-out
     problem is, for a task with answers, left out with a warning (accuracy is still evaluated), as the trainer's
-    :meth:`Evaluator.check_rewards` does; so are reward functions that cannot be loaded (a moved file, a package not
-    installed). ``global_step``: the functions' ``trainer_state.global_step`` (a checkpoint's step; the epoch is not
-    restored).
+    :meth:`Evaluator.check_rewards` does; so are, when ``inherited_rewards`` (a run's, not asked for), reward
+    functions that cannot be loaded (a moved file, a package not installed). ``global_step``: the functions'
+    ``trainer_state.global_step`` (a checkpoint's step; the epoch is not restored).
 
     Raises:
         ValueError: ``eval_size`` < 1; a task without reference answers and without reward functions (names
             ``--task.answer_column`` and ``--reward-funcs``) or without held-out rows (a run's held-out split capped
-            to 0 rows), checked before the model loads; and the errors of model, task and reward function loading.
+            to 0 rows), checked before the model loads; and the errors of model, task and reward function loading
+            (of inherited reward functions: for a task without answers only).
         RewardFunctionError: a reward function fails on the held-out set of a task without answers.
     """
     from rlzoo.trainer.config import RewardConfig
@@ -360,7 +362,7 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: 
             rewards = build_rewards(config.section(RewardConfig), (), task=task, max_steps=config.max_steps,
                                     device=precision.device)
         except (ValueError, ImportError, OSError) as err:
-            if not task.task.has_answers:  # the reward is all this evaluation measures
+            if not (inherited_rewards and task.task.has_answers):  # asked for, or all this evaluation measures
                 raise
             log.warning("the held-out reward is not reported: %s (--reward-funcs none evaluates accuracy only)", err)
         else:

@@ -158,12 +158,12 @@ class RewardLogs:
         self._extra_rows = 0
         return extra
 
-    def _extra_logger(self, name: str, logged: dict[str, dict[str, list[Any]]]) -> Callable[[str, Sequence[Any]], None]:
+    def _extra_logger(self, name: str, logged: dict[str, dict[str, list[Any]]]) -> Callable[[str, Iterable[Any]], None]:
         """The ``log_extra`` given to reward function ``name`` in one call: collects its values per column in
         ``logged`` (column -> function -> values; the function that logged a column last comes last), extending
         them when it logs a column again, as TRL's ``_log_completion_extra``."""
 
-        def log_extra(column: str, values: Sequence[Any]) -> None:
+        def log_extra(column: str, values: Iterable[Any]) -> None:
             if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
                 raise RewardFunctionError(f"reward function {name!r} logged {type(values).__name__} for column "
                                           f"{column!r} with log_extra; expected a list, one value per completion")

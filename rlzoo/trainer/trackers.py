@@ -290,10 +290,17 @@ class CompletionLog:
         reward_names: the reward functions' names (one column each).
         trackers: also log the table there, or None.
         dist: the process group (each rank records its share; rank 0 writes them all).
+
+    Raises:
+        ValueError: a reward function named as one of :attr:`OWN_COLUMNS`.
     """
 
     def __init__(self, output_dir: str | Path, *, tokenizer: Any, reward_names: Sequence[str],
                  trackers: Trackers | None = None, dist: Distributed = ONE_PROCESS) -> None:
+        taken = [name for name in reward_names if name in self.OWN_COLUMNS]
+        if taken:  # its rewards' column would be replaced by the table's own
+            raise ValueError(f"reward function {taken[0]!r} is named as a column of the completions table "
+                             f"({', '.join(self.OWN_COLUMNS)}), which would replace its rewards there: rename it")
         self.directory = Path(output_dir) / "completions"
         self.tokenizer = tokenizer
         self.reward_names = tuple(reward_names)
@@ -331,20 +338,21 @@ class CompletionLog:
         return table
 
     def _one_type(self, column: str, values: list[Any]) -> list[Any]:
-        """A ``log_extra`` column's ``values``, or their text (None kept) when they are of types no one column holds
-        (``[1, "n/a"]``: pyarrow's "Expected bytes, got a 'int' object" stopped the run), with a warning, once per
-        column."""
+        """A ``log_extra`` column's ``values``, or their text (None kept) when ``datasets`` cannot make one column of
+        them (``[1, "n/a"]``: pyarrow's "Expected bytes, got a 'int' object" stopped the run), with a warning, once per
+        column; a column once written as text stays text (every step's table has the same type)."""
+        import datasets
         import pyarrow as pa
 
-        try:
-            pa.array(values)
-            return values
-        except (pa.ArrowException, OverflowError):
-            if column not in self._as_text:
+        if column not in self._as_text:
+            try:
+                datasets.Dataset.from_dict({column: values})  # its conversions: tensors, arrays, images
+                return values
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 self._as_text.add(column)
                 log.warning("the log_extra column %r holds values of several types; the completions table holds "
                             "their text", column)
-            return [None if v is None else str(v) for v in values]
+        return [None if v is None else str(v) for v in values]
 
     def record(self, step: int, rollout: Rollout, *,
                extra: Mapping[str, Sequence[Any]] | None = None) -> Path | None:

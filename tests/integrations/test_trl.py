@@ -313,6 +313,9 @@ def test_a_grpo_config_beta_other_than_the_losss_warns_and_adaptive_entropy_is_r
         resolve_loss("grpo", types.SimpleNamespace(**{**vars(args), "beta": 0.04}))
         resolve_loss(rlzoo.get_loss("grpo", beta=0.5), types.SimpleNamespace(**{**vars(args), "beta": 0.5}))
         resolve_loss(drift, types.SimpleNamespace(**{**vars(args), "beta": 0.04}))  # no KL beta to set: no advice
+    with pytest.raises(ValueError, match=r"^loss 'dapo' needs reference log-probs \(for .*ReferenceDrift.*\), but "
+                                         r"GRPOConfig.beta=0.0, .*set GRPOConfig\(beta=...\) to any non-zero value"):
+        resolve_loss(drift, args)  # it advised "set GRPOConfig(beta=0.0)"
     adaptive = types.SimpleNamespace(**{**vars(args), "use_adaptive_entropy": True})
     with pytest.raises(ValueError, match=r"^GRPOConfig.use_adaptive_entropy=True is not supported: .* loss 'dapo' "
                                          r"does not run it; set use_adaptive_entropy=False and give the loss a fixed "

@@ -232,15 +232,32 @@ def test_an_adapter_that_starts_away_from_zero_is_refused_when_the_loss_needs_a_
         return TrainConfig(**{**TINY, "peft": {**TINY["peft"], "init_lora_weights": init}, "loss": loss,
                               "output_dir": str(tmp_path / f"{init}-{len(loss)}"), "max_steps": 1})
 
-    for init in ("pissa", "olora", False):
-        with pytest.raises(ValueError, match=r"^--peft.init_lora_weights: the adapter starts with a non-zero update "
-                                             r"\(layer .*\), so the model with the adapter disabled, which is the "
-                                             r"loss's reference .* is not the initial policy: use the default"):
+    from peft import AdaLoraConfig
+
+    for init, where in (("pissa", "every adapted layer"), ("olora", "every adapted layer"), (False, "layer .*")):
+        with pytest.raises(ValueError, match=rf"^--peft.init_lora_weights={init!r}: the adapter starts with a non-zero "
+                                             rf"update \({where}; .*\), so the model with the adapter disabled, which "
+                                             r"is the reference .* is not the initial policy: use the default"):
             Trainer(config(init, beta=0.04), reward_funcs=[digit_fraction])
     for init, kl in (("orthogonal", 1e-10), (True, 0.0)):  # step 1: the policy is the reference (up to rounding)
         history = Trainer(config(init, beta=0.04), reward_funcs=[digit_fraction]).train()
         assert abs(history[-1]["kl"]) <= kl
     Trainer(config("pissa", beta=0.0), reward_funcs=[digit_fraction])  # no reference: nothing to compare with
+    adalora = AdaLoraConfig(init_r=4, target_modules=["q_proj", "v_proj"], total_step=10)  # its E starts at zero
+    ada = TrainConfig(**{**TINY, "peft": None, "max_steps": 1, "output_dir": str(tmp_path / "adalora")})
+    assert Trainer(ada, reward_funcs=[digit_fraction], peft_config=adalora).train()[-1]["kl"] == 0.0
+
+
+def test_an_adapter_that_rewrites_the_base_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """PiSSA's SVD of every adapted layer of a loaded model takes minutes on a large one: refused by name first."""
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", no_model)
+    config = TrainConfig(**{**TINY, "peft": {**TINY["peft"], "init_lora_weights": "pissa_niter_4"},
+                            "output_dir": str(tmp_path / "run")})
+    with pytest.raises(ValueError, match=r"^--peft.init_lora_weights='pissa_niter_4': .*every adapted layer"):
+        Trainer(config, reward_funcs=[digit_fraction])
 
 
 def test_an_adapter_on_a_tied_embedding_is_refused(tmp_path):

@@ -583,6 +583,8 @@ def test_a_run_gives_reward_functions_its_epochs_and_refuses_a_metric_of_its_own
     # as transformers.Trainer sets them (they were its defaults: 500 steps, no batch size)
     assert fields == {"is_world_process_zero": True, "is_local_process_zero": True, "logging_steps": 1,
                       "eval_steps": 3, "save_steps": 2, "train_batch_size": 4}
+    _run(tmp_path / "ends", spy, max_steps=2, train_dataset=rows, eval_steps=0).train()
+    assert (fields["eval_steps"], fields["save_steps"]) == (2, 2)  # at the end only: no interval of 0
     seen.clear()
     _run(tmp_path / "gym", spy, max_steps=2, task="chain_sum", task_kwargs=ONE_DIGIT).train()
     assert [s[:2] for s in seen] == [(0, 0.0), (0, 0.0), (1, 0.5)] and {s[2] for s in seen} == {sys.maxsize}

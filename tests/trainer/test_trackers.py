@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from rlzoo.cli import console_main, main
 from rlzoo.trainer import TrainConfig, Trainer
@@ -300,6 +301,7 @@ def test_log_extra_columns_of_mixed_types_or_named_as_the_tables_own(tmp_path, c
 
     def judge(completions, log_extra, **kwargs):
         log_extra("parsed", [len(c) if i % 2 else "n/a" for i, c in enumerate(completions)])
+        log_extra("length", torch.tensor([float(len(c)) for c in completions]))  # datasets converts tensors
         return [0.0] * len(completions)
 
     def clash(completions, log_extra, **kwargs):
@@ -314,9 +316,17 @@ def test_log_extra_columns_of_mixed_types_or_named_as_the_tables_own(tmp_path, c
         Trainer(TrainConfig(**common, output_dir=str(run)), reward_funcs=[judge]).train()
     table = datasets.Dataset.from_parquet(str(run / "completions" / "step-000001.parquet"))
     assert table["parsed"][0] == "n/a" and table["parsed"][1].isdigit()
+    assert table.features["length"].dtype == "float32"  # numbers, not "tensor(4.)"
     assert caplog.text.count("the log_extra column 'parsed' holds values of several types") == 1
     with pytest.raises(RewardFunctionError, match=r"^reward function 'clash' logged the column 'completion' with "
                                                   r"log_extra, one of the completions table's own \(advantage, clash, "
                                                   r"completion, prompt, step\), which it would replace"):
         Trainer(TrainConfig(**common, output_dir=str(tmp_path / "clash")), reward_funcs=[clash]).train()
     assert not (tmp_path / "clash" / "metrics.jsonl").exists()
+
+    def advantage(completions, **kwargs):  # its column would be replaced by the advantages
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"^reward function 'advantage' is named as a column of the completions table "
+                                         r"\(step, prompt, completion, advantage\), .*: rename it$"):
+        Trainer(TrainConfig(**common, output_dir=str(tmp_path / "named")), reward_funcs=[advantage])
