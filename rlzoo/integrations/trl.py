@@ -187,21 +187,20 @@ def resolve_loss(
             UserWarning,
             stacklevel=3,
         )
+    own_beta = policy.options().get("beta")  # the KL penalty's weight (0 / None: no KL penalty)
     if "ref_logprobs" in needed and args.beta == 0:
-        beta = policy.options().get("beta")
-        if not beta:  # a part of the user's reads the reference, not a KL penalty
+        if not own_beta:  # a part of the user's reads the reference, not a KL penalty
             raise ValueError(
                 f"loss {name!r} needs reference log-probs (for {', '.join(policy.needed_by('ref_logprobs'))}), but "
                 "GRPOConfig.beta=0.0, so TRL loads no reference model: set GRPOConfig(beta=...) to any non-zero value "
                 "(TRL then computes ref_per_token_logps; the loss does not read GRPOConfig.beta)"
             )
         raise ValueError(
-            f"loss {name!r} has a KL penalty (beta={beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
-            f"so TRL loads no reference model: set GRPOConfig(beta={beta}) (any non-zero value makes TRL compute "
+            f"loss {name!r} has a KL penalty (beta={own_beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
+            f"so TRL loads no reference model: set GRPOConfig(beta={own_beta}) (any non-zero value makes TRL compute "
             f"ref_per_token_logps; the loss's own beta weights the KL), or drop the penalty: "
             f"rlzoo.get_loss({name!r}, beta=0.0)"
         )
-    own_beta = policy.options().get("beta")
     if loss is not None and own_beta and "ref_logprobs" in needed and args.beta not in (0, own_beta):
         warnings.warn(
             f"GRPOConfig.beta={args.beta} only makes TRL compute reference log-probs: the KL penalty is weighted by "

@@ -180,8 +180,8 @@ def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option
     difference. With ``model`` (the adapter just made), by value, for any other start (``init_lora_weights=False``
     is random): ``||B A||_F^2`` is ``sum((B^T B) * (A A^T))`` of two ``r x r`` matrices (conv weights flattened),
     "zero" relative to ``||B||_F ||A||_F`` within 4 ulps of the weights' or the base layer's dtype (an orthogonal
-    initialisation's ``B A`` is zero up to rounding, in bf16 too). Only ``peft.LoraConfig`` adapters (AdaLoRA starts its update at zero through its own
-    ``E``).
+    initialisation's ``B A`` is zero up to rounding, in bf16 too). Only ``peft.LoraConfig`` adapters (AdaLoRA
+    starts its update at zero through its own ``E``).
 
     Raises:
         ValueError: names ``option`` (and the first layer whose update is not zero) and what to do instead.

@@ -246,11 +246,11 @@ class VLLMGenerator:
                  max_prompt_length: int | None = None, dtype: torch.dtype | None = None) -> None:
         try:
             import vllm
-        except ModuleNotFoundError as err:
-            if err.name != "vllm":
-                raise ImportError(f"--backend vllm: vllm is installed but does not import: {err}") from err
-            raise ImportError("--backend vllm needs vllm: pip install 'rlzoo[vllm]' (GPU only), or --backend hf") from None
-        except ImportError as err:  # installed, broken (a CUDA / torch mismatch: an undefined symbol)
+        except ImportError as err:
+            if isinstance(err, ModuleNotFoundError) and err.name == "vllm":
+                raise ImportError("--backend vllm needs vllm: pip install 'rlzoo[vllm]' (GPU only), or --backend hf") \
+                    from None
+            # installed, broken (a CUDA / torch mismatch: an undefined symbol, a dependency missing)
             raise ImportError(f"--backend vllm: vllm is installed but does not import: {err}") from err
         if not torch.cuda.is_available():
             raise ValueError("--backend vllm needs a CUDA device; use --backend hf on CPU")

@@ -295,6 +295,9 @@ class CompletionLog:
         ValueError: a reward function named as one of :attr:`OWN_COLUMNS`.
     """
 
+    OWN_COLUMNS = ("step", "prompt", "completion", "advantage")
+    """The table's columns besides one per reward function (a ``log_extra`` column may not be named as one)."""
+
     def __init__(self, output_dir: str | Path, *, tokenizer: Any, reward_names: Sequence[str],
                  trackers: Trackers | None = None, dist: Distributed = ONE_PROCESS) -> None:
         taken = [name for name in reward_names if name in self.OWN_COLUMNS]
@@ -307,9 +310,6 @@ class CompletionLog:
         self.trackers = trackers
         self.dist = dist
         self._as_text: set[str] = set()  # log_extra columns written as text (said once each)
-
-    OWN_COLUMNS = ("step", "prompt", "completion", "advantage")
-    """The table's columns besides one per reward function (a ``log_extra`` column may not be named as one)."""
 
     def table(self, step: int, rollout: Rollout, *,
               extra: Mapping[str, Sequence[Any]] | None = None) -> dict[str, list[Any]]:
