@@ -69,7 +69,8 @@ VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NA
 peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null; inf for --loss / --advantage)."""
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
-and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE."""
+and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE, and --config FILE: a config
+file's evaluation settings (its training settings are checked, not used), under the flags."""
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
@@ -571,16 +572,15 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     import dataclasses
     import json
 
-    from rlzoo.trainer.eval_run import EvalArgs, eval_result
+    from rlzoo.trainer.eval_run import EvalArgs, eval_args_from_file, eval_result
 
     settings, rest = _config_and_dotted(argv, train=False)
-    unknown = sorted(set(settings) - {"task_kwargs"})
-    if unknown:
-        raise ValueError(f"rlzoo eval takes only evaluation options; {unknown} are rlzoo train's")
+    path, _ = _config_file(argv)
+    default = eval_args_from_file(settings, source=path) if path is not None else None
     _refuse_trl_spellings(rest)
     rest = [("none" if a == "None" and i and flag_name(rest[i - 1]) == "--reward-funcs" else a)  # tyro: None = unset
             for i, a in enumerate(rest)]
-    args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, dotted=["task"])
+    args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, default=default, dotted=["task"])
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
     print(json.dumps(out, indent=2, allow_nan=False))

@@ -476,6 +476,24 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
     assert "greedy accuracy" in captured.err and f"reward {result['reward']:.3f}" in captured.err
     with pytest.raises(CommandLineError, match="^unknown option --learning-rate"):  # only evaluation flags
         main(["eval", "--run", str(run), "--learning-rate", "1e-3"])
+    # `rlzoo eval --config FILE`: the file's evaluation settings (a run's config.json: its model, task, options and
+    # extraction), under the flags; its training settings are checked as rlzoo train checks them, not used
+    assert main(["eval", "--config", str(run / "config.json"), "--eval-size", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["model"], result["checkpoint"], result["answer_extraction"], result["n"]) == (
+        "tiny-random", None, "first_number", 2)
+    assert result["task_kwargs"]["max_terms"] == 3
+    settings = tmp_path / "eval.yaml"
+    settings.write_text("model: tiny-random\neval_size: 2\nmax_completion_length: 4\nlearning_rate: 0.5\n"
+                        "output: " + str(tmp_path / "from-file.json") + "\n")
+    assert main(["eval", "--config", str(settings), "--task.max_terms", "3"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "from-file.json").read_text())
+    for text, message in [("eval_sise: 2\n", "unknown config keys \\['eval_sise'\\].*did you mean 'eval_size'"),
+                          ("eval_size: many\n", "eval_size must be an integer"),
+                          ("output: 3\n", "output must be a path")]:
+        settings.write_text("model: tiny-random\n" + text)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(settings))}: {message}"):
+            main(["eval", "--config", str(settings)])
 
 
 def test_another_task_leaves_the_runs_task_options_and_eval_size_0_names_the_run(tmp_path, monkeypatch, capsys,

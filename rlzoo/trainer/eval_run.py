@@ -20,7 +20,7 @@ from rlzoo.trainer.config_files import load_config_file
 from rlzoo.trainer.run_config import settings_for_task
 from rlzoo.trainer.tasks import check_loadable_task, list_reasoning_gym_tasks
 
-__all__ = ["EvalArgs", "eval_config", "eval_result"]
+__all__ = ["EvalArgs", "eval_args_from_file", "eval_config", "eval_result"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -68,6 +68,29 @@ class EvalArgs:
     """CPU threads for torch."""
     output: str | None = None
     """Also write the JSON result to this file."""
+
+
+def eval_args_from_file(settings: dict[str, Any], source: str) -> EvalArgs:
+    """The :class:`EvalArgs` defaults a ``--config`` file gives ``rlzoo eval``: its evaluation settings (the fields of
+    :class:`EvalArgs`, e.g. ``model``, ``task``, ``eval_size``); its training settings (``learning_rate``,
+    ``max_steps``, ...) are checked as ``rlzoo train`` checks them and not used, so a run's config file evaluates
+    with its model, task and prompts.
+
+    Raises:
+        ValueError: a key neither command takes, or a value ``rlzoo train`` refuses (prefixed with ``source``); an
+            evaluation-only key (``run``, ``checkpoint``, ``output``) that is not a string.
+    """
+    fields = {f.name for f in dataclasses.fields(EvalArgs)}
+    own = {key for key in fields if not hasattr(TrainConfig, key) and key in settings}
+    for key in sorted(own):
+        if settings[key] is not None and not isinstance(settings[key], str):
+            raise ValueError(f"{source}: {key} must be a path (a string), got {settings[key]!r}")
+    try:
+        checked = TrainConfig.from_dict({key: value for key, value in settings.items() if key not in own})
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    values = {key: getattr(checked, key) for key in settings if key in fields and key not in own}
+    return EvalArgs(**values, **{key: settings[key] for key in own})
 
 
 def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
