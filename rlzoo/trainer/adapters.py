@@ -105,6 +105,7 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     if peft_config is None and adapter_config.peft is not None:
         peft_config = lora_config(adapter_config.peft)
     init_option = "peft_config.init_lora_weights" if given_as_object else "--peft.init_lora_weights"
+    target = "peft_config.target_modules" if given_as_object else "--peft.target_modules"
     if peft_config is not None:  # bad adapter options fail before a model loads
         _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
                           and not given_as_object else "peft_config.lora_dropout")
@@ -124,7 +125,14 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
 
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
-        model = get_peft_model(model, copy.copy(peft_config))
+        try:
+            model = get_peft_model(model, copy.copy(peft_config))
+        except ValueError as err:  # peft: "Target modules {'x'} not found in the base model. Please check ..."
+            if "target modules" not in str(err).lower():
+                raise
+            linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()  # lm_head refused below
+                             if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings()})
+            raise ValueError(f"{target}: {err} The model's linear layers: {', '.join(linear)} (or all-linear)") from None
         if needs_reference:
             _check_adapter_starts_at_zero(peft_config, model, option=init_option)
         # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model
@@ -135,9 +143,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
 
         if isinstance(model.get_output_embeddings(), BaseTunerLayer):
             raise ValueError("an adapter on the output layer (lm_head) would not train: the log-probs read "
-                             "lm_head.weight directly; remove it from --peft.target_modules")
-        _check_no_tied_embedding_adapter(model, option="peft_config.target_modules" if given_as_object
-                                         else "--peft.target_modules")
+                             f"lm_head.weight directly; remove it from {target}")
+        _check_no_tied_embedding_adapter(model, option=target)
     model.eval()
     if not needs_reference:
         return model, tokenizer, None

@@ -218,9 +218,18 @@ def test_bad_lora_options_name_the_field(tmp_path):
     config = lora_config({"r": 4, "lora_alpha": 16.0, "lora_dropout": 0, "init_lora_weights": "pissa_niter_4",
                           "target_modules": ["q_proj", "v_proj"], "use_dora": False})
     assert (config.r, config.init_lora_weights, set(config.target_modules)) == (4, "pissa_niter_4", {"q_proj", "v_proj"})
-    with pytest.raises(ValueError, match="adapter on the output layer"):
+    with pytest.raises(ValueError, match="adapter on the output layer.*remove it from --peft.target_modules$"):
         Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": ["q_proj", "lm_head"]}},
                             output_dir=str(tmp_path / "run2")))
+    # a module the model lacks: peft's message with the option named and the model's (adaptable) linear layers
+    with pytest.raises(ValueError, match=r"^--peft.target_modules: Target modules \{'foo_proj'\} not found.*The "
+                                         r"model's linear layers: down_proj, gate_proj, k_proj, o_proj, q_proj, "
+                                         r"up_proj, v_proj \(or all-linear\)$"):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "target_modules": "foo_proj"}}, output_dir=str(tmp_path / "r3")))
+    with pytest.raises(ValueError, match=r"^peft_config.target_modules: Target modules \{'foo_proj'\} not found"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "r4")),
+                peft_config=LoraConfig(r=4, target_modules=["foo_proj"]))
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 
 def test_an_adapter_that_starts_away_from_zero_is_refused_when_the_loss_needs_a_reference(tmp_path):
