@@ -465,6 +465,28 @@ def test_trl_rewards_on_the_wrong_data_shape_say_what_is_wrong():
     assert "\n" not in str(missing.value) + str(shape.value)
 
 
+def test_a_column_named_as_a_reward_function_argument_is_refused_when_the_data_loads():
+    """TRL hands every column but the prompt and completion ones to reward functions as keywords, so a column named
+    `completions` or `trainer_state` would collide with the arguments (TRL: a TypeError in the first reward call);
+    rlzoo refuses it as the data loads, naming the task (its file) and the column. A prompt column so named, and a
+    `completion_ids` column TRL drops, are not passed on and stay allowed."""
+    for column in ("prompts", "completions", "trainer_state", "log_extra", "log_metric"):
+        data = datasets.Dataset.from_dict({"prompt": ["q", "r"], "answer": ["1", "2"], column: ["a", "b"]})
+        with pytest.raises(ValueError, match=rf"^task 'data.jsonl': the training data has a column named "
+                                             rf"'{column}', which reward functions receive as their own argument; "
+                                             r"rename the column$"):
+            DatasetTask(name="data.jsonl", dataset=data, eval_size=0)
+        held_out = datasets.Dataset.from_dict({"prompt": ["q"], "answer": ["1"], column: ["a"]})
+        with pytest.raises(ValueError, match=rf"held-out data has a column named '{column}'"):
+            DatasetTask(name="data.jsonl", dataset=data.remove_columns(column), eval_dataset=held_out, eval_size=0)
+    allowed = datasets.Dataset.from_dict({"prompts": ["q", "r"], "answer": ["1", "2"], "completion_ids": [[1], [2]]})
+    task = DatasetTask(name="data.jsonl", dataset=allowed, prompt_column="prompts", eval_size=0)
+    assert set(next(task.train_items()).columns) == {"answer"}
+    with pytest.raises(ValueError, match="column named 'completion_ids'"):  # the answer column is passed on
+        DatasetTask(name="data.jsonl", dataset=allowed, prompt_column="prompts", answer_column="completion_ids",
+                    eval_size=0)
+
+
 def test_a_missing_column_mentions_task_answer_column_only_where_it_applies():
     """--task.answer_column used to be named for any missing column: also for a reasoning-gym task (which has no
     such option), for a data set without an answer column, and for columns given from Python without a task."""

@@ -208,6 +208,13 @@ class DatasetTask(Task):
             extra = " (or --task.answer_column null for none)" if option == "answer_column" else ""
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
+        from rlzoo.trainer.reward_functions import REWARD_ARGUMENTS
+
+        clash = [c for c in columns if c in REWARD_ARGUMENTS and c != self.prompt_column  # columns as _item passes them
+                 and (c != "completion_ids" or c == self.answer_column)]
+        if clash:
+            raise ValueError(f"task {self.name!r}: the {what} data has a column named {clash[0]!r}, which reward "
+                             f"functions receive as their own argument; rename the column")
 
     def _answer_labels(self) -> list[str] | None:
         """The names of a ``datasets.ClassLabel`` answer column (its rows hold ids: the accuracy compares the
