@@ -424,7 +424,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from rlzoo.registry import UnknownNameError, close_names
 
     if args.loss_options and (args.all or not args.name or args.kind not in (None, "preset")):
-        raise ValueError("rlzoo explain: --loss.NAME VALUE options go with one preset name (rlzoo list)")
+        kind = f", not with --kind {args.kind}" if args.kind not in (None, "preset") else ""
+        raise ValueError(f"rlzoo explain: --loss.NAME VALUE options go with one preset name (rlzoo list){kind}")
     if args.all:
         if args.kind or args.name:
             raise ValueError("rlzoo explain --all shows every preset: give no NAME or --kind (rlzoo explain NAME "

@@ -998,6 +998,8 @@ def test_explain_takes_loss_options_as_plot_and_train_do(capsys):
     assert capsys.readouterr().out == ""  # the error comes alone: no card printed before it
     with pytest.raises(ValueError, match="go with one preset name"):
         main(["explain", "--all", "--loss.beta", "0.1"])
+    with pytest.raises(ValueError, match=r"go with one preset name \(rlzoo list\), not with --kind advantage$"):
+        main(["explain", "grpo", "--kind", "advantage", "--loss.beta", "0.1"])
     with pytest.raises(ValueError, match="takes loss options only"):
         main(["explain", "dapo", "--task.max_terms", "3"])
 

@@ -3,6 +3,7 @@ preset work through rlzoo.get_loss and PolicyLoss composition, and disappear whe
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -170,6 +171,46 @@ def test_user_kl_estimator_and_aggregation():
         batch = dataclasses.replace(batch, ref_logprobs=batch.logprobs.detach() - 1.0)
         torch.testing.assert_close(loss_fn(batch).loss, rlzoo.get_loss("grpo", beta=0.0)(batch).loss)
     assert "zero" not in kl_estimators
+
+
+def test_a_user_part_returning_other_than_one_value_per_token_is_named():
+    """A surrogate, token weight or penalty returns ``[B, T]``; a ``[B]`` (or ``[B, 1]``) value would broadcast
+    silently against the batch (``B == T``: a loss 3x too large, before this check) or fail inside torch without
+    naming the part. The pipeline names the part, its shape and the batch's."""
+    from rlzoo.losses import Penalty, penalties
+
+    lp = -torch.rand(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    square = PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
+                         completion_mask=torch.ones(3, 3, dtype=torch.bool))
+    with surrogates.scoped(), token_weights.scoped(), penalties.scoped():
+
+        class PerSequence(Surrogate, name="per_sequence"):
+            """-A * sum_t logp (one value per sequence: wrong for a surrogate)."""
+
+            def __call__(self, x):
+                return PartOutput((-x.advantages * x.logprobs).sum(-1), {})
+
+        class Column(TokenWeight, name="column"):
+            """w = 1 per sequence as [B, 1] (wrong)."""
+
+            def __call__(self, x):
+                return PartOutput(torch.ones_like(x.logprobs[:, :1]), {})
+
+        class Total(Penalty, name="total"):
+            """A 0-d penalty (wrong)."""
+
+            def __call__(self, x):
+                return PartOutput(x.logprobs.sum(), {})
+
+        for loss, owner, shape in [(PolicyLoss(surrogate="per_sequence"), "surrogate 'per_sequence'", (3,)),
+                                   (PolicyLoss(surrogate="ppo_clip", weights=(Column(),)), "token weight 'column'",
+                                    (3, 1)),
+                                   (PolicyLoss(surrogate="ppo_clip", penalties=(Total(),)), "penalty 'total'", ())]:
+            with pytest.raises(ValueError, match=rf"^{re.escape(owner)} returned shape {re.escape(str(shape))}; a "
+                                                 r"per-token value has the batch's \(3, 3\)$"):
+                loss(square)
+            with pytest.raises(ValueError, match=f"^{re.escape(owner)} returned shape"):  # not torch's error
+                loss(_batch())
 
 
 # ------------------------------------------------------------------------------------------ Component

@@ -302,7 +302,7 @@ class AdvantageEstimator(Component, abc.ABC):
         given = {k: v for k, v in given.items() if v is not None}
         missing = sorted(self.needs - given.keys())
         if missing:
-            raise ValueError(f"{owner} needs {', '.join(missing)}; it needs: {', '.join(sorted(self.needs))}")
+            raise ValueError(f"{owner} needs {', '.join(missing)} (not given)")
         unused = sorted(given.keys() - self.accepts)
         if unused:
             accepted = ", ".join(sorted(self.accepts)) or "none"

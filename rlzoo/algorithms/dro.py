@@ -33,6 +33,7 @@ class DRO(Surrogate, name="dro"):
     """
 
     on_policy = OnPolicy.MINUS_ADVANTAGE_LOGP
+    reads_ratio_level = False
     dro_beta: float = 0.05
 
     def check(self) -> None:

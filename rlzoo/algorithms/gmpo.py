@@ -37,8 +37,11 @@ class GeometricRatio(RatioLevel, name="geometric"):
         epsilon_low: finite, >= 0, lower clip of the token *log*-ratio (default 0.4).
         epsilon_high: finite, >= 0, upper clip of the token *log*-ratio (default 0.4).
 
-    Metrics: ``clip_ratio/low_mean`` (A < 0 tokens whose log-ratio was clipped), ``clip_ratio/high_mean``
-    (A > 0), ``clip_ratio/region_mean``.
+    Metrics: ``clip_ratio/low_mean`` (A < 0 tokens whose log-ratio lies outside ``[-epsilon_low, epsilon_high]``),
+    ``clip_ratio/high_mean`` (A > 0 tokens outside it), ``clip_ratio/region_mean`` (both): verl's ``geo_mean``
+    ``pg_clipfrac_lower`` / ``pg_clipfrac``, which count a token outside the band on either side, also where the
+    sign-aware clip does not bind (A > 0 below ``-epsilon_low``, A < 0 above ``epsilon_high``: such a token keeps its
+    gradient), unlike PPO's clip fractions.
 
     Raises:
         ValueError: naming epsilon_low or epsilon_high when it is < 0, NaN, inf, or not a number.

@@ -27,6 +27,7 @@ class Reinforce(Surrogate, name="reinforce"):
 
     on_policy = OnPolicy.MINUS_ADVANTAGE_LOGP
     uses_ratio = False
+    reads_ratio_level = False
 
     def __call__(self, x: LossInputs) -> PartOutput:
         return PartOutput(-x.advantages * x.logprobs, {})

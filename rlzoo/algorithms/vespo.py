@@ -66,6 +66,7 @@ class VESPO(Surrogate, name="vespo"):
     folds_is_weight = True
     sequence_is_weight = False
     on_policy = OnPolicy.MINUS_ADVANTAGE_LOGP
+    reads_ratio_level = False
     k_pos: float = 2.0
     lambda_pos: float = 3.0
     k_neg: float = 3.0

@@ -7,6 +7,7 @@ them.
 """
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from rlzoo.batch import BatchError
 from rlzoo.losses.base import Aggregation, Part
 from rlzoo.losses.correction import Correction
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection
-from rlzoo.losses.penalty import Penalty
+from rlzoo.losses.penalty import KLPenalty, Penalty
 from rlzoo.losses.surrogate import RatioLevel, Surrogate
 from rlzoo.losses.weights import TokenWeight
 from rlzoo.registry import Component, UnknownNameError, check_choice, close_names
@@ -92,7 +93,9 @@ def _members(value: Any) -> tuple[Part, ...]:
 
 def resolve(loss: "PolicyLoss") -> None:
     """Replace the parts ``loss`` was given by name with registered parts, in place (``PolicyLoss.__post_init__``),
-    and validate its options.
+    and validate its options. A ratio level other than ``token`` that nothing reads (``Surrogate.reads_ratio_level``
+    False, no bias-corrected KL) warns, as TRL 1.16 warns for ``loss_type="vespo"``: it changes only the ``ratio/*``
+    metrics (which then match TRL's).
 
     Raises:
         UnknownNameError: an unknown part name (lists the valid ones).
@@ -118,6 +121,11 @@ def resolve(loss: "PolicyLoss") -> None:
             f"{loss.surrogate.registered_name()!r} does not take (it folds token-level IS weights into its "
             f"own weight); {correction.token_level_hint()}"
         )
+    level = loss.ratio.registered_name()
+    if level != "token" and not loss.surrogate.reads_ratio_level and not any(
+            isinstance(p, KLPenalty) and p.active and p.use_bias_correction_kl for p in loss.penalties):
+        warnings.warn(f"surrogate {loss.surrogate.label()!r} does not read the ratio level: importance_sampling_level="
+                      f"{level!r} changes nothing but the ratio/* metrics (leave it 'token')", stacklevel=2)
     mcl = loss.max_completion_length
     if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
         raise ValueError(f"max_completion_length must be a positive int, got {mcl!r}")
@@ -328,4 +336,5 @@ def missing_field(loss: "PolicyLoss", field: str) -> BatchError:
     who = [p.describe() for p in loss.parts() if field in p.required_fields()]
     if not who:
         who = ["bypass_mode=True" if loss.bypass_mode else f"prox_logp_method={loss.prox_logp_method!r}"]
-    return BatchError(f"loss {loss.name or ''!s} needs PolicyBatch.{field} for {', '.join(who)}; it is None")
+    owner = f"loss {loss.name}" if loss.name else "the loss"
+    return BatchError(f"{owner} needs PolicyBatch.{field} for {', '.join(who)}; it is None")

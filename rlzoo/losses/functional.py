@@ -14,8 +14,8 @@ from torch import Tensor
 
 from rlzoo.batch import BatchError
 
-__all__ = ["at_most_zero", "finite_exp", "masked_max", "masked_mean", "masked_min", "require", "working_dtype",
-           "zero_masked"]
+__all__ = ["at_most_zero", "finite_exp", "masked_max", "masked_mean", "masked_min", "one_per_token", "require",
+           "working_dtype", "zero_masked"]
 
 
 def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
@@ -56,6 +56,14 @@ def require(x: Tensor | None, field: str, owner: str) -> Tensor:
     """``x``, or a :class:`~rlzoo.batch.BatchError` naming the missing batch field and who needs it."""
     if x is None:
         raise BatchError(f"{owner} needs PolicyBatch.{field}, which is None")
+    return x
+
+
+def one_per_token(x: Tensor, mask: Bool[Tensor, "B T"], owner: str) -> Tensor:
+    """``x``, or a ValueError naming ``owner`` (the part that returned it) when ``x`` is not one value per token: a
+    ``[B]`` or ``[B, 1]`` value would broadcast against the batch silently (or fail in torch without a name)."""
+    if x.shape != mask.shape:
+        raise ValueError(f"{owner} returned shape {tuple(x.shape)}; a per-token value has the batch's {tuple(mask.shape)}")
     return x
 
 

@@ -143,6 +143,10 @@ class Surrogate(Part, abc.ABC):
       the ratio of any other surrogate already is ``pi_theta / pi_sampler``, so the rollout IS weight is not
       applied to it (reported only), as verl's ``bypass_mode`` with ``loss_type="ppo_clip"``; a surrogate that
       ignores the ratio gets it, as verl's ``loss_type="reinforce"``.
+    * ``reads_ratio_level`` - False when it never reads the ratio level's weight (REINFORCE; VESPO and DRO read the
+      token log-ratio themselves): a loss then warns at any level but ``token``, which changes nothing but the
+      ``ratio/*`` metrics (TRL 1.16 warns so for ``loss_type="vespo"``), unless a KL penalty with
+      ``use_bias_correction_kl`` reads it.
     * ``on_policy`` - what it promises at ratio 1 (:class:`OnPolicy`).
     """
 
@@ -151,6 +155,7 @@ class Surrogate(Part, abc.ABC):
     sequence_is_weight: ClassVar[bool] = True
     mixes_tokens: ClassVar[bool] = False
     uses_ratio: ClassVar[bool] = True
+    reads_ratio_level: ClassVar[bool] = True
     on_policy: ClassVar[OnPolicy] = OnPolicy.UNDECLARED
 
     @abc.abstractmethod

@@ -173,7 +173,7 @@ def test_missing_and_unused_inputs_raise(name: str) -> None:
     rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
     for missing in est.needs:
         kwargs = {k: full[k] for k in est.accepts if k != missing}
-        with pytest.raises(ValueError, match=f"needs {missing}"):
+        with pytest.raises(ValueError, match=f"^advantage estimator '{name}' needs {missing} \\(not given\\)$"):
             est(rewards, group_size=2, **kwargs)
     for extra in set(INPUTS) - est.accepts:
         kwargs = {k: full[k] for k in est.accepts} | {extra: full[extra]}

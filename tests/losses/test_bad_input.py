@@ -4,6 +4,7 @@ DESIGN.md section 2: unknown names raise a KeyError/ValueError listing the valid
 dtypes, NaN in counted positions, or invalid hyper-parameters raise an error naming the field.
 """
 
+import dataclasses
 import math
 import re
 import warnings
@@ -359,6 +360,29 @@ def test_vespo_rejects_sequence_level_is_correction(mode):
     rlzoo.get_loss("vespo", is_correction=mode.replace("sequence", "token"))
 
 
+@pytest.mark.parametrize("name", ["vespo", "gpg", "dro"])
+@pytest.mark.parametrize("level", ["sequence", "sequence_token", "geometric"])
+def test_a_ratio_level_the_surrogate_does_not_read_warns(name, level):
+    """VESPO, REINFORCE (gpg) and DRO read the token log-ratio (or none) themselves: another importance_sampling_level
+    changes nothing but the ratio/* metrics, and said nothing (TRL 1.16 warns for loss_type="vespo"; its ratio
+    metrics follow the level, so rlzoo keeps the level and warns). A KL penalty with use_bias_correction_kl
+    multiplies by the level's weight: with it the level is read, and nothing is said."""
+    surrogate = {"gpg": "reinforce"}.get(name, name)
+    batch = _batch()
+    token = rlzoo.get_loss(name)(batch)
+    with pytest.warns(UserWarning, match=rf"^surrogate '{surrogate}' does not read the ratio level: "
+                                         rf"importance_sampling_level='{level}' changes nothing but the ratio/\* "
+                                         r"metrics \(leave it 'token'\)$"):
+        other = rlzoo.get_loss(name, importance_sampling_level=level)
+    assert torch.equal(other(batch).loss, token.loss)  # what the warning says
+    with pytest.warns(UserWarning, match="does not read the ratio level"):
+        rlzoo.get_loss(name, beta=0.1, importance_sampling_level=level)  # a KL penalty that does not read it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        corrected = rlzoo.get_loss(name, beta=0.1, use_bias_correction_kl=True, importance_sampling_level=level)
+    assert corrected.ratio.registered_name() == level
+
+
 def test_two_parts_of_the_same_kind_are_rejected():
     """PolicyLoss(penalties=(KL, KL)) is ambiguous: a ValueError."""
     from rlzoo.losses import KLPenalty
@@ -376,8 +400,11 @@ def _without(*names):
 def test_missing_ref_logprobs_with_beta(name, options):
     """beta > 0 without ref_logprobs: a BatchError naming ref_logprobs (and beta = 0 needs none)."""
     loss_fn = rlzoo.get_loss(name, **options)
-    with pytest.raises(BatchError, match="ref_logprobs"):
+    with pytest.raises(BatchError, match=rf"^loss {name} needs PolicyBatch.ref_logprobs for .*; it is None$"):
         loss_fn(_without("ref_logprobs"))
+    unnamed = dataclasses.replace(loss_fn, name=None)  # composed in Python: no double space where the name was
+    with pytest.raises(BatchError, match=r"^the loss needs PolicyBatch.ref_logprobs for "):
+        unnamed(_without("ref_logprobs"))
     rlzoo.get_loss(name, beta=0.0)(_without("ref_logprobs"))
 
 
