@@ -114,6 +114,7 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     # tyro rebuilds the dataclass from flags; keep the dotted mappings it does not parse.
     config = dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
                                  task_kwargs=default.task_kwargs, peft=default.peft)
+    _check_file_tables(config, argv)
     weights, funcs = config.reward_weights, config.reward_funcs
     if weights is not None and len(weights) != len(funcs):  # no Python callables here: exactly one per name, now
         raise ValueError(f"reward_weights has {len(weights)} entries but reward_funcs names {len(funcs)}: "
@@ -132,6 +133,45 @@ def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
                                for key in load_config_file(path)):
         return err
     return ValueError(f"{path}: {message}")
+
+
+def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
+    """Build what the ``--config`` file's option tables configure (the loss and advantage estimator, the LoRA config,
+    a reasoning-gym task's options: no model, no data) so that a bad option there fails naming the file, as a bad
+    top-level key does; the trainer builds them again.
+
+    Raises:
+        ValueError, UnknownNameError: their errors, prefixed with the file's path when they name an option the file
+            sets and no dotted flag overrides.
+    """
+    from rlzoo.registry import UnknownNameError
+    from rlzoo.trainer.adapter_options import lora_config
+    from rlzoo.trainer.algorithm import build_loss
+    from rlzoo.trainer.config import AlgorithmConfig
+    from rlzoo.trainer.config_files import load_config_file
+    from rlzoo.trainer.tasks import ReasoningGymTask, list_reasoning_gym_tasks
+
+    path, rest = _config_file(argv)
+    if path is None:
+        return
+    flagged = {(_DOTTED_FIELD[m.group(1)], m.group(2).replace("-", "_")) for m in map(_DOTTED.match, rest) if m}
+    tables = {table: [key for key in options if (table, key) not in flagged]
+              for table, options in load_config_file(path).items()
+              if table in _DOTTED_FIELD.values() and isinstance(options, Mapping)}
+    try:
+        if tables.get("loss") or tables.get("advantage_options"):
+            build_loss(config.section(AlgorithmConfig), None, max_completion_length=config.max_completion_length)
+        if tables.get("peft") and config.peft is not None:
+            lora_config(config.peft)
+        if tables.get("task_kwargs") and config.task in list_reasoning_gym_tasks():
+            ReasoningGymTask(name=config.task, kwargs=config.resolved_task_kwargs, eval_size=0)
+    except (ValueError, UnknownNameError) as err:
+        message = str(err.args[0]) if err.args else str(err)
+        named = (rf"'{re.escape(key)}'|(?:^|[\s.]){re.escape(key)} (?:must|takes|is)\b"  # 'key', key must, --peft.key takes
+                 for keys in tables.values() for key in keys)
+        if any(re.search(pattern, message) for pattern in named):
+            raise type(err)(f"{path}: {message}") from None
+        raise
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:

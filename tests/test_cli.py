@@ -1,5 +1,6 @@
 """The ``rlzoo`` command: list, explain, train/eval argument parsing, a tiny end-to-end train and eval."""
 
+import dataclasses
 import json
 import math
 import re
@@ -11,7 +12,7 @@ import torch
 import rlzoo
 from rlzoo.cli import CommandLineError, console_main, lay_over, main, parse_train_args
 from rlzoo.registry import UnknownNameError
-from rlzoo.trainer import TrainConfig
+from rlzoo.trainer import TrainConfig, Trainer
 
 
 def test_list_shows_presets_estimators_and_parts(capsys):
@@ -243,6 +244,32 @@ def test_config_file_values_are_type_checked(tmp_path):
     path.write_text('dtype = "fp8"\n')
     with pytest.raises(ValueError, match="dtype must be one of 'auto', 'float32', 'bf16-mixed'"):
         parse_train_args(["--config", str(path)])
+
+
+def test_a_bad_option_in_a_config_files_table_names_the_file(tmp_path):
+    """A bad option inside the file's loss, advantage_options, peft or task_kwargs table failed when the trainer
+    built the part, without naming the file (a top-level key's error names it); now the parse builds them and says
+    where. An option a dotted flag overrides is the flag's: its error names no file."""
+    from strategies import runtime_type_checker_off
+
+    path = tmp_path / "run.yaml"
+    for table, message in [("loss:\n  epsilon_lo: 0.2", "unknown option 'epsilon_lo' for loss 'grpo'"),
+                           ("loss:\n  epsilon_low: abc", "ppo_clip: epsilon_low must be a number"),
+                           ("advantage_options:\n  foo: 1", "advantage estimator 'grpo' has no option 'foo'"),
+                           ("peft:\n  r: abc", "--peft.r takes int, got 'abc'"),
+                           ("task_kwargs:\n  max_term: 3", r"unknown option\(s\) \['max_term'\] for reasoning-gym task")]:
+        path.write_text("model: tiny-random\n" + table + "\n")
+        with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {message}"):
+            parse_train_args(["--config", str(path)])
+    path.write_text("model: tiny-random\nloss:\n  epsilon_low: 0.1\npeft:\n  r: 4\n")
+    with runtime_type_checker_off(), pytest.raises(ValueError, match="^ppo_clip: epsilon_high must be a number"):
+        parse_train_args(["--config", str(path), "--loss.epsilon_high", "abc"])  # the file's loss is built: no file
+    for flags, message in [(["--loss.epsilon_low", "abc"], "ppo_clip: epsilon_low must be a number"),  # overridden
+                           (["--peft.r", "abc"], "--peft.r takes int, got 'abc'")]:
+        config = parse_train_args(["--config", str(path), *flags])  # the file's table holds nothing of its own
+        with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{message}"):
+            Trainer(dataclasses.replace(config, output_dir=str(tmp_path / "run")))
+    assert parse_train_args(["--config", str(path)]).loss == {"epsilon_low": 0.1}
 
 
 def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsys):
