@@ -662,6 +662,17 @@ def test_yaml_merge_keys_work_and_only_a_key_written_twice_is_refused(tmp_path):
             load_config_file(path)
 
 
+@pytest.mark.parametrize("name, text", [("run.yaml", ""), ("run.yaml", "# nothing yet\n"), ("run.toml", "\n"),
+                                        ("run.json", "{}")])
+def test_a_config_file_without_settings_is_refused(tmp_path, name, text):
+    """An empty config file ran the default job (the SmolLM2 main job: a model conversion, minutes of training)
+    with no word; a file that sets nothing is refused naming it."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^config file {re.escape(str(path))} holds no settings; give options as"):
+        parse_train_args(["--config", str(path)])
+
+
 def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, monkeypatch, capsys):
     """It used to be a ZeroDivisionError traceback (the batch-divisibility check divided by it)."""
     with pytest.raises(ValueError, match="^num_generations must be >= 2, got 0$"):
@@ -802,6 +813,12 @@ def test_eval_of_a_run_without_a_checkpoint_says_so_in_evals_terms(tmp_path):
         main(["eval", "--run", str(run), "--checkpoint", str(run / "checkpoints" / "step-000002.tmp")])
     with pytest.raises(ValueError, match=r"^--checkpoint evaluates a checkpoint of --run RUN"):  # was ignored
         main(["eval", "--model", "tiny-random", "--checkpoint", str(run / "checkpoints" / "step-000001")])
+    from rlzoo.trainer.eval_run import EvalArgs, eval_config
+
+    # a checkpoint's name, as the listing above shows it, is one of the run's
+    config, checkpoint = eval_config(EvalArgs(run=str(run), checkpoint="step-000001"))
+    assert (checkpoint, config.model) == (str(run / "checkpoints" / "step-000001"),
+                                          str(run / "checkpoints" / "step-000001" / "model"))
 
 
 @pytest.mark.parametrize("stop", ["finished", "signal", "non-finite", "other"])

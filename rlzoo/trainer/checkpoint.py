@@ -153,9 +153,11 @@ class Checkpointer:
         if resume != "latest":
             path = Path(resume)
             if not path.exists():
-                there = sorted(p.name for p in path.parent.glob("step-*") if (p / "trainer_state.json").is_file())
-                kept = (f"; {path.parent} holds {', '.join(there)} (older checkpoints are pruned by "
-                        "--save-total-limit)" if there else "")
+                parent = path.parent if path.parent != Path(".") or not self.directory.is_dir() else self.directory
+                there = sorted(p.name for p in parent.glob("step-*") if (p / "trainer_state.json").is_file())
+                kept = (f"; {parent} holds {', '.join(there)} (older checkpoints are pruned by --save-total-limit): "
+                        f"give its path, e.g. --resume {parent / (path.name if path.name in there else there[-1])}, or "
+                        "--resume latest" if there else "")
                 raise FileNotFoundError(f"--resume {resume}: no such checkpoint{kept}")
             if not (path / "trainer_state.json").is_file():
                 raise FileNotFoundError(f"--resume {resume}: not an rlzoo checkpoint (no trainer_state.json)")

@@ -81,7 +81,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises:
         ValueError: unknown extension, a syntax error (the message names the file, line and column), text that
-            is not UTF-8, or a file that is not a mapping.
+            is not UTF-8, a file that is not a mapping, or one without settings (empty, or comments only).
         FileNotFoundError: missing file.
     """
     path = Path(path)
@@ -116,6 +116,9 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"config file must be .toml, .yaml/.yml or .json, got {path.name!r}")
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping of options, got {type(data).__name__}")
+    if not data:  # an empty file (or comments only) would start the default run: surely not what was meant
+        raise ValueError(f"config file {path} holds no settings; give options as 'name: value' (YAML), 'name = "
+                         "value' (TOML) or a JSON object")
     if "segments" in data:  # a run's config.json: keep the settings only
         data = {k: v for k, v in data.items()
                 if not k.startswith("resolved_") and k not in ("segments", "output_dir", "resume", "overwrite")}

@@ -33,7 +33,7 @@ class EvalArgs:
     run: str | None = None
     """A run directory: evaluate its newest checkpoint with the run's task, prompts and answer extraction."""
     checkpoint: str | None = None
-    """A checkpoint directory to evaluate (default with --run: the run's newest)."""
+    """A checkpoint of --run to evaluate: its path, or its name (step-000020); default: the run's newest."""
     model: str | None = None
     """A model, as rlzoo train's --model (instead of --run)."""
     task: str | None = None
@@ -143,7 +143,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
 
 
 def _run_checkpoint(run: Path, checkpoint: str | None) -> Path:
-    """The checkpoint of ``--run`` to evaluate: ``--checkpoint``, else the run's newest.
+    """The checkpoint of ``--run`` to evaluate: ``--checkpoint`` (a path, or the name of one of the run's:
+    ``step-000020``), else the run's newest.
 
     Raises:
         FileNotFoundError: the run has no checkpoint (trained with ``--max-steps 0``, or stopped before its first
@@ -160,6 +161,8 @@ def _run_checkpoint(run: Path, checkpoint: str | None) -> Path:
                                     "train it first, or evaluate a model with --model MODEL")
         return found[-1]
     path = Path(checkpoint)
+    if not path.exists() and _is_checkpoint(run / "checkpoints" / checkpoint):  # a name the listing below shows
+        path = run / "checkpoints" / checkpoint
     if not _is_checkpoint(path):
         there = (f"; {run / 'checkpoints'} holds {', '.join(p.name for p in found)}" if found
                  else f"; --run {run} has no checkpoint")

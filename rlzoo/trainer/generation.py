@@ -18,6 +18,7 @@ from torch import Tensor
 
 from rlzoo.trainer.adapters import causal_lm
 from rlzoo.trainer.config import RolloutConfig
+from rlzoo.trainer.models import kv_cache_keyword, kv_cache_of
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import position_ids_for
 from rlzoo.trainer.sampling import GroupSeededSampling
@@ -203,9 +204,9 @@ class HFGenerator:
                 position_ids=position_ids_for(prompt_mask[:, :-1]),
                 use_cache=True,
             )
-            cache = prefix.past_key_values
+            cache = kv_cache_of(prefix)
             cache.batch_select_indices(group_index)
-            kwargs["past_key_values"] = cache
+            kwargs[kv_cache_keyword(causal_lm(model))] = cache
         out = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config, **kwargs,
                              **kwargs_processor)
         completion_ids = out[:, prompt_ids.shape[1]:]

@@ -55,18 +55,24 @@ class GracefulInterrupt:
 
     Attributes:
         requested: the first signal received, or None.
+        ending: set once the run has taken its last step (and checkpointed it): a signal then only says so.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested: int | None = None
+        self.ending = False
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
+        if self.ending:  # the run took its last step and wrote its checkpoint: nothing is left to finish
+            self.requested = signum
+            log.warning("%s received: the run has finished its steps and written its checkpoint; it is ending", name)
+            return
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
             log.warning("%s received %s: the stop goes on (the current step finishes, then its checkpoint is "
@@ -80,6 +86,13 @@ class GracefulInterrupt:
         else:
             hint = "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored"
         log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint)
+
+    def agreed(self, stop: int | None) -> int | None:
+        """``stop``, the signal every rank stops on after the loop (or None); without one the run has finished its
+        steps and checkpointed them: :attr:`ending`, so that a signal from then on (during the plot) says so
+        instead of promising a step and a checkpoint."""
+        self.ending = not stop
+        return stop
 
     def __enter__(self) -> "GracefulInterrupt":  # noqa: PYI034 (beartype, the tests' checker, rejects Self here)
         if threading.current_thread() is threading.main_thread():

@@ -1,13 +1,13 @@
 """The trainer: builds the run's components from their config sections (:mod:`rlzoo.trainer.components`) and runs
 the training loop.
 
-One optimizer step: the rollout source hands over the step's micro-batches (generating when the cycle says
-so); one :class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the
-accumulated gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is
-scored, its loss computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow
-when due (the last step's checkpoint before its evaluation, which may take minutes; that checkpoint carries the
-step's metrics row, which a resume writes if a signal, an error or a kill stopped the evaluation). The loop never looks at the
-loss's name: the loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
+One optimizer step: the rollout source hands over the step's micro-batches (generating when the cycle says so); one
+:class:`rlzoo.Normalizer` holds the counts of the whole step over every rank (one all-reduce), so the accumulated
+gradient equals the full-batch gradient for every aggregation and world size; each micro-batch is scored, its loss
+computed and backpropagated; the optimizer steps; evaluation, metrics and checkpoints follow when due (the last step's
+checkpoint before its evaluation, which may take minutes; that checkpoint carries the step's metrics row, which a
+resume writes if a signal, an error or a kill stopped the evaluation). The loop never looks at the loss's name: the
+loss says which inputs it needs (``loss.required_fields()``), the estimator which it uses.
 
 Under torchrun every rank runs this loop on its share of the batch; rank 0 alone writes the run directory
 (config, metrics, plot, lock), and every rank takes part in checkpoints (DCP).
@@ -258,7 +258,7 @@ class Trainer:
             try:
                 self._start()
                 yield interrupt
-                stop = self.dist.any(interrupt.requested)
+                stop = interrupt.agreed(self.dist.any(interrupt.requested))  # none: a later signal only says so
                 path = self.save_checkpoint() if stop and self._saved_step != self.step else None
                 self.logger.plot()  # after a stop's checkpoint, which the plot must not delay
                 if stop:

@@ -19,9 +19,11 @@ A model object given from Python (``Trainer(config, model=...)``) is recorded by
 ``model:CLASS`` (:data:`PYTHON_MODEL`), a name ``load_model`` refuses with what to pass instead.
 """
 
+import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -248,3 +250,14 @@ _BUILTINS: dict[str, Callable[[torch.dtype | None], tuple[PreTrainedModel, PreTr
     "smollm2-135m": _load_smollm2,
     "tiny-random": _load_tiny_random,
 }
+
+
+def kv_cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword ``module``'s forward (or ``generate``) takes a KV cache by: ``cache`` where transformers has renamed
+    it (5.2x; ``past_key_values`` then warns that it will be removed), else ``past_key_values`` (earlier 5.x)."""
+    return "cache" if "cache" in inspect.signature(type(module).forward).parameters else "past_key_values"
+
+
+def kv_cache_of(output: Any) -> Any:
+    """The KV cache a ``use_cache=True`` forward returned, under either name (:func:`kv_cache_keyword`)."""
+    return output["cache"] if "cache" in output else output["past_key_values"]

@@ -238,7 +238,8 @@ def is_async_reward(fn: Any) -> bool:
 
 def check_reward_values(values: Any, n: int, name: str) -> list[float]:
     """One reward function's output (``name``'s, ``n`` completions) as ``n`` floats, None -> NaN; a 1-D tensor or
-    array is read as a list (TRL iterates whatever is returned).
+    array is read as a list (TRL iterates whatever is returned), a 0-d tensor or array in a list as its number (TRL's
+    ``torch.tensor`` of the list takes it).
 
     Raises:
         RewardFunctionError: not a sequence, a count other than ``n``, a non-number, NaN or inf (names the function).
@@ -261,6 +262,8 @@ def check_reward_values(values: Any, n: int, name: str) -> list[float]:
         if value is None:
             out.append(float("nan"))
             continue
+        if isinstance(value, Tensor | np.ndarray) and value.ndim == 0:  # torch.tensor(list of 0-d tensors): TRL's
+            value = value.item()
         if not isinstance(value, numbers.Real):  # bool counts as 0/1, as in TRL
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value!r} ({type(value).__name__}) at index {i}; "

@@ -50,7 +50,8 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
         ImportError: the module (or file) cannot be found or fails to import (its error is chained); a TRL name
             or ``trl.*`` path without ``trl`` (names the ``trl`` extra).
         RewardFunctionError: the module has no such attribute (the message lists its public callables), the
-            attribute is not callable, or it is a factory of reward functions (says to call it first).
+            attribute is not callable, or it is a factory of reward functions (says to call it first); a ``.py``
+            file without ``:function`` (lists the file's public callables).
         OSError: a reward model that cannot be loaded (offline and not cached, not a checkpoint).
     """
     if spec in TRL_REWARD_NAMES:
@@ -61,6 +62,14 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
         if not module_name or not attr.isidentifier():
             raise ValueError(f"reward function {spec!r} must be 'module:function' (or 'file.py:function')")
         return _reward_attribute(spec, module_name, attr)
+    if spec.endswith(".py"):  # not a hub id ("dir/file.py" looks like one): the function is missing
+        listed = f"; {spec!r} does not exist"
+        if Path(spec).is_file():
+            module = _import_file(spec, Path(spec), spec)
+            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            listed = f"; its public callables: {', '.join(public) or '(none)'}"
+        raise RewardFunctionError(f"reward function {spec!r} is a Python file: name the function in it, "
+                                  f"'{spec}:FUNCTION'{listed}")
     if Path(spec).is_dir():
         return RewardModel(spec, device=device)
     if re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):

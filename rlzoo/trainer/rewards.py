@@ -185,6 +185,9 @@ class RewardSet(RewardLogs):
                     except ValueError as err:
                         if isinstance(err, RewardFunctionError):
                             raise
+                        if "," in spec:  # --report-to takes a comma list; --reward-funcs, like TRL's, separate names
+                            raise UnknownNameError(f"unknown reward function {spec!r}: give the functions as separate "
+                                                   f"arguments (--reward-funcs {' '.join(spec.split(','))})") from None
                         raise UnknownNameError(f"unknown reward function {spec!r}; built-in: "
                                                f"{', '.join(BUILTIN_REWARDS)}; or {err}") from None
             elif isinstance(spec, torch.nn.Module):  # TRL's reward model object; a module is callable, but not so

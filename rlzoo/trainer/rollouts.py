@@ -127,6 +127,9 @@ class RolloutSource:
             RewardFunctionError: a function raised or returned a bad value (names it).
         """
         self.sync_progress()
+        if self.dist.is_main:  # the run's reward functions: config.reward_funcs', then the Python callables
+            log.info("rewards: %s", ", ".join(f"{name} (weight {weight:g})" for name, weight
+                                              in zip(self.rewards.names, self.rewards.weights, strict=True)))
         try_rewards(self.rewards, self.task, self.tokenizer, self.task.sample_item())
 
     def generate(self) -> tuple[Rollout, dict[str, float]]:

@@ -22,6 +22,7 @@ from torch import Tensor
 from rlzoo.batch import PolicyBatch
 from rlzoo.trainer.adapters import causal_lm, scoring_model
 from rlzoo.trainer.config import ScorerConfig
+from rlzoo.trainer.models import kv_cache_keyword, kv_cache_of
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import Rollout, position_ids_for
 
@@ -44,13 +45,13 @@ def _hidden_states(
         return body(**full, use_cache=False).last_hidden_state[:, p - 1:]
     out = body(input_ids=prompt_ids, attention_mask=prompt_mask.long(), position_ids=position_ids_for(prompt_mask),
                use_cache=True)
-    cache = out.past_key_values
+    cache = kv_cache_of(out)
     cache.batch_select_indices(group_index)
     last = out.last_hidden_state[:, -1][group_index]
     if completion_ids.shape[1] == 1:
         return last[:, None]
     cont = body(input_ids=full["input_ids"][:, p:], attention_mask=full["attention_mask"],
-                position_ids=full["position_ids"][:, p:], past_key_values=cache, use_cache=True)
+                position_ids=full["position_ids"][:, p:], use_cache=True, **{kv_cache_keyword(body): cache})
     return torch.cat([last[:, None], cont.last_hidden_state], dim=1)
 
 

@@ -1,5 +1,7 @@
 """The Hugging Face generation backend: EOS masking, left padding, the shared-prefix prefill."""
 
+import warnings
+
 import torch
 
 from rlzoo.trainer.generation import HFGenerator, completion_mask_from_eos
@@ -53,7 +55,9 @@ def test_shared_prefix_sampling_equals_per_row_prefill():
     for share in (True, False):
         torch.manual_seed(11)
         generator = HFGenerator(tok, max_completion_length=12, temperature=1.0, share_prefix=share)
-        outputs.append(generator.generate(model, prompts, 4))
+        with warnings.catch_warnings():  # the cache goes by the keyword this transformers takes: no deprecation
+            warnings.simplefilter("error", FutureWarning)
+            outputs.append(generator.generate(model, prompts, 4))
     shared, plain = outputs
     assert torch.equal(shared.completion_ids, plain.completion_ids)
     assert torch.equal(shared.completion_mask, plain.completion_mask)

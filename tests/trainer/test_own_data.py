@@ -465,6 +465,32 @@ def test_trl_rewards_on_the_wrong_data_shape_say_what_is_wrong():
     assert "\n" not in str(missing.value) + str(shape.value)
 
 
+def test_reference_answers_no_completion_can_match_under_the_extraction_warn(tmp_path, caplog):
+    """Text answers under the default last_number (or LaTeX "$4$", whose number is no match for the text) scored 0
+    for every completion: no accuracy, no reward, no gradient, and not a word. The start-up check gives each held-out
+    reference answer as the completion and warns when none scores; an extraction that fits says nothing."""
+    import logging
+
+    for answers, extraction, warned in [(["Paris", "Rome"], "last_number", "('Paris' -> None; 2 tried)"),
+                                        (["$4$", "$5$"], "last_number", "('$4$' -> '4'; 2 tried)"),
+                                        (["Paris", "Rome"], "full", None), (["Paris", "Rome"], "tag", None),
+                                        (["4", "5"], "last_number", None)]:
+        rows = [{"prompt": f"question {i}?", "answer": answers[i % 2]} for i in range(20)]
+        config = TrainConfig(**{**TINY, "eval_size": 2, "max_steps": 0}, answer_extraction=extraction,
+                             output_dir=str(tmp_path / f"{extraction}-{answers[0]}"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+            Trainer(config, train_dataset=datasets.Dataset.from_list(rows)).train()
+        messages = [r.getMessage() for r in caplog.records if "no reference answer scores" in r.getMessage()]
+        if warned is None:
+            assert messages == [], (answers, extraction)
+        else:
+            assert messages == [(f"task 'train_dataset:{datasets.Dataset.from_list(rows)._fingerprint}': no reference "
+                                f"answer scores as the completion with answer_extraction {extraction!r} {warned}: the "
+                                "accuracy and the accuracy reward cannot exceed 0; choose --answer-extraction (full, "
+                                "first_line, first_number, last_number, tag) or --reward-funcs of your own")]
+
+
 def test_a_column_named_as_a_reward_function_argument_is_refused_when_the_data_loads():
     """TRL hands every column but the prompt and completion ones to reward functions as keywords, so a column named
     `completions` or `trainer_state` would collide with the arguments (TRL: a TypeError in the first reward call);

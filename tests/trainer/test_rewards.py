@@ -95,6 +95,18 @@ def test_load_reward_function_from_module_and_file(tmp_path, monkeypatch):
     assert load_reward_function("my_rewards.length_reward") is fn  # TRL's dotted spelling
     with pytest.raises(ValueError, match="must be 'module:function'"):
         load_reward_function("not a reward")
+    # a file without ':function' looked like a hub id ("dir/file.py"): "cannot load reward model ... not a valid
+    # JSON file"; it says to name the function and lists the file's
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "rw" / "rewards.py").write_text("def length_reward(completions, **kwargs):\n    return [1.0]\n")
+    with pytest.raises(RewardFunctionError, match=r"^reward function 'rw/rewards.py' is a Python file: name the "
+                                                  r"function in it, 'rw/rewards.py:FUNCTION'; its public callables: "
+                                                  r"length_reward$"):
+        load_reward_function("rw/rewards.py")
+    with pytest.raises(RewardFunctionError, match=r"^reward function 'rw/missing.py' is a Python file: .*'rw/missing.py'"
+                                                  r" does not exist$"):
+        load_reward_function("rw/missing.py")
 
 
 def test_load_reward_function_module_that_fails_to_import(tmp_path, monkeypatch):
@@ -201,6 +213,17 @@ def test_bools_and_numpy_scalars_are_numbers():
     out = RewardSet((mixed,))(["p", "p"], ["a", "b"])
     assert out.per_function[:, 0].tolist() == [1.0, 0.5]
 
+    def zero_dim(prompts, completions, **kwargs):  # TRL's torch.tensor(outputs) takes a list of 0-d tensors
+        return [torch.tensor(0.25), np.array(True)]
+
+    assert RewardSet((zero_dim,))(["p", "p"], ["a", "b"]).per_function[:, 0].tolist() == [0.25, 1.0]
+
+    def one_dim_items(prompts, completions, **kwargs):
+        return [torch.tensor([0.25]), None]
+
+    with pytest.raises(RewardFunctionError, match=r"'one_dim_items' returned tensor\(\[0.2500\]\) \(Tensor\) at index 0"):
+        RewardSet((one_dim_items,))(["p", "p"], ["a", "b"])
+
 
 def test_construction_and_call_errors(task):
     with pytest.raises(ValueError, match="at least one"):
@@ -209,6 +232,9 @@ def test_construction_and_call_errors(task):
         RewardSet((constant(1), constant(2)), weights=(1.0,))
     with pytest.raises(ValueError, match="finite"):
         RewardSet((constant(1),), weights=(math.inf,))
+    with pytest.raises(ValueError, match=r"^unknown reward function 'accuracy,format': give the functions as separate "
+                                         r"arguments \(--reward-funcs accuracy format\)$"):  # --report-to's commas
+        RewardSet(("accuracy,format",), task=task)
     with pytest.raises(
         TypeError, match="not callable|parameter .functions."
     ):  # beartype checks first in tests

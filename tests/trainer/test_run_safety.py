@@ -7,6 +7,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import stat
 
@@ -242,6 +243,11 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
         finder.find(str(checkpoints / "step-000001"))
     with pytest.raises(FileNotFoundError, match=r"^--resume /nonexistent/step-1: no such checkpoint$"):
         finder.find("/nonexistent/step-1")
+    # a bare name (as the listing shows them) is not looked up: the message lists the run's and shows the path
+    with pytest.raises(FileNotFoundError, match=rf"^--resume step-000002: no such checkpoint; {re.escape(str(checkpoints))}"
+                                                rf" holds step-000002, step-000003 .*: give its path, e.g. --resume "
+                                                rf"{re.escape(str(checkpoints / 'step-000002'))}, or --resume latest$"):
+        finder.find("step-000002")
 
 
 def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):

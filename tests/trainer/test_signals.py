@@ -184,6 +184,29 @@ def test_a_stopped_run_draws_its_plot_after_the_checkpoint(tmp_path):
     assert (run / "reward.png").stat().st_size > 0
 
 
+def test_a_signal_after_the_last_step_says_the_run_is_ending(tmp_path, caplog):
+    """A Ctrl-C while a finished run draws its plot logged "finishing the current step, then writing a checkpoint",
+    which never came (the run had taken its last step and checkpointed it, and ended normally). It says the run is
+    ending; a second Ctrl-C still stops at once."""
+    run = tmp_path / "run"
+    trainer = Trainer(TrainConfig(**{**TINY, "eval_size": 0, "max_steps": 1}, output_dir=str(run)))
+    plot, second = trainer.logger.plot, []
+
+    def plot_with_a_signal():
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            second.append(True)
+        return plot()
+
+    trainer.logger.plot = plot_with_a_signal
+    history = trainer.train()
+    assert [row["step"] for row in history] == [1] and _checkpoints(run) == ["step-000001"] and second == [True]
+    assert "SIGINT received: the run has finished its steps and written its checkpoint; it is ending" in caplog.text
+    assert "finishing the current step" not in caplog.text
+
+
 def _train_cli(tmp_path, signals: str, *flags: str) -> tuple[subprocess.CompletedProcess, object]:
     """``python -m rlzoo train`` whose reward sends ``signals`` to the process during step 2's generation."""
     reward = tmp_path / "signals.py"

@@ -144,8 +144,8 @@ class DatasetTask(Task):
             return wanted
         k = int(MAX_EVAL_FRACTION * n)
         log.warning("task %s: eval_size=%d would leave %d of %d rows for training; the held-out split is capped at %d "
-                    "rows (%.0f %%). Pass eval_dataset / --task.eval_split for a separate set",
-                    self.name, self.eval_size, max(0, n - wanted), n, k, 100 * MAX_EVAL_FRACTION)
+                    "row%s (%.0f %%). Pass eval_dataset / --task.eval_split for a separate set",
+                    self.name, self.eval_size, max(0, n - wanted), n, k, "" if k == 1 else "s", 100 * MAX_EVAL_FRACTION)
         return k
 
     def _note_small_held_out(self, eval_rows: list[Any], wanted: int) -> None:

@@ -192,6 +192,23 @@ class TaskStream:
         """``task.score(extract_answer(completion, answer_extraction), item.columns)``, in [0, 1]."""
         return self.task.score(extract_answer(completion, self.answer_extraction), item.columns)
 
+    def unscorable_answers(self, limit: int = 16) -> str | None:
+        """A warning when no reference answer of the first ``limit`` held-out items (else of the first training
+        item), given as the completion (in ``<answer>`` tags for ``tag``), scores under the answer extraction: the
+        held-out accuracy and the ``accuracy`` reward could then never exceed 0 (a text answer under the default
+        ``last_number``, a LaTeX ``$4$``); None when one scores, or the task has no answers."""
+        if not self.task.has_answers:
+            return None
+        items = self.eval_items[:limit] or [self.sample_item()]
+        as_completion = "<answer>{}</answer>" if self.answer_extraction == "tag" else "{}"
+        if any(self.score(as_completion.format(item.answer), item) > 0 for item in items):
+            return None
+        answer = items[0].answer
+        return (f"task {self.task.name!r}: no reference answer scores as the completion with answer_extraction "
+                f"{self.answer_extraction!r} ({answer!r} -> {extract_answer(answer, self.answer_extraction)!r}; "
+                f"{len(items)} tried): the accuracy and the accuracy reward cannot exceed 0; choose "
+                f"--answer-extraction (full, first_line, first_number, last_number, tag) or --reward-funcs of your own")
+
     def _identity(self) -> dict[str, Any]:
         task = self.task
         kwargs = dict(getattr(task, "kwargs", {}))
