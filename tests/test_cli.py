@@ -191,6 +191,15 @@ def test_unknown_config_key_is_named(tmp_path):
     path.write_text("max_step = 3\n")
     with pytest.raises(ValueError, match="max_step"):
         parse_train_args(["--config", str(path)])
+    # a dotted flag written as a key (YAML's `task.prompt_column: q`): where its option goes in a file
+    path = tmp_path / "bad.yaml"
+    for key, option, table in [("task.prompt_column", "prompt_column", "task_kwargs"), ("loss.beta", "beta", "loss"),
+                               ("advantage.scale", "scale", "advantage_options"), ("peft.r", "r", "peft")]:
+        path.write_text(f"{key}: 1\n")
+        with pytest.raises(ValueError, match=rf"unknown config keys \['{re.escape(key)}'\] \({re.escape(key)} is a "
+                                             rf"dotted flag's option: in a config file it is '{option}' in the table "
+                                             rf"'{table}' \({table}: \{{{option}: \.\.\.\}}\)\)"):
+            parse_train_args(["--config", str(path)])
 
 
 def test_train_and_eval_end_to_end(tmp_path, capsys):

@@ -71,6 +71,11 @@ TRL's loss fields that keep their name
 options given as plain flags are found by :func:`option_home`."""
 
 
+_TABLES = {"loss": "loss", "advantage": "advantage_options", "advantage_options": "advantage_options",
+           "task": "task_kwargs", "task_kwargs": "task_kwargs", "peft": "peft"}
+"""The dotted flags' prefixes (and the tables' own names) -> the config file's table of their options."""
+
+
 def option_home(key: str) -> tuple[str, str] | None:
     """Where a plain ``--NAME`` that is a loss or advantage option lives: ``("--loss.NAME", "loss.NAME")`` for an
     option of a registered loss part (``epsilon_high``, ``kl_estimator``, ``rollout_is``...),
@@ -97,6 +102,9 @@ def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
         "TRL's --loss_type is --algorithm NAME (a preset: rlzoo list) in rlzoo; TRL's --beta is --loss.beta in rlzoo"
         >>> spelling_hint(["--epsilon_high=0.28", "--mean_level"], flags=True)
         '--epsilon_high is a loss option: --loss.epsilon_high; --mean_level is an advantage option: --advantage.mean_level'
+        >>> spelling_hint(["task.prompt_column"], flags=False)
+        "task.prompt_column is a dotted flag's option: in a config file it is 'prompt_column' in the table \
+'task_kwargs' (task_kwargs: {prompt_column: ...})"
     """
     parts = []
     for name in names:
@@ -106,6 +114,10 @@ def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
             flag, config_key = TRL_SPELLINGS[key]
             parts.append(f"TRL's {given} has no counterpart in rlzoo ({config_key})" if not flag else
                          f"TRL's {given} is {flag if flags else config_key} in rlzoo")
+        elif not flags and key.partition(".")[0] in _TABLES and key.partition(".")[2]:  # `task.split: x` in a file
+            prefix, _, option = key.partition(".")
+            parts.append(f"{given} is a dotted flag's option: in a config file it is {option!r} in the table "
+                         f"{_TABLES[prefix]!r} ({_TABLES[prefix]}: {{{option}: ...}})")
         elif (home := option_home(key)) is not None:
             section = "an advantage" if home[0].startswith("--advantage") else "a loss"
             parts.append(f"{given} is {section} option: {home[0] if flags else home[1]}")
