@@ -11,6 +11,7 @@ from rlzoo.trainer.models import build_tiny_random
 from rlzoo.trainer.tasks import (
     EXTRACTIONS,
     DatasetTask,
+    TaskStream,
     extract_answer,
     format_prompt,
     load_task,
@@ -474,6 +475,29 @@ def test_format_prompt_without_chat_template():
     assert format_prompt(tok, "2 + 2 =") == "2 + 2 ="
     with pytest.raises(ValueError, match="chat_template"):
         format_prompt(tok, "2 + 2 =", "system")
+
+
+def test_a_resume_on_a_stream_warns_that_it_cannot_be_checked(caplog):
+    """An IterableDataset has no length or digest: a resume on another stream continued silently (helper trial:
+    a 7-row stream after a 40-row one). It warns; a Dataset that is the checkpoint's says nothing."""
+    import logging
+
+    import datasets
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(12)]
+    for data, warned in [(datasets.IterableDataset.from_generator(lambda: iter(rows)), True),
+                         (datasets.Dataset.from_list(rows), False)]:
+        stream = TaskStream(DatasetTask(name="data", dataset=data, eval_size=2))
+        stream.next_train(3)
+        state = json.loads(json.dumps(stream.state_dict()))
+        resumed = TaskStream(DatasetTask(name="data", dataset=data, eval_size=2))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+            resumed.load_state_dict(state)
+            TaskStream(DatasetTask(name="data", dataset=data, eval_size=2)).load_state_dict(state, warn=False)
+        assert [r.getMessage() for r in caplog.records] == ([
+            ("resume: data set data is a stream (an IterableDataset), which cannot be checked against the one the "
+            "checkpoint trained on: the run goes on from its row 3")] if warned else [])
 
 
 def test_task_stream_cursor_state_and_scoring():

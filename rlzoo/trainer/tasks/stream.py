@@ -229,7 +229,7 @@ class TaskStream:
 
         A data set whose rows changed in content (an edited file; the same number of rows, split alike) is
         resumed with a warning (unless ``warn`` is False: a rank other than the first): the run goes on with the
-        rows as they are now.
+        rows as they are now; so is a stream (an ``IterableDataset``), which has no digest to check.
 
         Raises:
             ValueError: the state belongs to a different stream (task name, options, train seed; a data set's
@@ -260,6 +260,9 @@ class TaskStream:
         position = state.get("position")
         if not isinstance(position, int) or position < 0:
             raise ValueError(f"task state 'position' must be an int >= 0, got {position!r}")
+        if warn and isinstance(self.task, DatasetTask) and "rows" not in mine:  # a stream: no digest of its rows
+            log.warning("resume: data set %s is a stream (an IterableDataset), which cannot be checked against the one "
+                        "the checkpoint trained on: the run goes on from its row %d", mine["name"], position)
         self.position = position
         self._iterator = None
 
