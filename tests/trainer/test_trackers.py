@@ -3,6 +3,7 @@ table, and the plot. Tiny random model."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -110,8 +111,10 @@ def _trackio_runs(name: str) -> list[list[int]]:
 
 
 def _wandb_ids(run) -> list[str]:
-    """The wandb run id of each offline run under ``run/wandb`` (one per start: ``offline-run-TIME-ID``)."""
-    return sorted(p.name.rsplit("-", 1)[1] for p in (run / "wandb").glob("offline-run-*"))
+    """The wandb run id of each offline run under ``run/wandb`` (one per start: ``offline-run-TIME-ID``, with a
+    ``-N`` suffix when a start in the same second already made that directory)."""
+    names = [p.name for p in (run / "wandb").glob("offline-run-*")]
+    return sorted(re.fullmatch(r"offline-run-[^-]+-([^-]+)(?:-\d+)?", name).group(1) for name in names)
 
 
 def test_runs_in_directories_of_the_same_name_are_separate_tracker_runs(tmp_path):
