@@ -22,6 +22,7 @@ dotted flags set the mapping options: ``--loss.epsilon_high 0.28``, ``--advantag
 """
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -137,13 +138,15 @@ def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
 
 def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
     """Build what the ``--config`` file's option tables configure (the loss and advantage estimator, the LoRA config,
-    a reasoning-gym task's options: no model, no data) so that a bad option there fails naming the file, as a bad
-    top-level key does; the trainer builds them again.
+    a reasoning-gym task's options: no model, no data) from the file's values, without the options dotted flags
+    give, so that a bad option there fails naming the file, as a bad top-level key does. A flag's bad option fails
+    where the trainer builds the parts (as without a file); warnings are left to the trainer (said once).
 
     Raises:
-        ValueError, UnknownNameError: their errors, prefixed with the file's path when they name an option the file
-            sets and no dotted flag overrides.
+        ValueError, UnknownNameError: their errors, prefixed with the file's path.
     """
+    import warnings
+
     from rlzoo.registry import UnknownNameError
     from rlzoo.trainer.adapter_options import lora_config
     from rlzoo.trainer.algorithm import build_loss
@@ -154,24 +157,23 @@ def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
     path, rest = _config_file(argv)
     if path is None:
         return
+    tables = [t for t, v in load_config_file(path).items() if t in _DOTTED_FIELD.values() and isinstance(v, Mapping)]
+    if not tables:
+        return
     flagged = {(_DOTTED_FIELD[m.group(1)], m.group(2).replace("-", "_")) for m in map(_DOTTED.match, rest) if m}
-    tables = {table: [key for key in options if (table, key) not in flagged]
-              for table, options in load_config_file(path).items()
-              if table in _DOTTED_FIELD.values() and isinstance(options, Mapping)}
+    unflagged = {t: {k: v for k, v in (getattr(config, t) or {}).items() if (t, k) not in flagged} for t in tables}
+    own = dataclasses.replace(config, **unflagged)  # the file's (over a resumed checkpoint's) options alone
     try:
-        if tables.get("loss") or tables.get("advantage_options"):
-            build_loss(config.section(AlgorithmConfig), None, max_completion_length=config.max_completion_length)
-        if tables.get("peft") and config.peft is not None:
-            lora_config(config.peft)
-        if tables.get("task_kwargs") and config.task in list_reasoning_gym_tasks():
-            ReasoningGymTask(name=config.task, kwargs=config.resolved_task_kwargs, eval_size=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if unflagged.get("loss") or unflagged.get("advantage_options"):
+                build_loss(own.section(AlgorithmConfig), None, max_completion_length=own.max_completion_length)
+            if unflagged.get("peft"):
+                lora_config(own.peft)
+            if unflagged.get("task_kwargs") and own.task in list_reasoning_gym_tasks():
+                ReasoningGymTask(name=own.task, kwargs=own.resolved_task_kwargs, eval_size=0)
     except (ValueError, UnknownNameError) as err:
-        message = str(err.args[0]) if err.args else str(err)
-        named = (rf"'{re.escape(key)}'|(?:^|[\s.]){re.escape(key)} (?:must|takes|is)\b"  # 'key', key must, --peft.key takes
-                 for keys in tables.values() for key in keys)
-        if any(re.search(pattern, message) for pattern in named):
-            raise type(err)(f"{path}: {message}") from None
-        raise
+        raise type(err)(f"{path}: {err.args[0] if err.args else err}") from None
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:
@@ -613,15 +615,21 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     import dataclasses
     import json
 
-    from rlzoo.trainer.eval_run import EvalArgs, eval_args_from_file, eval_result
+    from rlzoo.trainer.eval_run import EvalArgs, eval_args_from_file, eval_result, with_run
 
+    path, plain = _config_file(argv)
+    train_only = [a.split("=", 1)[0] for a in plain if (m := _DOTTED.match(a)) and m.group(1) != "task"]
+    if train_only:
+        raise CommandLineError(f"rlzoo eval takes --task.NAME options only; {', '.join(train_only)} "
+                               f"{'is' if len(train_only) == 1 else 'are'} rlzoo train's")
     settings, rest = _config_and_dotted(argv, train=False)
-    path, _ = _config_file(argv)
     default = eval_args_from_file(settings, source=path) if path is not None else None
     _refuse_trl_spellings(rest)
     rest = [("none" if a == "None" and i and flag_name(rest[i - 1]) == "--reward-funcs" else a)  # tyro: None = unset
             for i, a in enumerate(rest)]
     args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, default=default, dotted=["task"])
+    if default is not None and args.run is not None:
+        args = with_run(args, default, {flag_name(a) for a in rest}, source=str(path))
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     out = eval_result(args)
     print(json.dumps(out, indent=2, allow_nan=False))

@@ -257,8 +257,9 @@ def test_config_file_values_are_type_checked(tmp_path):
 
 def test_a_bad_option_in_a_config_files_table_names_the_file(tmp_path):
     """A bad option inside the file's loss, advantage_options, peft or task_kwargs table failed when the trainer
-    built the part, without naming the file (a top-level key's error names it); now the parse builds them and says
-    where. An option a dotted flag overrides is the flag's: its error names no file."""
+    built the part, without naming the file (a top-level key's error names it); now the parse builds them from the
+    file's options and says where. A dotted flag's option fails in the trainer, naming no file (also one whose
+    message quotes a file's key, reviewer)."""
     from strategies import runtime_type_checker_off
 
     path = tmp_path / "run.yaml"
@@ -271,9 +272,9 @@ def test_a_bad_option_in_a_config_files_table_names_the_file(tmp_path):
         with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {message}"):
             parse_train_args(["--config", str(path)])
     path.write_text("model: tiny-random\nloss:\n  epsilon_low: 0.1\npeft:\n  r: 4\n")
-    with runtime_type_checker_off(), pytest.raises(ValueError, match="^ppo_clip: epsilon_high must be a number"):
-        parse_train_args(["--config", str(path), "--loss.epsilon_high", "abc"])  # the file's loss is built: no file
-    for flags, message in [(["--loss.epsilon_low", "abc"], "ppo_clip: epsilon_low must be a number"),  # overridden
+    for flags, message in [(["--loss.epsilon_high", "abc"], "ppo_clip: epsilon_high must be a number"),
+                           (["--loss.epsilon_low", "abc"], "ppo_clip: epsilon_low must be a number"),  # overridden
+                           (["--loss.epsilon_lo", "0.1"], "unknown option 'epsilon_lo' .*'epsilon_low'"),  # near a key
                            (["--peft.r", "abc"], "--peft.r takes int, got 'abc'")]:
         config = parse_train_args(["--config", str(path), *flags])  # the file's table holds nothing of its own
         with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{message}"):
@@ -524,6 +525,21 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
                         "output: " + str(tmp_path / "from-file.json") + "\n")
     assert main(["eval", "--config", str(settings), "--task.max_terms", "3"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "from-file.json").read_text())
+    # with --run, the file's model (a train config's, the run's base) is not what is evaluated: the checkpoint is
+    assert main(["eval", "--config", str(run / "config.json"), "--run", str(run), "--eval-size", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["checkpoint"].endswith("step-000001") and result["model"] == result["checkpoint"] + "/model"
+    # a run's config.json whose rewards included Python callables records their weights after the named ones':
+    # left out with a warning, as --run does (it failed: "reward_weights has 2 entries but there are 1")
+    from rlzoo.trainer.eval_run import eval_args_from_file
+
+    args = eval_args_from_file({"reward_funcs": ["accuracy"], "reward_weights": [1.0, 0.5]}, source="run.json")
+    assert (args.reward_funcs, args.reward_weights) == (("accuracy",), (1.0,))
+    # rlzoo train's dotted options are refused (they were dropped silently)
+    for flag in ("--peft.r", "--loss.beta", "--advantage.scale"):
+        with pytest.raises(CommandLineError, match=f"^rlzoo eval takes --task.NAME options only; {re.escape(flag)} is "
+                                                   "rlzoo train's$"):
+            main(["eval", "--model", "tiny-random", flag, "1"])
     for text, message in [("eval_sise: 2\n", "unknown config keys \\['eval_sise'\\].*did you mean 'eval_size'"),
                           ("eval_size: many\n", "eval_size must be an integer"),
                           ("output: 3\n", "output must be a path")]:

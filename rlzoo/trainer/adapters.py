@@ -130,8 +130,10 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         except ValueError as err:  # peft: "Target modules {'x'} not found in the base model. Please check ..."
             if "target modules" not in str(err).lower():
                 raise
+            from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
             linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()  # lm_head refused below
-                             if isinstance(module, torch.nn.Linear) and module is not model.get_output_embeddings()})
+                             if isinstance(module, torch.nn.Linear | Conv1D) and module is not model.get_output_embeddings()})
             raise ValueError(f"{target}: {err} The model's linear layers: {', '.join(linear)} (or all-linear)") from None
         if needs_reference:
             _check_adapter_starts_at_zero(peft_config, model, option=init_option)

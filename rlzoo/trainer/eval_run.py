@@ -5,7 +5,9 @@ prompt), answer extraction and held-out set it was trained with, read from ``RUN
 overrides the run's (a run trained on a data set given from Python needs ``--task``; a ``--task`` other than the
 run's leaves out the run's task options, which are that task's). ``rlzoo eval --model M
 --task T`` evaluates any model (not a run directory: that is ``--run``). The result is one JSON object
-(:func:`eval_result`), printed and, with ``--output FILE``, written to a file.
+(:func:`eval_result`), printed and, with ``--output FILE``, written to a file. ``--config FILE`` gives the file's
+evaluation settings (:func:`eval_args_from_file`), under the flags; with ``--run`` the file's model and task
+(the run's own) give way to the run's checkpoint and held-out set (:func:`with_run`).
 """
 
 import dataclasses
@@ -20,7 +22,7 @@ from rlzoo.trainer.config_files import load_config_file
 from rlzoo.trainer.run_config import settings_for_task
 from rlzoo.trainer.tasks import check_loadable_task, list_reasoning_gym_tasks
 
-__all__ = ["EvalArgs", "eval_args_from_file", "eval_config", "eval_result"]
+__all__ = ["EvalArgs", "eval_args_from_file", "eval_config", "eval_result", "with_run"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -81,6 +83,14 @@ def eval_args_from_file(settings: dict[str, Any], source: str) -> EvalArgs:
             evaluation-only key (``run``, ``checkpoint``, ``output``) that is not a string.
     """
     fields = {f.name for f in dataclasses.fields(EvalArgs)}
+    settings = dict(settings)
+    names, weights = settings.get("reward_funcs"), settings.get("reward_weights")
+    if isinstance(names, list) and isinstance(weights, list) and len(weights) > len(names):
+        # a run's config.json whose rewards included Python callables (their weights come last): as --run does
+        settings["reward_weights"] = weights[:len(names)] or None
+        log.warning("%s: reward_weights has %d entries for the %d reward_funcs %s: the others weighted Python "
+                    "callables of the run, which rlzoo eval cannot load, and are left out", source, len(weights),
+                    len(names), names)
     own = {key for key in fields if not hasattr(TrainConfig, key) and key in settings}
     for key in sorted(own):
         if settings[key] is not None and not isinstance(settings[key], str):
@@ -91,6 +101,28 @@ def eval_args_from_file(settings: dict[str, Any], source: str) -> EvalArgs:
         raise ValueError(f"{source}: {err}") from None
     values = {key: getattr(checked, key) for key in settings if key in fields and key not in own}
     return EvalArgs(**values, **{key: settings[key] for key in own})
+
+
+def with_run(args: EvalArgs, from_file: EvalArgs, flags: set[str], source: str) -> EvalArgs:
+    """``args`` with ``--run``: the file's ``model`` is not what is evaluated (the run's checkpoint is; ``--model``
+    given as a flag still is), and its ``task``, when it is the run's, is the run's own (its held-out set, not an
+    override): both are left out, an INFO line saying so for the model.
+
+    Raises:
+        FileNotFoundError: a ``--run`` without ``config.json`` (names it).
+    """
+    run = Path(str(args.run))
+    if not (run / "config.json").is_file():
+        raise FileNotFoundError(f"--run {run}: not an rlzoo run directory (no config.json)")
+    recorded = load_config_file(run / "config.json")
+    changes: dict[str, Any] = {}
+    if from_file.model is not None and "--model" not in flags:
+        changes["model"] = None
+        log.info("%s: model %s is not evaluated: --run %s evaluates its checkpoint (--model MODEL evaluates another)",
+                 source, from_file.model, run)
+    if from_file.task is not None and "--task" not in flags and from_file.task == recorded.get("task"):
+        changes["task"] = None
+    return dataclasses.replace(args, **changes)
 
 
 def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:

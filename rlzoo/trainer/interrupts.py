@@ -71,7 +71,7 @@ class GracefulInterrupt:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.ending:  # the run took its last step and wrote its checkpoint: nothing is left to finish
             self.requested = signum
-            log.warning("%s received: the run has finished its steps and written its checkpoint; it is ending", name)
+            log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)", name)
             return
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"

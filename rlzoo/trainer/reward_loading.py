@@ -66,7 +66,8 @@ def load_reward_function(spec: str, *, device: str | torch.device = "cpu") -> An
         listed = f"; {spec!r} does not exist"
         if Path(spec).is_file():
             module = _import_file(spec, Path(spec), spec)
-            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                            and getattr(v, "__module__", None) == module.__name__)  # its own, not what it imported
             listed = f"; its public callables: {', '.join(public) or '(none)'}"
         raise RewardFunctionError(f"reward function {spec!r} is a Python file: name the function in it, "
                                   f"'{spec}:FUNCTION'{listed}")

@@ -383,6 +383,21 @@ def test_a_ratio_level_the_surrogate_does_not_read_warns(name, level):
     assert corrected.ratio.registered_name() == level
 
 
+def test_an_unregistered_ratio_level_builds():
+    """A ratio level defined without name= (a user's class) built a loss before the ratio-level warning asked for
+    its registered name (LookupError); it builds, and is named by its class in the warning."""
+    from rlzoo.losses import RatioLevel
+    from rlzoo.losses.surrogate import TokenRatio
+
+    class MyRatio(RatioLevel):
+        def __call__(self, x):
+            return TokenRatio()(x)
+
+    assert isinstance(PolicyLoss(ratio=MyRatio(), surrogate="ppo_clip", aggregation="token-mean").ratio, MyRatio)
+    with pytest.warns(UserWarning, match="importance_sampling_level='MyRatio' changes nothing"):
+        PolicyLoss(ratio=MyRatio(), surrogate="reinforce", aggregation="token-mean")
+
+
 def test_two_parts_of_the_same_kind_are_rejected():
     """PolicyLoss(penalties=(KL, KL)) is ambiguous: a ValueError."""
     from rlzoo.losses import KLPenalty

@@ -203,7 +203,7 @@ def test_a_signal_after_the_last_step_says_the_run_is_ending(tmp_path, caplog):
     trainer.logger.plot = plot_with_a_signal
     history = trainer.train()
     assert [row["step"] for row in history] == [1] and _checkpoints(run) == ["step-000001"] and second == [True]
-    assert "SIGINT received: the run has finished its steps and written its checkpoint; it is ending" in caplog.text
+    assert "SIGINT received: the run has finished its steps and is ending (nothing is left to checkpoint)" in caplog.text
     assert "finishing the current step" not in caplog.text
 
 

@@ -477,6 +477,17 @@ def test_format_prompt_without_chat_template():
         format_prompt(tok, "2 + 2 =", "system")
 
 
+@pytest.mark.parametrize("extraction", ["full", "tag", "last_number"])
+def test_a_task_scored_by_verification_is_not_called_unscorable(extraction):
+    """graph_color's and propositional_logic's answers are None (reasoning-gym verifies a completion instead): the
+    start-up check read the string 'None' as the answer and warned that nothing could score (reviewer). A task whose
+    answers are text does warn under last_number, and not under full."""
+    for name in ("graph_color", "propositional_logic"):
+        assert make_task(name, {}, eval_size=4, answer_extraction=extraction).unscorable_answers() is None
+    words = make_task("spell_backward", {}, eval_size=4, answer_extraction=extraction).unscorable_answers()
+    assert (words is not None) == (extraction == "last_number"), words
+
+
 def test_a_resume_on_a_stream_warns_that_it_cannot_be_checked(caplog):
     """An IterableDataset has no length or digest: a resume on another stream continued silently (helper trial:
     a 7-row stream after a 40-row one). It warns; a Dataset that is the checkpoint's says nothing."""

@@ -196,10 +196,14 @@ class TaskStream:
         """A warning when no reference answer of the first ``limit`` held-out items (else of the first training
         item), given as the completion (in ``<answer>`` tags for ``tag``), scores under the answer extraction: the
         held-out accuracy and the ``accuracy`` reward could then never exceed 0 (a text answer under the default
-        ``last_number``, a LaTeX ``$4$``); None when one scores, or the task has no answers."""
+        ``last_number``, a LaTeX ``$4$``); None when one scores, or the task has no answers (nor do items a
+        reasoning-gym task scores by verifying them, whose ``answer`` is None)."""
         if not self.task.has_answers:
             return None
-        items = self.eval_items[:limit] or [self.sample_item()]
+        items = [item for item in self.eval_items[:limit] or [self.sample_item()]  # a reasoning-gym task scored by
+                 if item.columns.get("answer", "") is not None]  # verification has no answer (graph_color)
+        if not items:
+            return None
         as_completion = "<answer>{}</answer>" if self.answer_extraction == "tag" else "{}"
         if any(self.score(as_completion.format(item.answer), item) > 0 for item in items):
             return None
