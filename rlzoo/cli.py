@@ -138,12 +138,13 @@ def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
 
 def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
     """Build what the ``--config`` file's option tables configure (the loss and advantage estimator, the LoRA config,
-    a reasoning-gym task's options: no model, no data) from the file's values, without the options dotted flags
-    give, so that a bad option there fails naming the file, as a bad top-level key does. A flag's bad option fails
-    where the trainer builds the parts (as without a file); warnings are left to the trainer (said once).
+    a reasoning-gym task's options: no model, no data) so that a bad option there fails naming the file, as a bad
+    top-level key does. When the settings fail, they are built again from the file's options alone (the dotted
+    flags' left out): the file is named only when that fails too, so a flag's error never is. Warnings are left to
+    the trainer (said once).
 
     Raises:
-        ValueError, UnknownNameError: their errors, prefixed with the file's path.
+        ValueError, UnknownNameError: the settings' error; prefixed with the file's path when it is the file's.
     """
     import warnings
 
@@ -157,23 +158,31 @@ def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
     path, rest = _config_file(argv)
     if path is None:
         return
-    tables = [t for t, v in load_config_file(path).items() if t in _DOTTED_FIELD.values() and isinstance(v, Mapping)]
+    tables = {t for t, v in load_config_file(path).items() if t in _DOTTED_FIELD.values() and isinstance(v, Mapping)}
     if not tables:
         return
-    flagged = {(_DOTTED_FIELD[m.group(1)], m.group(2).replace("-", "_")) for m in map(_DOTTED.match, rest) if m}
-    unflagged = {t: {k: v for k, v in (getattr(config, t) or {}).items() if (t, k) not in flagged} for t in tables}
-    own = dataclasses.replace(config, **unflagged)  # the file's (over a resumed checkpoint's) options alone
-    try:
+
+    def build(settings: Any) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if unflagged.get("loss") or unflagged.get("advantage_options"):
-                build_loss(own.section(AlgorithmConfig), None, max_completion_length=own.max_completion_length)
-            if unflagged.get("peft"):
-                lora_config(own.peft)
-            if unflagged.get("task_kwargs") and own.task in list_reasoning_gym_tasks():
-                ReasoningGymTask(name=own.task, kwargs=own.resolved_task_kwargs, eval_size=0)
-    except (ValueError, UnknownNameError) as err:
-        raise type(err)(f"{path}: {err.args[0] if err.args else err}") from None
+            if tables & {"loss", "advantage_options"}:
+                build_loss(settings.section(AlgorithmConfig), None, max_completion_length=settings.max_completion_length)
+            if "peft" in tables and settings.peft:
+                lora_config(settings.peft)
+            if "task_kwargs" in tables and settings.task in list_reasoning_gym_tasks():
+                ReasoningGymTask(name=settings.task, kwargs=settings.resolved_task_kwargs, eval_size=0)
+
+    try:
+        build(config)
+    except (ValueError, UnknownNameError):
+        flagged = {(_DOTTED_FIELD[m.group(1)], m.group(2).replace("-", "_")) for m in map(_DOTTED.match, rest) if m}
+        own = dataclasses.replace(config, **{t: {k: v for k, v in (getattr(config, t) or {}).items()
+                                                 if (t, k) not in flagged} for t in _DOTTED_FIELD.values()})
+        try:
+            build(own)  # the file's (over a resumed checkpoint's) options alone
+        except (ValueError, UnknownNameError) as mine:
+            raise type(mine)(f"{path}: {mine.args[0] if mine.args else mine}") from None
+        raise
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:
@@ -623,7 +632,8 @@ def _cmd_eval(argv: Sequence[str]) -> int:
         raise CommandLineError(f"rlzoo eval takes --task.NAME options only; {', '.join(train_only)} "
                                f"{'is' if len(train_only) == 1 else 'are'} rlzoo train's")
     settings, rest = _config_and_dotted(argv, train=False)
-    default = eval_args_from_file(settings, source=path) if path is not None else None
+    default = None if path is None else eval_args_from_file(settings, source=path,
+                                                            python_rewards=_records_python_rewards(path))
     _refuse_trl_spellings(rest)
     rest = [("none" if a == "None" and i and flag_name(rest[i - 1]) == "--reward-funcs" else a)  # tyro: None = unset
             for i, a in enumerate(rest)]
@@ -638,6 +648,16 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     reward = f", reward {out['reward']:.3f}" if out["reward"] is not None else ""
     print(f"rlzoo eval: {out['model']} on {out['task']}: {accuracy}{reward}", file=sys.stderr)
     return 0
+
+
+def _records_python_rewards(path: str) -> bool:
+    """Whether config file ``path`` is a run's ``config.json`` whose rewards included Python callables."""
+    import json
+
+    try:
+        return path.endswith(".json") and bool(json.loads(Path(path).read_text()).get("resolved_python_reward_funcs"))
+    except (OSError, ValueError, AttributeError):  # unreadable or not an object: the config's own errors say so
+        return False
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:

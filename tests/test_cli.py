@@ -276,10 +276,15 @@ def test_a_bad_option_in_a_config_files_table_names_the_file(tmp_path):
                            (["--loss.epsilon_low", "abc"], "ppo_clip: epsilon_low must be a number"),  # overridden
                            (["--loss.epsilon_lo", "0.1"], "unknown option 'epsilon_lo' .*'epsilon_low'"),  # near a key
                            (["--peft.r", "abc"], "--peft.r takes int, got 'abc'")]:
-        config = parse_train_args(["--config", str(path), *flags])  # the file's table holds nothing of its own
-        with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{message}"):
+        with runtime_type_checker_off(), pytest.raises(ValueError, match=f"^{message}"):  # at the parse or in the
+            config = parse_train_args(["--config", str(path), *flags])  # trainer: never naming the file
             Trainer(dataclasses.replace(config, output_dir=str(tmp_path / "run")))
     assert parse_train_args(["--config", str(path)]).loss == {"epsilon_low": 0.1}
+    with runtime_type_checker_off(), pytest.raises(ValueError, match="^grpo: scale must be one of"):  # another table's
+        parse_train_args(["--config", str(path), "--advantage.scale", "bogus"])  # flag, beside the file's loss table
+    path.write_text("task: chain_sum\ntask_kwargs:\n  min_terms: 5\n")  # valid only with the flag: accepted
+    assert parse_train_args(["--config", str(path), "--task.max_terms", "6"]).task_kwargs == {"min_terms": 5,
+                                                                                               "max_terms": 6}
 
 
 def test_console_script_reports_bad_input_without_a_traceback(monkeypatch, capsys):
@@ -533,8 +538,11 @@ def test_a_runs_config_json_starts_a_new_run_and_eval_run_writes_json(tmp_path, 
     # left out with a warning, as --run does (it failed: "reward_weights has 2 entries but there are 1")
     from rlzoo.trainer.eval_run import eval_args_from_file
 
-    args = eval_args_from_file({"reward_funcs": ["accuracy"], "reward_weights": [1.0, 0.5]}, source="run.json")
+    args = eval_args_from_file({"reward_funcs": ["accuracy"], "reward_weights": [1.0, 0.5]}, source="run.json",
+                               python_rewards=True)
     assert (args.reward_funcs, args.reward_weights) == (("accuracy",), (1.0,))
+    mistake = eval_args_from_file({"reward_funcs": ["accuracy"], "reward_weights": [1.0, 0.5]}, source="eval.yaml")
+    assert mistake.reward_weights == (1.0, 0.5)  # another file's extra weight is its mistake: the rewards refuse it
     # rlzoo train's dotted options are refused (they were dropped silently)
     for flag in ("--peft.r", "--loss.beta", "--advantage.scale"):
         with pytest.raises(CommandLineError, match=f"^rlzoo eval takes --task.NAME options only; {re.escape(flag)} is "
@@ -811,6 +819,25 @@ def test_eval_model_of_a_run_directory_points_to_run(tmp_path):
     with pytest.raises(ValueError, match=f"^--model {run} is an rlzoo run directory, not a model: evaluate its newest "
                                          f"checkpoint with --run {run}"):
         main(["eval", "--model", str(run)])
+
+
+def test_eval_config_and_run_the_files_task_is_the_runs_when_it_names_the_same_file(tmp_path, monkeypatch):
+    """A train config names its data file relative, the run's config.json records it absolute: with --run the
+    file's task is the run's own (its held-out set), not an override evaluating every row (reviewer)."""
+    from rlzoo.trainer.eval_run import EvalArgs, with_run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": str(tmp_path / "d.jsonl")}))
+    from_file = EvalArgs(model="tiny-random", task="d.jsonl")
+    for task in ("d.jsonl", "./d.jsonl"):
+        args = with_run(dataclasses.replace(from_file, run="run", task=task), from_file, set(), source="train.yaml")
+        assert (args.model, args.task) == (None, None), task
+    other = with_run(EvalArgs(run="run", task="chain_sum"), EvalArgs(task="chain_sum"), set(), source="train.yaml")
+    assert other.task == "chain_sum"  # another task is an override
+    kept = with_run(EvalArgs(run="run", model="m", task="d.jsonl"), from_file, {"--model", "--task"}, source="x")
+    assert (kept.model, kept.task) == ("m", "d.jsonl")  # flags are never dropped
 
 
 def test_eval_of_a_run_without_a_checkpoint_says_so_in_evals_terms(tmp_path):

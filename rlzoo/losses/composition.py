@@ -16,7 +16,7 @@ from rlzoo.losses.base import Aggregation, Part
 from rlzoo.losses.correction import Correction
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection
 from rlzoo.losses.penalty import KLPenalty, Penalty
-from rlzoo.losses.surrogate import RatioLevel, Surrogate, TokenRatio
+from rlzoo.losses.surrogate import RatioLevel, Surrogate
 from rlzoo.losses.weights import TokenWeight
 from rlzoo.registry import Component, UnknownNameError, check_choice, close_names
 
@@ -122,7 +122,7 @@ def resolve(loss: "PolicyLoss") -> None:
             f"own weight); {correction.token_level_hint()}"
         )
     level = loss.ratio.label()  # an unregistered level (a user's class without name=) has its class name
-    if not isinstance(loss.ratio, TokenRatio) and not loss.surrogate.reads_ratio_level and not any(
+    if level != "token" and not loss.surrogate.reads_ratio_level and not any(
             isinstance(p, KLPenalty) and p.active and p.use_bias_correction_kl for p in loss.penalties):
         warnings.warn(f"surrogate {loss.surrogate.label()!r} does not read the ratio level: importance_sampling_level="
                       f"{level!r} changes nothing but the ratio/* metrics (leave it 'token')", stacklevel=2)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from rlzoo.trainer.config import OptionalDottedOptions, TrainConfig
 from rlzoo.trainer.config_files import load_config_file
-from rlzoo.trainer.run_config import settings_for_task
+from rlzoo.trainer.run_config import absolute_paths, settings_for_task
 from rlzoo.trainer.tasks import check_loadable_task, list_reasoning_gym_tasks
 
 __all__ = ["EvalArgs", "eval_args_from_file", "eval_config", "eval_result", "with_run"]
@@ -72,11 +72,16 @@ class EvalArgs:
     """Also write the JSON result to this file."""
 
 
-def eval_args_from_file(settings: dict[str, Any], source: str) -> EvalArgs:
+def eval_args_from_file(settings: dict[str, Any], source: str, *, python_rewards: bool = False) -> EvalArgs:
     """The :class:`EvalArgs` defaults a ``--config`` file gives ``rlzoo eval``: its evaluation settings (the fields of
     :class:`EvalArgs`, e.g. ``model``, ``task``, ``eval_size``); its training settings (``learning_rate``,
     ``max_steps``, ...) are checked as ``rlzoo train`` checks them and not used, so a run's config file evaluates
     with its model, task and prompts.
+
+    Args:
+        python_rewards: the file is a run's ``config.json`` whose rewards included Python callables
+            (``resolved_python_reward_funcs``): the weights after the named functions' were theirs and are left
+            out (a warning says so), as ``--run`` does.
 
     Raises:
         ValueError: a key neither command takes, or a value ``rlzoo train`` refuses (prefixed with ``source``); an
@@ -85,7 +90,7 @@ def eval_args_from_file(settings: dict[str, Any], source: str) -> EvalArgs:
     fields = {f.name for f in dataclasses.fields(EvalArgs)}
     settings = dict(settings)
     names, weights = settings.get("reward_funcs"), settings.get("reward_weights")
-    if isinstance(names, list) and isinstance(weights, list) and len(weights) > len(names):
+    if python_rewards and isinstance(names, list) and isinstance(weights, list) and len(weights) > len(names):
         # a run's config.json whose rewards included Python callables (their weights come last): as --run does
         settings["reward_weights"] = weights[:len(names)] or None
         log.warning("%s: reward_weights has %d entries for the %d reward_funcs %s: the others weighted Python "
@@ -120,7 +125,8 @@ def with_run(args: EvalArgs, from_file: EvalArgs, flags: set[str], source: str) 
         changes["model"] = None
         log.info("%s: model %s is not evaluated: --run %s evaluates its checkpoint (--model MODEL evaluates another)",
                  source, from_file.model, run)
-    if from_file.task is not None and "--task" not in flags and from_file.task == recorded.get("task"):
+    same_task = absolute_paths({"task": from_file.task})["task"] == absolute_paths({"task": recorded.get("task")})["task"]
+    if from_file.task is not None and "--task" not in flags and same_task:  # a data file relative in a train config
         changes["task"] = None
     return dataclasses.replace(args, **changes)
 
