@@ -70,8 +70,8 @@ VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NA
 peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null; inf for --loss / --advantage)."""
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
-and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE, and --config FILE: a config
-file's evaluation settings (its training settings are checked, not used), under the flags."""
+and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE, and
+--config FILE: a config file's evaluation settings (its training settings are checked, not used), under the flags."""
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):

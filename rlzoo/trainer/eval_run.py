@@ -125,8 +125,8 @@ def with_run(args: EvalArgs, from_file: EvalArgs, flags: set[str], source: str) 
         changes["model"] = None
         log.info("%s: model %s is not evaluated: --run %s evaluates its checkpoint (--model MODEL evaluates another)",
                  source, from_file.model, run)
-    same_task = absolute_paths({"task": from_file.task})["task"] == absolute_paths({"task": recorded.get("task")})["task"]
-    if from_file.task is not None and "--task" not in flags and same_task:  # a data file relative in a train config
+    if from_file.task is not None and "--task" not in flags and (  # a data file: relative in a train config
+            absolute_paths({"task": from_file.task})["task"] == absolute_paths({"task": recorded.get("task")})["task"]):
         changes["task"] = None
     return dataclasses.replace(args, **changes)
 
