@@ -477,6 +477,14 @@ def test_format_prompt_without_chat_template():
         format_prompt(tok, "2 + 2 =", "system")
 
 
+def test_a_mistyped_data_file_name_gets_a_did_you_mean(tmp_path, monkeypatch):
+    """--task data.jsnol (an existing file's name mistyped) listed the 106 reasoning-gym tasks and nothing else."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "q", "answer": "1"}\n')
+    with pytest.raises(UnknownNameError, match=r"^unknown task 'data.jsnol': .*; did you mean 'data.jsonl'\?; available"):
+        make_task("data.jsnol", {}, eval_size=0)
+
+
 @pytest.mark.parametrize("extraction", ["full", "tag", "last_number"])
 def test_a_task_scored_by_verification_is_not_called_unscorable(extraction):
     """graph_color's and propositional_logic's answers are None (reasoning-gym verifies a completion instead): the

@@ -16,6 +16,7 @@ import itertools
 import types
 import typing
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -106,6 +107,10 @@ class ReasoningGymTask(Task):
 
         if self.name not in DATASETS:
             close = close_names(self.name, list_reasoning_gym_tasks(), n=2, cutoff=0.8)
+            if Path(self.name).suffix and not close:  # a data file's name mistyped (data.jsnol): the files beside it
+                folder = Path(self.name).parent
+                files = [p.name for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+                close = [str(folder / f) for f in close_names(Path(self.name).name, files, n=2, cutoff=0.8)]
             meant = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise UnknownNameError(
                 f"unknown task {self.name!r}: not a data file, a data set directory or a hub id (org/name), nor a "
