@@ -256,10 +256,10 @@ class Evaluator:
     def check_rewards(self) -> None:
         """Warn when no reference answer scores under the answer extraction (:meth:`~rlzoo.trainer.tasks.
         TaskStream.unscorable_answers`). Call the reward functions once on the first held-out problem
-        (:func:`~rlzoo.trainer.reward_functions.try_rewards`), after the training check, so that one failing on the held-out set (a column it lacks) is known
-        before the step-0 evaluation: for a task with answers the held-out reward is then not logged (one warning
-        naming the function; accuracy is), for a task without them (the reward is all there is to evaluate) it is an
-        error.
+        (:func:`~rlzoo.trainer.reward_functions.try_rewards`), after the training check, so that one failing on the
+        held-out set (a column it lacks) is known before the step-0 evaluation: for a task with answers the held-out
+        reward is then not logged (one warning naming the function; accuracy is), for a task without them (the reward
+        is all there is to evaluate) it is an error.
 
         Raises:
             RewardFunctionError: a function fails on the held-out set of a task without answers (names it).

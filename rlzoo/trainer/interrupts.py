@@ -55,7 +55,7 @@ class GracefulInterrupt:
 
     Attributes:
         requested: the first signal received, or None.
-        ending: set once the run has taken its last step (and checkpointed it): a signal then only says so.
+        ending: set once the run has taken its last step (checkpointed, if it took any): a signal then only says so.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -69,7 +69,7 @@ class GracefulInterrupt:
         name = signal.Signals(signum).name
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
-        if self.ending:  # the run took its last step and wrote its checkpoint: nothing is left to finish
+        if self.ending:  # the run has taken its last step (and checkpointed it): nothing is left to finish
             self.requested = signum
             log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)", name)
             return
@@ -89,8 +89,8 @@ class GracefulInterrupt:
 
     def agreed(self, stop: int | None) -> int | None:
         """``stop``, the signal every rank stops on after the loop (or None); without one the run has finished its
-        steps and checkpointed them: :attr:`ending`, so that a signal from then on (during the plot) says so
-        instead of promising a step and a checkpoint."""
+        steps (and checkpointed the last, if it took any): :attr:`ending`, so that a signal from then on (during the
+        plot) says so instead of promising a step and a checkpoint."""
         self.ending = not stop
         return stop
 
