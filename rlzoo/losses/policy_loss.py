@@ -116,7 +116,7 @@ class PolicyLoss:
             ValueError: the aggregation needs ``max_completion_length`` (or the normalizer's group counts, or a
                 part its positive-token count) and the loss has none.
         """
-        self.check_batch(batch)
+        self.check_batch(batch, normalizer)
         if normalizer is not None and normalizer.is_weight_sum is not None and not self.counts_is_weights:
             # the IS weights' batch mean needs the current policy here (bypass, loglinear): this batch's
             normalizer = dataclasses.replace(normalizer, is_weight_sum=None, num_is_weights=None)
@@ -135,16 +135,20 @@ class PolicyLoss:
         return self.loss_output(loss + own, metrics, log_weight, policy=x, terms=x)  # 6. aggregated
 
     # ---------------------------------------------------------------------------------------- the stages
-    def check_batch(self, batch: PolicyBatch) -> None:
-        """Raise before any stage runs when ``batch`` cannot be this loss's input.
+    def check_batch(self, batch: PolicyBatch, normalizer: Normalizer | None = None) -> None:
+        """Raise before any stage runs when ``batch`` (and ``normalizer``) cannot be this loss's input.
 
         Raises:
-            TypeError: ``batch`` is not a :class:`~rlzoo.PolicyBatch`.
+            TypeError: ``batch`` is not a :class:`~rlzoo.PolicyBatch`, or ``normalizer`` not None nor a
+                :class:`~rlzoo.Normalizer`.
             BatchError: a field this loss needs is None (names the field and the part needing it).
             ValueError: the aggregation needs ``max_completion_length`` and the loss has none.
         """
         if not isinstance(batch, PolicyBatch):
             raise TypeError(f"a loss takes a rlzoo.PolicyBatch, got {type(batch).__name__}")
+        if normalizer is not None and not isinstance(normalizer, Normalizer):
+            raise TypeError(f"normalizer must be a rlzoo.Normalizer (Normalizer.from_batch(batch, loss=loss)) or None, "
+                            f"got {type(normalizer).__name__}")
         for field in sorted(self.required_fields()):
             if getattr(batch, field) is None:
                 raise composition.missing_field(self, field)

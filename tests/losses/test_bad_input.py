@@ -476,6 +476,14 @@ def test_loss_rejects_a_non_batch():
         rlzoo.get_loss("grpo")(_fields())
 
 
+@pytest.mark.parametrize("normalizer", [6, {"num_tokens": 6, "num_sequences": 2}])
+def test_loss_rejects_a_non_normalizer(normalizer):
+    """The normalizer is a rlzoo.Normalizer or None: a count or a dict of counts is a TypeError that says how to make
+    one (it was an AttributeError from inside the pipeline)."""
+    with runtime_type_checker_off(), pytest.raises(TypeError, match=r"normalizer must be a rlzoo.Normalizer .*got"):
+        rlzoo.get_loss("dapo")(_batch(), normalizer=normalizer)
+
+
 # ------------------------------------------------------------------------------------------ Normalizer
 @pytest.mark.parametrize("field", ["num_tokens", "num_sequences"])
 @pytest.mark.parametrize("value", [-1, -0.5, math.nan, math.inf, -math.inf, "3", None, True, torch.ones(2)])
