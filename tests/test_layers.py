@@ -108,7 +108,7 @@ def test_no_import_of_another_packages_private_module(path):
 READ_BY = ("dapo", "gspo", "cispo")
 MAX_FILES = 4
 MAX_STATEMENTS = 230
-MAX_LINES = 318
+MAX_LINES = 320
 ZOO = (ROOT / "losses", ROOT / "algorithms")
 FUNCTIONAL = ROOT / "losses" / "functional.py"
 FUNCTIONAL_MAX_LINES = 6

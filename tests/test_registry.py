@@ -174,15 +174,28 @@ def test_user_kl_estimator_and_aggregation():
 
 
 def test_a_user_part_returning_other_than_one_value_per_token_is_named():
-    """A surrogate, token weight or penalty returns ``[B, T]``; a ``[B]`` (or ``[B, 1]``) value would broadcast
-    silently against the batch (``B == T``: a loss 3x too large, before this check) or fail inside torch without
-    naming the part. The pipeline names the part, its shape and the batch's."""
-    from rlzoo.losses import Penalty, penalties
+    """A ratio level, IS correction, surrogate, token weight or penalty returns ``[B, T]``; a ``[B]`` (or
+    ``[B, 1]``) value would broadcast silently against the batch (``B == T``: a loss 3x too large, before this
+    check) or fail inside torch without naming the part. The pipeline names the part, its shape and the batch's."""
+    from rlzoo.losses import Correction, Penalty, RatioLevel, is_corrections, penalties
 
     lp = -torch.rand(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
     square = PolicyBatch(logprobs=lp, advantages=torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
                          completion_mask=torch.ones(3, 3, dtype=torch.bool))
-    with surrogates.scoped(), token_weights.scoped(), penalties.scoped():
+    with surrogates.scoped(), token_weights.scoped(), penalties.scoped(), ratio_levels.scoped(), \
+            is_corrections.scoped(), runtime_type_checker_off():  # the error a user without the checker sees
+
+        class SequenceColumn(RatioLevel, name="sequence_column"):
+            """log w = the sequence's mean log-ratio as [B, 1] (wrong: broadcast over the tokens is the level's job)."""
+
+            def __call__(self, x):
+                return PartOutput(x.seq_mean(x.log_ratio), {})
+
+        class Ones(Correction, name="ones"):
+            """rho = 1 per sequence as [B] (wrong)."""
+
+            def __call__(self, x):
+                return PartOutput(torch.ones_like(x.lengths), {})
 
         class PerSequence(Surrogate, name="per_sequence"):
             """-A * sum_t logp (one value per sequence: wrong for a surrogate)."""
@@ -202,7 +215,9 @@ def test_a_user_part_returning_other_than_one_value_per_token_is_named():
             def __call__(self, x):
                 return PartOutput(x.logprobs.sum(), {})
 
-        for loss, owner, shape in [(PolicyLoss(surrogate="per_sequence"), "surrogate 'per_sequence'", (3,)),
+        for loss, owner, shape in [(PolicyLoss(surrogate="ppo_clip", ratio="sequence_column"), "the ratio level", (3, 1)),
+                                   (PolicyLoss(surrogate="ppo_clip", is_correction=Ones()), "the IS correction", (3,)),
+                                   (PolicyLoss(surrogate="per_sequence"), "surrogate 'per_sequence'", (3,)),
                                    (PolicyLoss(surrogate="ppo_clip", weights=(Column(),)), "token weight 'column'",
                                     (3, 1)),
                                    (PolicyLoss(surrogate="ppo_clip", penalties=(Total(),)), "penalty 'total'", ())]:

@@ -67,6 +67,7 @@ from rlzoo.losses.functional import (
     masked_max,
     masked_mean,
     masked_min,
+    one_per_token,
     require,
     working_dtype,
     zero_masked,
@@ -254,8 +255,14 @@ class LossInputs:
         per_sequence: bool = False,
     ) -> "LossInputs":
         """A copy carrying the ratio level's ``log_weight`` (one value per sequence when ``per_sequence``) and
-        the correction's ``is_weight``."""
-        return dataclasses.replace(self, log_weight=log_weight, is_weight=is_weight, weight_per_sequence=per_sequence)
+        the correction's ``is_weight``.
+
+        Raises:
+            ValueError: ``log_weight`` or ``is_weight`` is not one value per token (shape of the batch's mask).
+        """
+        return dataclasses.replace(
+            self, log_weight=one_per_token(log_weight, self.mask, "the ratio level"), weight_per_sequence=per_sequence,
+            is_weight=None if is_weight is None else one_per_token(is_weight, self.mask, "the IS correction"))
 
     @property
     def weight(self) -> Float[Tensor, "B T"]:
