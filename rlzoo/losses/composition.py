@@ -95,7 +95,9 @@ def resolve(loss: "PolicyLoss") -> None:
     """Replace the parts ``loss`` was given by name with registered parts, in place (``PolicyLoss.__post_init__``),
     and validate its options. A ratio level other than ``token`` that nothing reads (``Surrogate.reads_ratio_level``
     False, no bias-corrected KL) warns, as TRL 1.16 warns for ``loss_type="vespo"``: it changes only the ``ratio/*``
-    metrics (which then match TRL's).
+    metrics (which then match TRL's). Two active parts declaring the same option warn (no preset has such a pair):
+    a keyword option sets it on both, with each part's own meaning (``importance_sampling_level="geometric"``'s
+    log-ratio clip and PPO's ratio clip are both ``epsilon_high``).
 
     Raises:
         UnknownNameError: an unknown part name (lists the valid ones).
@@ -121,6 +123,7 @@ def resolve(loss: "PolicyLoss") -> None:
             f"{loss.surrogate.registered_name()!r} does not take (it folds token-level IS weights into its "
             f"own weight); {correction.token_level_hint()}"
         )
+    _warn_shared_options(loss)
     level = loss.ratio.label()  # an unregistered level (a user's class without name=) has its class name
     if level != "token" and not loss.surrogate.reads_ratio_level and not any(
             isinstance(p, KLPenalty) and p.active and p.use_bias_correction_kl for p in loss.penalties):
@@ -137,6 +140,49 @@ def resolve(loss: "PolicyLoss") -> None:
             "bypass_mode=True uses the sampler's log-probs as the old log-probs; prox_logp_method="
             f"{loss.prox_logp_method!r} approximates them instead: use one"
         )
+
+
+_SLOT_WORDS = {"rejections": "rejection", "ratio": "ratio level", "is_correction": "IS correction",
+               "surrogate": "surrogate", "weights": "token weight", "penalties": "penalty", "aggregation": "aggregation"}
+
+
+def _warn_shared_options(loss: "PolicyLoss") -> None:
+    """A UserWarning when two active parts of ``loss`` declare an option of the same name (see :func:`resolve`)."""
+    holders: dict[str, list[tuple[str, Part]]] = {}
+    for slot in SLOTS:
+        for part in _members(getattr(loss, slot.field)):
+            if part.active:
+                for option in part.option_names():
+                    holders.setdefault(option, []).append((slot.field, part))
+    shared = sorted(option for option, held in holders.items() if len(held) > 1)
+    if not shared:
+        return
+    parts = list({id(part): (field, part) for option in shared for field, part in holders[option]}.values())
+    field, part = parts[0]
+    warnings.warn(
+        f"option{'s' if len(shared) > 1 else ''} {', '.join(shared)} of "
+        f"{' and '.join(f'{_SLOT_WORDS[f]} {p.describe()}' for f, p in parts)}: each part gives "
+        f"{'them' if len(shared) > 1 else 'it'} its own meaning, and a keyword option (get_loss, with_options, "
+        f"--loss.*) sets both; to set one, replace the part: dataclasses.replace(loss, {field}="
+        f"{type(part).__name__}({shared[0]}=...))",
+        stacklevel=2,
+    )
+
+
+def _warn_dropped_options(loss: "PolicyLoss", built: "PolicyLoss", overrides: Mapping[str, Any]) -> None:
+    """A UserWarning when a swap option (``importance_sampling_level``) replaces an active part whose options no part
+    of the new loss has (``gmpo``'s clip lives in its ``geometric`` ratio level: the ``token`` level drops it)."""
+    kept = {option for part in built.all_parts() for option in part.option_names()}
+    for slot in SLOTS:
+        old = getattr(loss, slot.field)
+        swapped = slot.swap_option in overrides and type(getattr(built, slot.field)) is not type(old) and old.active
+        if swapped and (dropped := [option for option in old.option_names() if option not in kept]):
+            warnings.warn(
+                f"{slot.swap_option}={overrides[slot.swap_option]!r} replaces {_SLOT_WORDS[slot.field]} "
+                f"{old.describe()} of loss {loss.name or type(loss.surrogate).__name__!r}, and no part of the new "
+                f"loss has {', '.join(dropped)}: the loss no longer applies them",
+                stacklevel=3,
+            )
 
 
 def options(loss: "PolicyLoss") -> dict[str, Any]:
@@ -246,7 +292,9 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
                    "(and none of its other options)")
             )
         fields[slot.field] = part
-    return type(loss)(**fields)
+    built = type(loss)(**fields)
+    _warn_dropped_options(loss, built, overrides)
+    return built
 
 
 def _inactive_default(cls: type[Part], option: str, value: Any) -> bool:

@@ -379,6 +379,12 @@ class PolicyLoss:
         the time is kept (``kl_estimator`` before ``beta``, ``is_max`` before ``is_correction``); an option of an
         absent optional part at that part's default adds nothing, so ``get_loss(name, **loss.options())`` is ``loss``.
 
+        Warns:
+            UserWarning: ``importance_sampling_level`` replaces a ratio level whose options no part of the new loss
+                has (gmpo's clip lives in its ``geometric`` level); two active parts declare one option (the
+                ``geometric`` level's log-ratio clip and PPO's ratio clip are both ``epsilon_high``): a keyword
+                sets both.
+
         Raises:
             UnknownNameError: an option no part of this loss accepts; lists the valid options.
             ValueError: an invalid value (from the part's own validation); or options of two different parts

@@ -114,6 +114,44 @@ def test_an_option_of_a_part_swapped_out_in_the_same_call_says_so():
     assert rlzoo.get_loss("gmpo", importance_sampling_level="geometric", epsilon_low=0.2).ratio.epsilon_low == 0.2
 
 
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_token"])
+def test_a_swap_that_drops_gmpos_clip_warns(level):
+    """gmpo's clip lives in its geometric ratio level: importance_sampling_level="token" (or a sequence level) gives
+    an unclipped loss, and said nothing. It warns, naming the replaced level and the options no part now has; a
+    swap between option-less levels (grpo to sequence) and one that keeps the level say nothing."""
+    with pytest.warns(UserWarning, match=rf"^importance_sampling_level='{level}' replaces ratio level "
+                                         r"geometric\(epsilon_low=0.4, epsilon_high=0.4\) of loss 'gmpo', and no part "
+                                         r"of the new loss has epsilon_low, epsilon_high: the loss no longer applies "
+                                         r"them$"):
+        loss = rlzoo.get_loss("gmpo", importance_sampling_level=level)
+    batch = _batch()
+    far = dataclasses.replace(batch, old_logprobs=batch.logprobs.detach() - 1.0)  # log-ratios 1 > 0.4: clipped
+    assert not torch.equal(loss(far).loss, rlzoo.get_loss("gmpo")(far).loss)  # what the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlzoo.get_loss("grpo", importance_sampling_level="sequence")
+        rlzoo.get_loss("gmpo", importance_sampling_level="geometric", epsilon_high=0.3)
+
+
+@pytest.mark.parametrize("name", ["dapo", "grpo", "cispo"])
+def test_two_parts_with_one_option_name_warn(name):
+    """importance_sampling_level="geometric" on a clipping surrogate: the level clips the token log-ratio with its
+    epsilon_low / epsilon_high, the surrogate the ratio with its own, and a keyword epsilon_high set both silently
+    (a log-ratio bound of 0.28 is a ratio bound of 1.32). It warns, naming both parts and how to set one; no preset
+    has two such parts."""
+    with pytest.warns(UserWarning, match=r"^options epsilon_high, epsilon_low of ratio level geometric\(epsilon_low="
+                                         r"0.4, epsilon_high=0.3\) and surrogate .*: each part gives them its own "
+                                         r"meaning, and a keyword option \(get_loss, with_options, --loss.\*\) sets "
+                                         r"both; to set one, replace the part: dataclasses.replace\(loss, "
+                                         r"ratio=GeometricRatio\(epsilon_high=...\)\)$"):
+        loss = rlzoo.get_loss(name, importance_sampling_level="geometric", epsilon_high=0.3)
+    assert loss.ratio.epsilon_high == loss.surrogate.epsilon_high == 0.3  # what the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for preset in rlzoo.list_losses():
+            rlzoo.get_loss(preset)
+
+
 def test_a_delta_at_or_below_the_upper_clip_warns():
     """ppo_clip's delta <= 1 + epsilon_high was taken silently: at delta 0.9 no A > 0 token gets a gradient even
     on-policy (helper trial: a run that cannot learn from its positive tokens). TRL recommends delta > 1 + epsilon;
