@@ -230,8 +230,10 @@ class TRLGRPOLoss:
             normalizer: counts of the whole optimizer-step batch. Default:
                 ``Normalizer(num_tokens=completion_mask.sum(), num_sequences=B)``: TRL's denominators with one
                 process and no gradient accumulation (every row counts, even a fully masked one). When given,
-                the entropy bonus is divided by ``normalizer.num_tokens`` (so micro-batch losses sum to the
-                full-batch loss; TRL instead averages each micro-batch over its own effective tokens).
+                the entropy bonus is divided by ``normalizer.num_tokens`` times the share of this batch's tokens
+                that the entropy mask (``top_entropy_quantile``) keeps (1 without it): so micro-batch losses sum to
+                the full-batch loss, and a normalizer of the batch's own counts gives TRL's mean over the kept
+                tokens (TRL averages each micro-batch over its own kept tokens).
 
         Returns:
             :class:`~rlzoo.LossOutput`: 0-d loss (differentiable w.r.t. ``logprobs`` and ``entropies``) and the
@@ -269,11 +271,14 @@ class TRLGRPOLoss:
         total = torch.where(
             effective, entropies, torch.zeros((), dtype=entropies.dtype, device=entropies.device)
         ).sum()
+        kept = effective.sum().to(total.dtype)
         if local:
-            count: Tensor | float = effective.sum().clamp(min=1).to(total.dtype)
-        else:
+            count: Tensor | float = kept.clamp(min=1)
+        else:  # the step's tokens, times the share of this micro-batch's the entropy mask keeps (1 without one)
             n = normalizer.num_tokens
-            count = n.clamp(min=1).to(total.dtype) if isinstance(n, Tensor) else max(float(n), 1.0)
+            share = kept / x.mask.sum().clamp(min=1).to(total.dtype)
+            count = (n.to(total.dtype) if isinstance(n, Tensor) else float(n)) * share
+            count = count.clamp(min=1) if isinstance(count, Tensor) else max(count, 1.0)
         loss = out.loss - self.entropy_coef * (total / count)
         metrics["policy_loss"] = out.loss.detach()
         return LossOutput(loss=loss, metrics=metrics, metric_tokens=tokens)

@@ -580,6 +580,21 @@ def test_batch_from_trl_inputs_applies_the_tool_mask() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
+def test_a_normalizer_of_the_batchs_own_counts_changes_nothing(data: st.DataObject) -> None:
+    """Passing Normalizer(num_tokens=mask.sum(), num_sequences=B) (what the TRL integration passes with one
+    process and one micro-batch) gives the loss without one, TRL's, also with an entropy mask: the bonus was
+    divided by all tokens instead of the kept ones (half the bonus at top_entropy_quantile=0.5)."""
+    cfg = data.draw(grpo_configs(), label="cfg")
+    cfg["entropy_coef"] = data.draw(st.sampled_from((0.0, 0.1, -0.3)), label="entropy_coef")
+    case = data.draw(cases(cfg), label="case")
+    loss_fn = build(cfg)
+    batch = batch_from_trl_inputs(case.inputs, case.logps, case.entropies)
+    own = rlzoo.Normalizer(num_tokens=batch.completion_mask.sum(), num_sequences=batch.shape[0])
+    torch.testing.assert_close(loss_fn(batch, normalizer=own).loss, loss_fn(batch).loss, atol=REFERENCE_ATOL, rtol=0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
 def test_micro_batches_with_a_normalizer_sum_to_the_full_loss(data: st.DataObject) -> None:
     """With the full batch's Normalizer(num_tokens=mask.sum(), num_sequences=B), summing micro-batch losses
     gives the full-batch loss and gradient (no entropy quantile: it couples sequences)."""
