@@ -18,6 +18,7 @@ A new mode is a subclass of :class:`ISMode` with a name (``class MyMode(ISMode, 
 """
 
 import abc
+import math
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -30,6 +31,7 @@ from rlzoo.losses.functional import masked_max, masked_mean, masked_min
 from rlzoo.registry import Component, Registry, check_number, choice
 
 __all__ = [
+    "SAFETY_BOUND",
     "Correction",
     "ISCorrection",
     "ISMode",
@@ -40,6 +42,9 @@ __all__ = [
     "is_corrections",
     "is_modes",
 ]
+
+SAFETY_BOUND = 20.0
+"""verl's clamp of log-ratios before ``exp`` (``rollout_corr_helper.SAFETY_BOUND``), SkyRL's ``safe_exp_delta``'s."""
 
 is_corrections: Registry[type["Correction"]] = Registry("IS correction")
 is_modes: Registry[type["ISMode"]] = Registry("IS correction mode (is_correction)")
@@ -146,7 +151,11 @@ class ISCorrection(Correction, name="is"):
     ``*_truncate`` clamps rho to ``[is_min, is_max]``; ``*_mask`` sets it to 0 outside that range (the
     token still counts in the denominators: an IS weight, not a rejection; for rejection see ``rollout_rs``).
     ``pi_old`` is ``old_logprobs`` (``logprobs.detach()`` when None; the current policy, detached, in bypass
-    mode) and ``pi_sampler`` is ``rollout_logprobs``. The weight is detached.
+    mode) and ``pi_sampler`` is ``rollout_logprobs``. The weight is detached. Without a finite upper bound
+    (``is_max`` None or inf) the log-weight is clamped at :data:`SAFETY_BOUND` (20, verl's clamp), so the weight
+    stays finite: the ``exp`` of a summed log-ratio overflows float32 past 88 (a sequence of 200 tokens 0.5 nats
+    apart) and made the loss NaN. With a finite ``is_max`` nothing is clamped: an overflowing weight is masked or
+    truncated by the bound, as TRL's.
 
     TRL's names. verl's names for the same slot are :class:`~rlzoo.losses.RolloutCorrection`'s (``rollout_is``,
     ``rollout_is_threshold``, ``rollout_is_batch_normalize``); a loss holds one of the two (setting an option of
@@ -220,6 +229,8 @@ class ISCorrection(Correction, name="is"):
         mode = self.mode()
         diff = x.sampler_log_ratio(f"IS correction ({self.is_correction})")  # 0 at masked positions
         log_rho = x.seq_sum(diff).expand_as(diff) if mode.sequence_level else diff
+        if self.is_max is None or math.isinf(self.is_max):  # no upper bound: inf would make the loss NaN
+            log_rho = log_rho.clamp(max=SAFETY_BOUND)
         rho = mode.bound(torch.exp(log_rho), self.is_min, self.is_max)
         # sequence modes: one statistic per sequence (its first counted token)
         stat_mask = x.mask if not mode.sequence_level else (x.mask & (torch.cumsum(x.mask, -1) == 1))

@@ -64,22 +64,19 @@ from jaxtyping import Float
 from torch import Tensor
 
 from rlzoo.losses.base import LossInputs, PartOutput
-from rlzoo.losses.correction import Correction
+from rlzoo.losses.correction import SAFETY_BOUND, Correction
 from rlzoo.losses.functional import masked_max, masked_mean, masked_min
 from rlzoo.losses.off_policy import Rejection
 from rlzoo.registry import check_choice
 
 __all__ = [
     "RS_CRITERIA",
-    "SAFETY_BOUND",
     "RolloutCorrection",
     "RolloutRejection",
     "parse_is_threshold",
     "parse_rs_thresholds",
 ]
 
-SAFETY_BOUND = 20.0
-"""verl's clamp of log-ratios before ``exp`` (``rollout_corr_helper.SAFETY_BOUND``), SkyRL's ``safe_exp_delta``'s."""
 
 RS_CRITERIA = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")

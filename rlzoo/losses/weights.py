@@ -18,8 +18,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.losses.base import LossInputs, Part, PartOutput
+from rlzoo.losses.correction import SAFETY_BOUND
 from rlzoo.losses.functional import require
-from rlzoo.losses.rollout_correction import SAFETY_BOUND
 from rlzoo.registry import Registry, check_number
 
 __all__ = [

@@ -152,6 +152,26 @@ def test_two_parts_with_one_option_name_warn(name):
             rlzoo.get_loss(preset)
 
 
+@pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_truncate"])
+@pytest.mark.parametrize("is_max", [None, math.inf])
+def test_an_unbounded_is_weight_stays_finite(mode, is_max):
+    """is_max=None (or inf) is a documented "no upper bound": the exp of a sequence's summed log-ratio (200 tokens
+    0.5 nats apart: 100) overflowed float32 and made the loss and gradient NaN. The log-weight is clamped at verl's
+    SAFETY_BOUND (20) then; with a finite is_max nothing is clamped (the bound masks or truncates)."""
+    from rlzoo.losses.correction import SAFETY_BOUND
+
+    lp = (-torch.rand(2, 200, generator=torch.Generator().manual_seed(0))).requires_grad_()
+    gap = 0.5 if mode.startswith("sequence") else 100.0  # a token-level weight overflows at one token
+    batch = PolicyBatch(logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=lp.detach() - gap,
+                        advantages=torch.tensor([1.0, -1.0]), completion_mask=torch.ones(2, 200, dtype=torch.bool))
+    out = rlzoo.get_loss("dapo", is_correction=mode, is_min=0.5, is_max=is_max)(batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(lp.grad).all() and lp.grad.abs().sum() > 0
+    assert out.metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(math.exp(SAFETY_BOUND), rel=1e-6)
+    bounded = rlzoo.get_loss("dapo", is_correction=mode, is_min=0.5, is_max=3.0)(batch)
+    assert bounded.metrics["sampling/importance_sampling_ratio/max"] == (0.0 if mode.endswith("mask") else 3.0)
+
+
 def test_a_delta_at_or_below_the_upper_clip_warns():
     """ppo_clip's delta <= 1 + epsilon_high was taken silently: at delta 0.9 no A > 0 token gets a gradient even
     on-policy (helper trial: a run that cannot learn from its positive tokens). TRL recommends delta > 1 + epsilon;
