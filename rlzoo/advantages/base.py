@@ -281,7 +281,7 @@ class AdvantageEstimator(Component, abc.ABC):
 
         Returns:
             ``Float[N]``, or ``Float[N, T]`` for token-level estimators (0 at masked positions); ``rewards``'
-            dtype.
+            dtype (bf16 / fp16 rewards are computed in float32 and rounded once at the end).
 
         Raises:
             ValueError: naming the field: non-finite rewards (or inputs at counted positions), wrong shape or
@@ -310,14 +310,17 @@ class AdvantageEstimator(Component, abc.ABC):
                 f"{owner} does not use {', '.join(unused)} (it would be ignored); inputs it accepts: "
                 f"{accepted}"
             )
-        inputs = build_inputs(owner, rewards, given)
+        # bf16 / fp16 rewards are computed in float32 (a bf16 group sum stops growing at 256, an fp16 one
+        # overflows at 65504) and returned in their dtype, as verl computes group statistics in float32
+        work = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+        inputs = build_inputs(owner, work, given)
         groups = None
         if self.uses_groups:
             device = rewards.device
             groups = GroupIndex.build(
                 int(rewards.shape[0]), group_size=group_size, group_ids=group_ids, device=device, owner=owner
             )
-        return self._compute(rewards, groups, inputs)
+        return self._compute(work, groups, inputs).to(rewards.dtype)
 
     @abc.abstractmethod
     def _compute(self, rewards: Float[Tensor, " N"], groups: GroupIndex | None,
