@@ -47,6 +47,7 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import Tensor
 
+from rlzoo.algorithms.cov import KLCov
 from rlzoo.batch import BatchError, Normalizer, PolicyBatch
 from rlzoo.losses import PolicyLoss, PPOClip, get_loss
 from rlzoo.losses.functional import working_dtype
@@ -59,10 +60,10 @@ _VERL_INSTEAD = {
     "kl_loss_type=low_var_kl (= k3); register the loss with beta=0",
     "entropies": "verl adds the entropy bonus itself (actor_rollout_ref.actor.entropy_coeff); an entropy mask "
     "(top_entropy_quantile) is not available in verl",
-    "rollout_logprobs": "verl applies the sampler/trainer correction itself (rollout_is_weights), its rejection "
-    "(a modified response mask) and its bypass mode: set algorithm.rollout_correction.rollout_is=token|sequence "
-    "(rollout_is_threshold), rollout_rs=... (rollout_rs_threshold) or bypass_mode=True, and register the loss "
-    "without them",
+    "rollout_logprobs": "verl applies the sampler/trainer correction itself (rollout_is_weights) and its rejection "
+    "(a modified response mask): set algorithm.rollout_correction.rollout_is=token|sequence (rollout_is_threshold) "
+    "or rollout_rs=... (rollout_rs_threshold), and register the loss without them; verl's bypass_mode=True "
+    "replaces policy_loss.loss_mode with its own loss, so no registered loss runs under it",
 }
 _AGG_COUNT = {"token-mean": "batch_num_tokens", "seq-mean-token-mean": "global_batch_size",
               "seq-mean-token-sum": "global_batch_size", "seq-mean-token-sum-norm": "global_batch_size"}
@@ -160,8 +161,10 @@ class VerlPolicyLoss:
                 metrics.update({verl: out.metrics[k] for k, verl in _VERL_METRIC_NAMES.items() if k in out.metrics})
             work = working_dtype(old_log_prob.dtype)
             old = torch.where(mask, old_log_prob.detach().to(work), 0.0)
-            metrics["actor/ppo_kl"] = ((old - torch.where(mask, log_prob.detach().to(work), 0.0)).sum()
-                                       / mask.sum().clamp(min=1))
+            kl = old - torch.where(mask, log_prob.detach().to(work), 0.0)
+            if isinstance(loss_fn.surrogate, KLCov):  # verl's kl_cov reports the mean |log-ratio| under this name
+                kl = kl.abs()
+            metrics["actor/ppo_kl"] = kl.sum() / mask.sum().clamp(min=1)
             bad = torch.zeros((), dtype=torch.bool, device=mask.device)
             if rollout_is_weights is not None:
                 bad = ((~torch.isfinite(weights) | (weights < 0)) & mask).any()

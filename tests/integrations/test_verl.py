@@ -40,7 +40,7 @@ def actor_config(global_batch_info=None, **options):
     """verl's ActorConfig with clip ratios, SAPO taus, clip_ratio_c, policy_loss.* options and the batch info."""
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-    policy = {k: options.pop(k) for k in list(options) if k in ("dro_beta", "loss_mode")}
+    policy = {k: options.pop(k) for k in list(options) if k in ("dro_beta", "loss_mode", "kl_cov_ratio", "ppo_kl_coef")}
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
                        policy_loss=PolicyLossConfig(**policy), global_batch_info=dict(global_batch_info or {}),
                        **options)
@@ -236,7 +236,7 @@ def test_verl_actor_loss_selects_the_registered_loss_by_loss_mode(verl):
     ({"entropy_coef": 0.01}, "entropy_coeff"),
     ({"is_correction": "token_truncate", "is_max": 2.0}, r"for its sampler/trainer IS correction .*rollout_is="),
     ({"rollout_rs": "token_k1", "rollout_rs_threshold": "0.8_1.25"}, r"for its rollout rejection .*rollout_rs="),
-    ({"bypass_mode": True}, r"for bypass_mode=True .*bypass_mode=True"),
+    ({"bypass_mode": True}, r"for bypass_mode=True .*verl's bypass_mode=True replaces policy_loss.loss_mode"),
 ])
 def test_a_loss_needing_what_verl_does_not_pass_names_verls_option(verl, options, verl_option):
     """Each refusal names what in the loss needs the field and the verl option that does it instead."""
@@ -279,3 +279,44 @@ def test_bad_arguments(verl):
             fn(**batch, loss_agg_mode=mode, config=actor_config())
         with pytest.raises(ValueError, match="Invalid loss_agg_mode"):  # verl's own refusal
             verl.agg_loss(batch["log_prob"], batch["response_mask"].float(), mode)
+
+
+def test_a_zero_rollout_is_weight_does_not_drop_the_sequence_in_the_off_policy_mask(verl):
+    """verl's IcePop ("lower_upper" threshold) zeroes rollout_is_weights of tokens outside its band; the wrapper
+    passes the sampler log-prob old - log(w), +inf there, and the off-policy mask's drift of that sequence became
+    +inf: one such token dropped a whole A < 0 sequence (its gradient went to 0). A token without a finite sampler
+    log-prob is no evidence (as TRL treats one vLLM could not score): the mask keeps the sequence, and the zero
+    weight still removes that token's own term."""
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(2, 5, generator=g, dtype=F64)
+    batch = PolicyBatch(logprobs=lp, old_logprobs=lp - 0.01, advantages=torch.tensor([-1.0, -0.5], dtype=F64),
+                        completion_mask=torch.ones(2, 5, dtype=torch.bool))
+    weights = torch.ones(2, 5, dtype=F64)
+    weights[0, 2] = 0.0
+    masked = register("rlzoo_opsm", rlzoo.get_loss("dapo", off_policy_mask_threshold=0.5), overwrite=True)
+    plain = register("rlzoo_no_opsm", rlzoo.get_loss("dapo"), overwrite=True)
+    loss, grad, metrics = call(masked, batch, "token-mean", actor_config(), weights)
+    want_loss, want_grad, _ = call(plain, batch, "token-mean", actor_config(), weights)
+    assert metrics["actor/off_policy_mask/dropped_mean"] == 0.0
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=0)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+    assert grad[0, 2] == 0 and (grad[0, [0, 1, 3, 4]] != 0).all()
+
+
+def test_kl_cov_reports_ppo_kl_as_verls_kl_cov(verl):
+    """verl's kl_cov reports the mean |log-ratio| as actor/ppo_kl (its other losses the signed mean); the
+    registered kl_cov reported the signed mean under that name. Loss, gradient and ppo_kl are verl's."""
+    g = torch.Generator().manual_seed(3)
+    lp = -torch.rand(3, 6, generator=g, dtype=F64)
+    batch = PolicyBatch(logprobs=lp, old_logprobs=(lp + 0.3 * torch.randn(3, 6, generator=g, dtype=F64)).clamp(max=0),
+                        advantages=torch.randn(3, generator=g, dtype=F64),
+                        completion_mask=torch.ones(3, 6, dtype=torch.bool))
+    fn = register("rlzoo_kl_cov", rlzoo.get_loss("kl_cov", kl_cov_ratio=0.2, ppo_kl_coef=0.1), overwrite=True)
+    config = actor_config(kl_cov_ratio=0.2, ppo_kl_coef=0.1)
+    got, got_grad, got_metrics = call(fn, batch, "token-mean", config)
+    want, want_grad, want_metrics = call(verl.get_policy_loss_fn("kl_cov"), batch, "token-mean", config)
+    torch.testing.assert_close(got, want, atol=REFERENCE_ATOL, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=REFERENCE_ATOL, rtol=0)
+    assert got_metrics["actor/ppo_kl"] == pytest.approx(want_metrics["actor/ppo_kl"], abs=REFERENCE_ATOL)
+    signed = (batch.old_logprobs - lp).mean().item()
+    assert abs(want_metrics["actor/ppo_kl"] - signed) > 0.05  # the two meanings differ here
