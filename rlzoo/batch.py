@@ -412,7 +412,8 @@ class Normalizer:
             group_index: one ``Int[B_k]`` per mask, the group id of each row (:attr:`PolicyBatch.group_index`),
                 to count :attr:`group_num_tokens` (for "prompt-mean"); None: not counted.
             num_groups: the length of ``group_num_tokens`` (> every id); default: the largest id + 1 (one
-                device sync). Under data parallelism pass the number of group ids of the whole step, so every
+                device sync), refused above both the number of rows and 2**20 (ids are prompt indices, not
+                labels). Under data parallelism pass the number of group ids of the whole step, so every
                 rank's vector has the same length for the all-reduce.
             rewards: one ``Float[B_k]`` per mask (:attr:`PolicyBatch.rewards`), to count
                 :attr:`num_positive_tokens` (tokens of rows with reward > 0); None: not counted.
@@ -428,7 +429,7 @@ class Normalizer:
             BatchError: naming the mask's position if one is not a tensor, not ``torch.bool``, not 2-D, or
                 on another device than the first; naming ``group_index`` / ``rewards`` / ``is_weight_sums`` when
                 their number or a shape does not match the masks, or an id of a counted row is negative or >=
-                num_groups.
+                num_groups, or (num_groups not given) the largest id exceeds both the rows and 2**20.
         """
         if not masks:
             raise ValueError("Normalizer.from_masks needs at least one completion mask")
@@ -518,6 +519,11 @@ class Normalizer:
         )
 
 
+_MAX_DERIVED_GROUPS = 1 << 20
+"""The most group ids :meth:`Normalizer.from_masks` derives from the largest id without ``num_groups`` (a vector of
+8 MiB); a larger id than this and than the number of rows is a label, not a prompt index (10**12 allocated 8 TB)."""
+
+
 def _group_token_counts(masks: Sequence[Tensor], group_index: Sequence[Tensor], num_groups: int | None) -> Tensor:
     """``Int[G]``: counted tokens per group id over every mask (rows without a counted token are skipped)."""
     device = masks[0].device
@@ -526,6 +532,13 @@ def _group_token_counts(masks: Sequence[Tensor], group_index: Sequence[Tensor], 
            for n, g in zip(lengths, group_index, strict=True)]
     if num_groups is None:
         num_groups = int(max(int(i.max()) if i.numel() else -1 for i in ids)) + 1
+        rows = sum(int(m.shape[0]) for m in masks)
+        if num_groups > max(rows, _MAX_DERIVED_GROUPS):  # a vector of num_groups counts is allocated
+            raise BatchError(
+                f"Normalizer.from_masks: group_index holds id {num_groups - 1} for {rows} rows; ids number the "
+                "step's prompts from 0 (dense ids of arbitrary labels such as verl's uids: "
+                "torch.unique(uids, return_inverse=True)[1]), or pass num_groups"
+            )
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise BatchError(f"Normalizer.from_masks: num_groups must be an int >= 0, got {num_groups!r}")
     counts = torch.zeros(num_groups, dtype=torch.long, device=device)

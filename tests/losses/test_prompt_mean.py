@@ -117,3 +117,23 @@ def test_prompt_mean_needs_group_index():
     with pytest.raises(ValueError, match="group_index"):
         loss_fn(batch, normalizer=small)
     assert math.isfinite(float(loss_fn(batch).loss))
+
+
+def test_group_labels_instead_of_prompt_indices_are_refused():
+    """verl's uids (or any label) as group_index: the counts vector is the largest id + 1 long, so id 10**12 tried to
+    allocate 8 TB (and 10**9 silently took 8 GB). Above both the rows and 2**20 ids are refused, naming group_index
+    and how to make dense ids; num_groups given, or ids up to the rows, are taken as before."""
+    lp = torch.full((4, 2), -0.5, dtype=torch.float64)
+    common = {"logprobs": lp, "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64),
+              "completion_mask": torch.ones(4, 2, dtype=torch.bool)}
+    loss_fn = rlzoo.get_loss("dapo", aggregation="prompt-mean")
+    for labels in ([10**12, 10**12, 5, 5], [2**20, 2**20, 0, 0]):
+        with pytest.raises(BatchError, match=r"^Normalizer.from_masks: group_index holds id \d+ for 4 rows; ids number "
+                                             r"the step's prompts from 0 .*torch.unique\(uids, return_inverse=True\)"):
+            loss_fn(PolicyBatch(**common, group_index=torch.tensor(labels)))
+    dense = PolicyBatch(**common, group_index=torch.unique(torch.tensor([10**12, 10**12, 5, 5]), return_inverse=True)[1])
+    offset = PolicyBatch(**common, group_index=torch.tensor([2**20 - 1, 2**20 - 1, 7, 7]))  # a large step's prompts
+    assert float(loss_fn(dense).loss) == pytest.approx(float(loss_fn(offset).loss), abs=F64["atol"])
+    masks = [common["completion_mask"]]
+    given = Normalizer.from_masks(*masks, group_index=[torch.tensor([9, 9, 3, 3])], num_groups=10)
+    assert given.group_num_tokens.shape == (10,)
