@@ -95,9 +95,14 @@ class AdaptiveKLController(KLController):
         """``value *= 1 + clip(current_kl / target_kl - 1, -0.2, 0.2) * n_steps / horizon``.
 
         Raises:
-            ValueError: the factor would be <= 0 (``n_steps >= 5 * horizon`` with the KL below target): verl then
-                turns ``beta`` negative, a reward for diverging from the reference; rlzoo names ``horizon``.
+            ValueError: ``current_kl`` NaN or inf (the coefficient would stay NaN for the rest of the run), or
+                ``n_steps`` not an int >= 0 (each names the argument); the factor would be <= 0
+                (``n_steps >= 5 * horizon`` with the KL below target): verl then turns ``beta`` negative, a reward
+                for diverging from the reference; rlzoo names ``horizon``.
         """
+        check_number("kl controller update", "current_kl", float(current_kl))
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
+            raise ValueError(f"kl controller update: n_steps must be an int >= 0 (completions), got {n_steps!r}")
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         factor = 1.0 + error * n_steps / self.horizon
         if factor <= 0.0:
@@ -149,8 +154,8 @@ def kl_in_reward(
         without a counted token contributes 0).
 
     Raises:
-        ValueError: ``kl_coef`` out of range, NaN/inf at a counted position (names the input), shapes that
-            differ from ``completion_mask``.
+        ValueError: ``kl_coef`` out of range, ``completion_mask`` not ``torch.bool``, NaN/inf at a counted position
+            (names the input), shapes that differ from ``completion_mask``.
         UnknownNameError: an unknown estimator (lists them).
 
     Source: verl 0.9.1 ``apply_kl_penalty`` (``verl/trainer/ppo/ray_trainer.py``: ``token_level_rewards =
@@ -168,6 +173,10 @@ def kl_in_reward(
     """
     check_number("kl_in_reward", "kl_coef", kl_coef, low=0.0)
     kl_estimators.get(kl_penalty)
+    if not isinstance(completion_mask, Tensor) or completion_mask.dtype != torch.bool:
+        got = completion_mask.dtype if isinstance(completion_mask, Tensor) else type(completion_mask).__name__
+        raise ValueError(f"kl_in_reward: completion_mask must be a torch.bool tensor (True = token counts), got {got}; "
+                         "convert with .bool() (verl's response_mask is an int / float mask)")
     for name, x in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
         if tuple(x.shape) != tuple(completion_mask.shape):
             raise ValueError(f"kl_in_reward: {name} must have shape {tuple(completion_mask.shape)} like "

@@ -15,7 +15,7 @@ Notation: ``N`` completions, ``T`` completion tokens (right padded), ``r_t`` the
 import math
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.advantages.base import AdvantageEstimator, AdvantageInputs, build_inputs, check_rewards
@@ -259,6 +259,7 @@ def value_loss(
     aggregation: str = "token-mean",
     normalizer: Normalizer | None = None,
     max_completion_length: int | None = None,
+    group_index: Int[Tensor, " B"] | None = None,
 ) -> LossOutput:
     r"""PPO's clipped value (critic) loss.
 
@@ -280,6 +281,8 @@ def value_loss(
         aggregation: a registered aggregation name (default ``"token-mean"``, verl's default).
         normalizer: counts of the whole optimizer-step batch; default: this batch's own.
         max_completion_length: needed by ``"seq-mean-token-sum-norm"`` only.
+        group_index: ``Int[B]`` prompt id of each row (:attr:`rlzoo.PolicyBatch.group_index`), needed by
+            ``"prompt-mean"`` only (the default normalizer then counts each prompt's tokens).
 
     Returns:
         :class:`~rlzoo.LossOutput` with ``loss`` (0-d) and metrics ``critic/vf_clipfrac`` (fraction of counted
@@ -333,8 +336,9 @@ def value_loss(
     else:
         clipped = (torch.clamp(v, old - cliprange_value, old + cliprange_value) - target) ** 2
     per_token = 0.5 * torch.maximum(unclipped, clipped)
-    normalizer = Normalizer.from_masks(mask) if normalizer is None else normalizer
-    loss = agg(per_token, mask, normalizer, max_completion_length)
+    if normalizer is None:
+        normalizer = Normalizer.from_masks(mask, group_index=None if group_index is None else [group_index])
+    loss = agg(per_token, mask, normalizer, max_completion_length, group_index)
     metrics = {
         "critic/vf_clipfrac": masked_mean((clipped > unclipped).to(values.dtype), mask).detach(),
         "critic/vpred_mean": masked_mean(v.detach(), mask),

@@ -13,6 +13,7 @@
 """
 
 import math
+import re
 import sys
 
 import pytest
@@ -21,7 +22,7 @@ from adv_cases import GRID, grouped_rewards, labels_to_index, verl_token_rewards
 from hypothesis import given
 from hypothesis import strategies as st
 from oracles import _StubFinder, verl_core_algos
-from strategies import masks
+from strategies import masks, runtime_type_checker_off
 from tolerances import REFERENCE_ATOL, tol
 
 from rlzoo.advantages import (
@@ -204,6 +205,31 @@ def test_kl_controller_defaults_are_verls():
     adaptive = get_kl_controller("adaptive")
     adaptive.update(1.0, 10000)  # KL 10x the target 0.1 over one horizon: the factor is 1.2
     assert adaptive.value == pytest.approx(0.001 * 1.2, rel=1e-12)
+
+
+@pytest.mark.parametrize(("current_kl", "n_steps", "says"), [
+    (math.nan, 8, "current_kl must be a number, got NaN"), (math.inf, 8, "current_kl must be finite"),
+    (0.1, -8, "n_steps must be an int >= 0"), (0.1, 8.0, "n_steps must be an int >= 0"),
+])
+def test_a_bad_controller_update_is_refused_and_keeps_the_coefficient(current_kl, n_steps, says):
+    """A NaN KL made the adaptive coefficient NaN for the rest of the run (min/max pass NaN through); a negative batch
+    size reversed the update. Both are refused naming the argument, and the coefficient is unchanged."""
+    ctrl = AdaptiveKLController(0.05, 0.1, 100)
+    with runtime_type_checker_off(), pytest.raises(ValueError, match=rf"^kl controller update: {re.escape(says)}"):
+        ctrl.update(current_kl, n_steps)
+    assert ctrl.value == 0.05
+
+
+def test_kl_in_reward_names_a_non_bool_mask():
+    """verl's response_mask is an int / float tensor: torch.where raised its own error (or NotImplementedError for
+    a float mask); the error names completion_mask and .bool()."""
+    old, ref = -torch.rand(2, 3), -torch.rand(2, 3)
+    for mask in (torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3)):
+        with runtime_type_checker_off(), pytest.raises(ValueError, match=r"^kl_in_reward: completion_mask must be a "
+                                                                          r"torch.bool tensor .*\.bool\(\)"):
+            kl_in_reward(old, ref, mask, kl_coef=0.1)
+    rewards, _ = kl_in_reward(old, ref, torch.ones(2, 3, dtype=torch.bool), kl_coef=0.1)
+    assert rewards.shape == (2, 3)
 
 
 def test_kl_controller_errors_name_the_option():

@@ -137,3 +137,20 @@ def test_group_labels_instead_of_prompt_indices_are_refused():
     masks = [common["completion_mask"]]
     given = Normalizer.from_masks(*masks, group_index=[torch.tensor([9, 9, 3, 3])], num_groups=10)
     assert given.group_num_tokens.shape == (10,)
+
+
+def test_value_loss_takes_prompt_mean_with_the_group_index():
+    """value_loss with aggregation="prompt-mean" raised for the group ids it had no argument for, though docs said
+    any aggregation: it takes group_index; the loss is the prompt-mean of its per-token terms (SkyRL's weights)."""
+    from rlzoo.advantages import value_loss
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    values, old, returns = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    groups = torch.tensor([0, 0, 1, 1])
+    out = value_loss(values, old, returns, mask, cliprange_value=math.inf, aggregation="prompt-mean",
+                     group_index=groups)
+    per_token = 0.5 * (values - returns) ** 2
+    assert float(out.loss) == pytest.approx(skyrl_prompt_mean(per_token, mask, groups), abs=F64["atol"])
+    with pytest.raises(ValueError, match="group_index"):
+        value_loss(values, old, returns, mask, cliprange_value=math.inf, aggregation="prompt-mean")
