@@ -115,17 +115,19 @@ class _OneToken:
                 self.fields[name] = torch.ones(1, 1, dtype=torch.float64)
             elif name == "rewards":  # a correct answer exactly when the advantage is positive
                 self.fields[name] = torch.tensor([1.0 if advantage > 0 else 0.0], dtype=torch.float64)
-            elif name == "group_index":  # the one sequence is its own group
+            elif name in ("group_index", "versions"):  # its own group; sampled by version 0, one update behind
                 self.fields[name] = torch.zeros(1, dtype=torch.long)
+            elif name == "current_version":
+                self.fields[name] = 1  # type: ignore[assignment]  # an int field of PolicyBatch
             else:
                 raise ValueError(f"rlzoo plot: the loss needs PolicyBatch.{name}, which has no picture convention; "
-                                 f"pass fields={{{name!r}: a [1, 1] tensor}} (PolicyBatch fields: "
+                                 f"pass it in fields= of rlzoo.losses.curves.objective_curves (PolicyBatch fields: "
                                  f"{', '.join(sorted(known))})")
 
     def __call__(self, r: float) -> tuple[float, float, dict[str, float]]:
         logprob = min(0.0, math.log(r) + self.log_old)  # r * p_old <= 1: only rounding is clamped
         lp = torch.tensor([[logprob]], dtype=torch.float64, requires_grad=True)
-        if self.loss.bypass_mode:  # the sampler's log-probs are the old ones (verl's bypass_mode)
+        if self.loss.bypass_mode or self.loss.prox_logp_method != "recompute":  # the old policy is the sampler's
             fields = {**self.fields, "rollout_logprobs": self.old}
             batch = PolicyBatch(logprobs=lp, advantages=self.advantages, completion_mask=self.mask, **fields)
         else:

@@ -16,7 +16,9 @@ Conventions (each picture's subtitle lists those that apply):
 * the log-probs a loss needs besides ``logprobs`` and ``old_logprobs`` (reference, sampler, ...) equal
   ``old_logprobs``: the reference is the old policy, so a KL penalty is 0 at ``r = 1``, and an IS correction
   weighs 1; entropies, when needed, are 1 nat; a reward, when needed (VAPO's positive-example NLL), is 1 for
-  ``A > 0`` and 0 for ``A < 0``; the token is its own group (``group_index`` 0);
+  ``A > 0`` and 0 for ``A < 0``; the token is its own group (``group_index`` 0); a loss that reads policy
+  versions (the log-linear proximal policy) trains version 1 on a token sampled by version 0 (one update behind:
+  the proximal policy is the sampler's);
 * batch-coupled parts (Clip-Cov, KL-Cov, the entropy quantile) see a batch of one token: Clip-Cov's
   covariance is 0 (nothing removed), KL-Cov's top-k is that token (always penalised);
 * ``p_old`` (default 0.2) matters only to losses that read probabilities (DPPO's trust region) or whose value

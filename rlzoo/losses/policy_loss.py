@@ -155,7 +155,7 @@ class PolicyLoss:
         if self.max_completion_length is None and self.aggregation.needs_max_completion_length:
             raise ValueError(
                 f"aggregation {self.aggregation.registered_name()!r} needs max_completion_length: "
-                f"get_loss({self.name!r}, max_completion_length=...)"
+                f"{f'get_loss({self.name!r}, ' if self.name else 'PolicyLoss(..., '}max_completion_length=...)"
             )
 
     @property

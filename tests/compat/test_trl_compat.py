@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from strategies import runtime_type_checker_off
 from tolerances import REFERENCE_ATOL, tol
 
 import rlzoo
@@ -822,3 +823,17 @@ def test_a_composed_rollout_rejection_keeps_its_metric_tokens_through_the_trl_lo
     out = rejecting(batch)
     assert float(out.metric_tokens["ratio/mean"]) == 8.0  # of 12
     assert out.metric_tokens["cispo_clip_ratio"] is out.metric_tokens["clip_ratio/high_mean"]
+
+
+def test_normalizer_from_batch_with_a_trl_loss_says_what_to_pass() -> None:
+    """Normalizer.from_batch(batch, loss=loss_fn), as the README spells it for a PolicyLoss, raised AttributeError
+    ('TRLGRPOLoss' object has no attribute 'loss_mask') for a TRL user's loss: a TypeError says what to pass."""
+    loss_fn = build({"loss_type": "dapo"})
+    batch = rlzoo.PolicyBatch(logprobs=-torch.rand(2, 3, dtype=F64), advantages=torch.ones(2, dtype=F64),
+                              completion_mask=torch.ones(2, 3, dtype=torch.bool))
+    with runtime_type_checker_off(), pytest.raises(TypeError, match=r"^Normalizer.from_batch: loss must be an rlzoo "
+                                                                    r"PolicyLoss \(it has loss_mask\), got TRLGRPOLoss; "
+                                                                    r"it wraps one in .loss: from_batch\(..., "
+                                                                    r"loss=loss_fn.loss\)"):
+        rlzoo.Normalizer.from_batch(batch, loss=loss_fn)
+    assert int(rlzoo.Normalizer.from_batch(batch, loss=loss_fn.loss).num_tokens) == 6

@@ -500,9 +500,12 @@ def test_token_sum_norm_without_max_completion_length(name):
     """seq-mean-token-sum-norm needs the constant max_completion_length: calling without it is a ValueError
     naming max_completion_length (never a silent fallback to the padded length)."""
     loss_fn = rlzoo.get_loss(name)
-    with pytest.raises(ValueError, match="max_completion_length"):
+    with pytest.raises(ValueError, match=rf"needs max_completion_length: get_loss\('{name}', max_completion_length=...\)$"):
         loss_fn(_batch())
     rlzoo.get_loss(name, max_completion_length=T)(_batch())
+    unnamed = rlzoo.PolicyLoss(surrogate="ppo_clip", aggregation="seq-mean-token-sum-norm")  # said get_loss(None, ...)
+    with pytest.raises(ValueError, match=r"needs max_completion_length: PolicyLoss\(..., max_completion_length=...\)$"):
+        unnamed(_batch())
 
 
 def test_an_aggregation_called_alone_names_the_input_it_lacks():

@@ -107,6 +107,18 @@ def test_gspo_at_one_token_is_token_level_ppo():
         torch.testing.assert_close(a.value, b.value, **F64)
 
 
+def test_the_log_linear_proximal_policy_is_pictured_one_update_behind():
+    """rlzoo plot decoupled_ppo --loss.prox_logp_method loglinear failed: the picture had no convention for the
+    versions, and gave the old log-probs the loss derives itself. A token sampled one update behind (version 0,
+    training version 1) has the sampler's policy as its proximal one: the curves of the recomputed proximal
+    policy equal to the sampler's."""
+    loglinear = objective_curves("decoupled_ppo", prox_logp_method="loglinear", **FAST)
+    recompute = objective_curves("decoupled_ppo", **FAST)
+    for a, b in zip(loglinear.curves, recompute.curves, strict=True):
+        torch.testing.assert_close(a.gradient, b.gradient, **F64)
+        torch.testing.assert_close(a.value, b.value, **F64)
+
+
 def test_penalty_curves_and_the_integral_of_the_gradient():
     """GRPO's k3 KL with ref = old: the policy term alone is PPO's clip; the full gradient adds
     beta (1/r - 1) (d k3 / d logp with ref = old is 1 - 1/r); the trapezoid integral of the gradient matches
