@@ -369,7 +369,9 @@ def describe(loss: "PolicyLoss") -> str:
         f"surrogate:     {loss.surrogate.describe()}",
     ]
     if loss.is_correction is not None and loss.is_correction.active:
-        lines.append(f"IS correction: {loss.is_correction.describe()}")
+        reported = loss.bypass_mode and loss.surrogate.uses_ratio  # off_policy.policy_loss: the ratio is pi / pi_s
+        lines.append(f"IS correction: {loss.is_correction.describe()}" + (
+            " (metrics only: in bypass mode the ratio already is pi_theta / pi_sampler, as verl)" if reported else ""))
     lines += [f"token weight:  {p.describe()}" for p in loss.weights if p.active]
     lines += [f"penalty:       {p.describe()}" for p in loss.penalties if p.active]
     lines.append(f"aggregation:   {loss.aggregation.registered_name()}"

@@ -291,6 +291,26 @@ def test_bypass_mode_equals_verl(verl, helper, data, agg, options, loss_type):
     _compare(out, grad, want, want_grad)
 
 
+@pytest.mark.parametrize(("surrogate_options", "reported"), [({}, True), ({"surrogate": "reinforce"}, False)])
+def test_explain_says_when_bypass_mode_reports_the_is_correction_only(surrogate_options, reported):
+    """In bypass mode a ratio surrogate's ratio already is pi_theta / pi_sampler (verl's bypass ppo_clip): an IS
+    correction (TRL's token_mask, verl's IcePop) is then metrics only, and `rlzoo explain` listed it as if it
+    applied. The line says so; for REINFORCE, which applies it, it does not."""
+    from rlzoo.losses import PolicyLoss
+
+    base = rlzoo.get_loss("dapo", bypass_mode=True, is_correction="token_mask")
+    loss = base if not surrogate_options else dataclasses.replace(base, **surrogate_options)
+    assert isinstance(loss, PolicyLoss)
+    line = next(x for x in loss.describe().splitlines() if x.startswith("IS correction:"))
+    assert line.endswith("(metrics only: in bypass mode the ratio already is pi_theta / pi_sampler, as verl)") is reported
+    lp = -torch.rand(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    batch = PolicyBatch(logprobs=lp.requires_grad_(), rollout_logprobs=lp.detach() - 2.0,  # weights e^2 > is_max
+                        advantages=torch.tensor([1.0, -1.0], dtype=torch.float64),
+                        completion_mask=torch.ones(2, 3, dtype=torch.bool))
+    without = dataclasses.replace(loss, is_correction=None)
+    assert torch.equal(loss(batch).loss, without(batch).loss) is reported  # what the line says
+
+
 def test_bypass_mode_rejects_old_logprobs():
     """bypass_mode uses the sampler's log-probs as the old ones: a batch that also has old_logprobs is ambiguous
     and raises, naming old_logprobs; rollout_logprobs are required."""
