@@ -193,7 +193,9 @@ def check_number(owner: str, name: str, value: Any, *, low: float | None = None,
             return
         raise ValueError(f"{owner}: {name} must be a number, got None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{owner}: {name} must be a number, got {type(value).__name__} {value!r}")
+        unset = allow_none and isinstance(value, str) and value.strip().lower() in ("none", "null", "~")
+        raise ValueError(f"{owner}: {name} must be a number, got {type(value).__name__} {value!r}"
+                         + ("; for no value pass None (on the command line: null or None)" if unset else ""))
     if math.isnan(value):
         raise ValueError(f"{owner}: {name} must be a number, got NaN")
     if math.isinf(value) and not allow_inf:

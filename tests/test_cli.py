@@ -142,6 +142,19 @@ def test_a_dotted_option_takes_pythons_none_as_null():
                                                                                            "beta": None}
 
 
+def test_a_lowercase_none_for_an_option_that_takes_none_says_how_to_spell_it():
+    """``--loss.dual_clip none`` stays a string (``--advantage.scale none`` is a name), and the error said only
+    "must be a number, got str 'none'": it says how to give no value."""
+    from strategies import runtime_type_checker_off
+
+    with runtime_type_checker_off(), pytest.raises(ValueError, match=r"^ppo_clip: dual_clip must be a number, got str "
+                                                                     r"'none'; for no value pass None \(on the command "
+                                                                     r"line: null or None\)$"):
+        rlzoo.get_loss("ppo", dual_clip="none")
+    with runtime_type_checker_off(), pytest.raises(ValueError, match=r"must be a number, got str 'none'$"):
+        rlzoo.get_loss("ppo", epsilon_high="none")  # epsilon_high takes no None
+
+
 def test_a_dotted_option_given_two_values_says_how_to_give_a_list():
     """``--peft.target_modules q_proj v_proj`` (argparse's list habit) said "unexpected argument 'v_proj'" without
     saying that a dotted option takes one value and a list is comma-separated."""
