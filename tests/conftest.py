@@ -1,6 +1,8 @@
 """Shared pytest set-up: hypothesis profiles, float64 default for math tests, markers."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # No network in CI: hub ids resolve from the local cache only (else each miss retries for a minute). Read by
@@ -9,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")  # wandb without an account or a network
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="rlzoo-test-trackio-")  # a fresh store, never the user's
+atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], ignore_errors=True)  # one per session and worker: not left
 
 import torch
 from hypothesis import HealthCheck, settings
