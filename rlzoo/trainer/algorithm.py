@@ -17,15 +17,17 @@ TRAINER_INPUTS = frozenset({"completion_mask", "old_logprobs", "sum_pi_squared"}
 the reward, so an estimator cannot need them)."""
 
 
-def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
-               max_completion_length: int) -> tuple[PolicyLoss, Any, str]:
+def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *, max_completion_length: int,
+               normalize_then_sum: bool = False) -> tuple[PolicyLoss, Any, str]:
     """The run's loss and advantage estimator: ``(loss, estimator, estimator name)``.
 
     Without ``loss``, the preset ``config.algorithm`` with ``config.loss`` overrides and the preset's
     recommended estimator; with a loss composed in Python, ``config.loss`` overrides its options and the
     estimator is ``grpo``. ``config.advantage`` / ``advantage_options`` override the estimator (a ``scale`` of
     True / False is TRL's ``scale_rewards``: "group" / "none"). The loss gets the run's ``max_completion_length``
-    unless it sets its own.
+    unless it sets its own. With ``normalize_then_sum`` (the rewards were normalised per group before their sum,
+    ``--multi-reward-aggregation normalize_then_sum``) a ``grpo`` estimator without a ``scale`` option scales over
+    the batch, as TRL 1.16 normalises that sum (``scale="batch"``, logged; TRL ignores ``scale_rewards`` there).
 
     Raises:
         UnknownNameError: unknown preset or estimator (lists the valid names).
@@ -59,6 +61,10 @@ def build_loss(config: AlgorithmConfig, loss: PolicyLoss | None, *,
     advantage_options.update(config.advantage_options)
     if isinstance(advantage_options.get("scale"), bool):  # TRL's scale_rewards True / False (GRPOConfig)
         advantage_options["scale"] = "group" if advantage_options["scale"] else "none"
+    if normalize_then_sum and advantage_name == "grpo" and "scale" not in advantage_options:
+        advantage_options["scale"] = "batch"
+        log.info("advantages: grpo with scale='batch' (TRL's normalisation of a normalize_then_sum reward; "
+                 "--advantage.scale group re-normalises each group)")
     estimator = get_advantage(advantage_name, **advantage_options)
     unsupported = set(estimator.needs) - TRAINER_INPUTS
     if unsupported:

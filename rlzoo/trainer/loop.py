@@ -115,8 +115,7 @@ class Trainer:
             reward_funcs = [reward_funcs]
         check_python_dataset("train_dataset", train_dataset)  # before anything loads
         check_python_dataset("eval_dataset", eval_dataset)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(config.num_threads or torch.get_num_threads())  # 0: torch's default
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
                                             shard=config.parallelism == "fsdp")
         if dist.is_main:
@@ -124,7 +123,8 @@ class Trainer:
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self._python_loss = loss is not None  # checkpoints record it: `algorithm` alone would rebuild another
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
-            config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length)
+            config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length,
+            normalize_then_sum=config.multi_reward_aggregation == "normalize_then_sum")
         self.required = self.loss_fn.required_fields()
         score_old = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
         output_dir = config.output_dir or dist.broadcast_object(default_output_dir(

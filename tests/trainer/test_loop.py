@@ -10,6 +10,7 @@ import torch
 from tolerances import tol
 
 import rlzoo
+from rlzoo.advantages import combine_rewards, get_advantage
 from rlzoo.registry import UnknownNameError
 from rlzoo.trainer import TrainConfig, Trainer
 from rlzoo.trainer.rewards import RewardFunctionError
@@ -453,6 +454,31 @@ def test_normalize_then_sum_logs_the_reward_and_takes_none(tmp_path):
     metrics = trainer.rollouts.batch_metrics(batch)
     expected = (values * torch.tensor([2.0, 0.5], dtype=torch.float64)).nansum(dim=1).mean()
     assert metrics["reward"] == pytest.approx(float(expected), rel=1e-6) and metrics["reward"] > 1.0
+
+
+def test_normalize_then_sum_gives_trls_advantages(tmp_path, caplog):
+    """TRL 1.16 normalises a normalize_then_sum reward over the batch (grpo_trainer.py: (r - mean) / (std + 1e-4),
+    whatever scale_rewards says); the trainer's default grpo estimator re-normalised it per group (advantages off
+    by up to 1.08 in a helper's trial). Without --advantage.scale the estimator scales over the batch (logged)."""
+    def digits(prompts, completions, **columns):
+        return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+    def length(prompts, completions, **columns):
+        return [float(len(c)) for c in completions]
+
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        trainer = Trainer(_config(tmp_path, reward_funcs=(), eval_size=0, multi_reward_aggregation="normalize_then_sum",
+                                  reward_weights=(2.0, 0.5)), reward_funcs=[digits, length])
+    assert "grpo with scale='batch'" in caplog.text
+    batch = trainer.rollouts.next_optimizer_step()
+    values = torch.cat([mb.rewards for mb in batch.micro_batches]).double()
+    got = torch.cat([mb.advantages for mb in batch.micro_batches]).double()
+    summed = combine_rewards(values, weights=[2.0, 0.5], mode="normalize_then_sum",
+                             group_size=trainer.config.num_generations)
+    want = (summed - summed.mean()) / (summed.std() + 1e-4)
+    per_group = get_advantage("grpo")(summed, group_size=trainer.config.num_generations)  # what it was
+    assert (per_group - want).abs().max() > 1e-2  # the batch scale matters here
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_dynamic_sampling_leaves_unscorable_completions_out(tmp_path):
