@@ -573,8 +573,9 @@ def test_another_task_leaves_the_runs_task_options_and_eval_size_0_names_the_run
                                                                                    caplog):
     """`rlzoo eval --run RUN --task other.jsonl` (and `rlzoo train --config RUN/config.json --task other.jsonl`)
     applied the run's chain_sum options to the data set: "unknown option(s) ['max_terms'] for data set task". They
-    are dropped now, with an INFO line naming them; --task.NAME flags still apply (eval: they replace the run's
-    options; train: laid over the file's), and the same task, a path as typed or absolute, keeps them. A run
+    are dropped now, with an INFO line naming them; --task.NAME flags still apply, laid over the run's options
+    (eval replaced them: a run trained with --task.prompt_column question evaluated with --task.split failed for
+    want of a 'prompt' column), and the same task, a path as typed or absolute, keeps them. A run
     trained with --eval-size 0 said "eval_size must be >= 1 to evaluate, got 0": the message names the run's
     setting and --eval-size N, and for a data set trained on in full, that its rows were trained on."""
     from rlzoo.trainer.eval_run import EvalArgs, eval_config
@@ -602,7 +603,7 @@ def test_another_task_leaves_the_runs_task_options_and_eval_size_0_names_the_run
 
     assert task_options(task="std.jsonl", task_kwargs={"prompt_column": "prompt"}) == {"prompt_column": "prompt"}
     assert task_options(task="chain_sum") == {"max_terms": 3}
-    assert task_options(task_kwargs={"min_terms": 3}) == {"min_terms": 3}  # as before: flags replace the run's
+    assert task_options(task_kwargs={"min_terms": 3}) == {"max_terms": 3, "min_terms": 3}  # as train --config
 
     config = str(run / "config.json")
     assert parse_train_args(["--config", config, "--task", "std.jsonl"]).task_kwargs is None
@@ -622,6 +623,26 @@ def test_another_task_leaves_the_runs_task_options_and_eval_size_0_names_the_run
     with pytest.raises(ValueError, match=r"pass --eval-size N to evaluate N problems \(of '.*std.jsonl', a data set "
                                          r"the run trained on in full, those are rows it trained on\)$"):
         eval_config(EvalArgs(run=str(trained)))
+
+
+def test_eval_output_is_refused_where_it_would_break_a_run(tmp_path):
+    """`rlzoo eval --output RUN/config.json` replaced the run's config with its result (the run could no longer be
+    resumed or evaluated by name), and `--output DIR` failed after the whole evaluation with a temporary file's name.
+    Both are refused before anything loads; a file beside the run's own is taken."""
+    from rlzoo.trainer.eval_run import EvalArgs, _check_output
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": "chain_sum", "segments": []}))
+    (run / "metrics.jsonl").write_text("")
+    for output, says in [(run / "config.json", "is the config.json of the training run"),
+                         (run / "checkpoints" / "x.json", "is the checkpoints of the training run"),
+                         (run, "is a directory; name a file")]:
+        with pytest.raises(ValueError, match=f"^--output {re.escape(repr(str(output)))} {says}"):
+            main(["eval", "--run", str(run), "--output", str(output)])
+    assert json.loads((run / "config.json").read_text())["task"] == "chain_sum"
+    _check_output(run / "eval.json")  # beside them: fine
+    assert EvalArgs(output=str(run / "eval.json")).output
 
 
 def test_tasks_lists_tasks_and_options(capsys):

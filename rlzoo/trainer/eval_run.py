@@ -177,6 +177,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         args = dataclasses.replace(args, reward_funcs=())  # accuracy only
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
+    if isinstance(settings.get("task_kwargs"), dict) and "task_kwargs" in overrides:  # --task.X: option by option,
+        overrides["task_kwargs"] = {**settings["task_kwargs"], **overrides["task_kwargs"]}  # as train --config
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
 
 
@@ -278,11 +280,14 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     is null) and a few ``samples``; written to ``args.output`` (atomically) when given.
 
     Raises:
+        ValueError: ``--output`` is a directory or a training run's own file (its ``config.json``, ...).
         the errors of :func:`eval_config` and :func:`rlzoo.trainer.evaluation.evaluate`.
     """
     from rlzoo.trainer.evaluation import evaluate
     from rlzoo.trainer.io import atomic_write_text
 
+    if args.output:
+        _check_output(Path(args.output))  # before the evaluation, which takes minutes
     config, checkpoint = eval_config(args)
     # nothing trains: a data set's held-out set is not capped to keep training rows, but for a run's own task,
     # whose held-out set is the one it was trained with (if it had one: one trained with eval_size 0 is evaluated on
@@ -303,6 +308,21 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     if args.output:
         atomic_write_text(args.output, json.dumps(out, indent=2, allow_nan=False) + "\n")
     return out
+
+
+def _check_output(output: Path) -> None:
+    """Refuse an ``--output`` that is a directory, or a file of a training run's own (its ``config.json``: the run
+    could no longer be resumed or evaluated by name), naming the flag and a path that works."""
+    from rlzoo.trainer.run_dir import RUN_FILES, RunDirectory
+
+    if output.is_dir():
+        raise ValueError(f"--output {str(output)!r} is a directory; name a file (e.g. {str(output / 'eval.json')!r})")
+    target = output.resolve()
+    for run in target.parents:
+        inside = target.relative_to(run).parts[0]
+        if inside in RUN_FILES and RunDirectory(run).holds_run():
+            raise ValueError(f"--output {str(output)!r} is the {inside} of the training run {str(run)!r} (or inside "
+                             f"it); write the result beside them, e.g. {str(run / 'eval.json')!r}")
 
 
 def _json_number(value: float | None) -> float | None:
