@@ -45,10 +45,21 @@ RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "aband
 LOCK_FILE = ".rlzoo.lock"
 _COMPLETIONS = re.compile(r"step-\d+\.parquet")
 """A completions table of the run (``completions/step-NNNNNN.parquet``)."""
+_TRACKER_FILES = {"tensorboard": re.compile(r"events\.out\.tfevents\..+"),
+                  "wandb": re.compile(r"(offline-)?run-\d{8}_\d{6}-\w+|latest-run|debug(-internal|-cli\.\w+)?\.log")}
+"""What TensorBoard's SummaryWriter and wandb write into ``tensorboard/`` and ``wandb/`` (``--overwrite`` deletes
+those, not a user's own files there)."""
 
 
 class RunLockedError(OSError):
     """Another live process runs in this directory (names its pid and host)."""
+
+
+def _written_by_run(directory: str, path: Path) -> bool:
+    """Whether ``path``, in the run's ``directory`` (checkpoints, completions, tensorboard, wandb), is the run's."""
+    if directory in _TRACKER_FILES:
+        return bool(_TRACKER_FILES[directory].fullmatch(path.name))
+    return (step_of(path) is not None and path.is_dir()) or bool(_COMPLETIONS.fullmatch(path.name))
 
 
 class RunDirectory:
@@ -220,19 +231,19 @@ class RunDirectory:
     def _delete_run(self) -> None:
         """``--overwrite``: delete the run's files (:data:`RUN_FILES`), and of the names a user's own files could
         have (``checkpoints/``, ``completions/``, ``tensorboard/``, ``wandb/``) only what the run wrote: its
-        checkpoints and completion tables, and a tracker's directory where its config.json names that tracker."""
+        checkpoints and completion tables, and a tracker's files (:data:`_TRACKER_FILES`) where its config.json
+        names that tracker."""
         reported = _recorded_trackers(self.path / "config.json")
         for name in RUN_FILES:
             target = self.path / name
-            if name in ("checkpoints", "completions"):  # the run's: step-NNNNNN/ checkpoints, step-NNNNNN.parquet
-                ours = [p for p in (target.iterdir() if target.is_dir() else ())
-                        if (step_of(p) is not None and p.is_dir()) or _COMPLETIONS.fullmatch(p.name)]
+            if name in ("tensorboard", "wandb") and not ({name, "all"} & reported):
+                continue
+            if name in ("checkpoints", "completions", "tensorboard", "wandb"):  # the run's entries only
+                ours = [p for p in (target.iterdir() if target.is_dir() else ()) if _written_by_run(name, p)]
                 for path in ours:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
                 if ours and not any(target.iterdir()):
                     target.rmdir()
-            elif name in ("tensorboard", "wandb") and not ({name, "all"} & reported):
-                continue
             elif target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():

@@ -159,6 +159,10 @@ def test_overwrite_deletes_the_runs_files_and_not_a_users_own(tmp_path):
     assert (mine / "wandb" / "other.txt").read_text() == "x" and (mine / "tensorboard").is_dir()
     _train(mine, max_steps=1, eval_size=0, overwrite=True)  # the tensorboard run's config names it: deleted
     assert not (mine / "tensorboard").exists() and (mine / "wandb" / "other.txt").exists()
+    _train(mine, max_steps=1, eval_size=0, overwrite=True, report_to="tensorboard")
+    (mine / "tensorboard" / "my_notes.txt").write_text("mine")  # a file of the user's beside the event files
+    _train(mine, max_steps=1, eval_size=0, overwrite=True)  # the event files go, the notes stay (they went too)
+    assert [p.name for p in (mine / "tensorboard").iterdir()] == ["my_notes.txt"]
     assert [r["step"] for r in _rows(mine / "metrics.jsonl")] == [1]
 
 
