@@ -427,6 +427,23 @@ def test_an_empty_task_file_says_so(tmp_path):
             load_task(str(tmp_path / name))
 
 
+def test_hub_options_for_a_data_file_or_saved_data_set_are_refused(tmp_path):
+    """--task.name, --task.data_dir and --task.revision reach datasets.load_dataset for hub ids (and a repository's
+    directory) only: for a data file or a save_to_disk directory they were ignored, and recorded in config.json as if
+    used. They are refused, naming the options; a repository's directory takes them."""
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n' * 12)
+    datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 12).save_to_disk(str(tmp_path / "disk"))
+    for spec, label in ((tmp_path / "rows.jsonl", "task file"), (tmp_path / "disk", "data set")):
+        for options in ({"name": "foo"}, {"data_dir": "x", "revision": "main"}):
+            flags = ", ".join(f"--task.{k}" for k in options)
+            with pytest.raises(ValueError, match=rf"^{label} '.*': {flags} applies to a hub data set "):
+                load_task(str(spec), kwargs=options, eval_size=0)
+    hub = tmp_path / "repo"
+    (hub / "sub").mkdir(parents=True)
+    datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 12).to_parquet(str(hub / "sub" / "train.parquet"))
+    assert len(load_task(str(hub), kwargs={"data_dir": "sub"}, eval_size=0).dataset) == 12
+
+
 def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
     """TRL's reward functions need trl and math-verify (the `trl` extra): a missing one says what to install."""
     import sys

@@ -76,11 +76,19 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
     by split; a slice's rows as its split numbers them).
 
     Raises:
-        the errors of :func:`load_dataset_source`.
+        ValueError: ``name``, ``data_dir`` or ``revision`` given for a data file or a ``save_to_disk`` directory
+            (they would be ignored); the errors of :func:`load_dataset_source`.
     """
     import datasets
 
     path, builder = Path(spec), file_builder(Path(spec))
+    hub_only = {option: value for option, value in (("name", name), ("data_dir", data_dir), ("revision", revision))
+                if value is not None}
+    if hub_only and (path.is_file() or path.is_dir() and _is_saved_to_disk(path)):  # they were ignored silently
+        raise ValueError(f"{'task file' if path.is_file() else 'data set'} {spec!r}: "
+                         + ", ".join(f"--task.{option}" for option in hub_only)
+                         + " applies to a hub data set (or a data set repository's directory); a data file or "
+                         "save_to_disk directory has none: drop it")
     if path.is_file():
         if builder is None:
             raise ValueError(f"task file {spec!r}: unknown data file type {''.join(path.suffixes[-2:])!r}; "
