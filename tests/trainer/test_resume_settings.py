@@ -538,6 +538,18 @@ def test_a_resume_that_would_change_a_data_sets_training_rows_is_refused(tmp_pat
     assert not [r for r in caplog.records if "differ from those" in r.getMessage()]
 
 
+def test_a_data_sets_options_given_at_their_defaults_are_no_change(tmp_path):
+    """A resume with --task.split train (or prompt_column prompt, answer_column answer) of a run that gave none was
+    refused: "task_kwargs.split (not set) -> 'train'". Options at the data set's defaults are no change (as peft's);
+    another value still is."""
+    data = _data_file(tmp_path / "d.jsonl", 30)
+    saved = TrainConfig(**{**TINY, "task": data})
+    for given in ({"split": "train"}, {"prompt_column": "prompt", "answer_column": "answer"}, {"eval_split": None}):
+        assert compare_settings(saved.to_dict(), dataclasses.replace(saved, task_kwargs=given)) == {}
+    with pytest.raises(ValueError, match=r"task_kwargs.split \(not set\) -> 'train\[:20\]'"):
+        compare_settings(saved.to_dict(), dataclasses.replace(saved, task_kwargs={"split": "train[:20]"}))
+
+
 def test_a_checkpoint_from_before_data_sets_recorded_their_rows_resumes(tmp_path):
     """Older checkpoints hold no ``rows`` / ``content`` in their task state: nothing to compare, no refusal."""
     from rlzoo.trainer.tasks import TaskStream, load_task

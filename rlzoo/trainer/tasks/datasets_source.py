@@ -30,8 +30,8 @@ from rlzoo.trainer.tasks.dataset_loading import (
 from rlzoo.trainer.tasks.extraction import normalized_match
 from rlzoo.trainer.tasks.rows import RowOrigin, check_rows, content_digest, describe, row_problem
 
-__all__ = ["DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_rows",
-           "load_dataset_source"]
+__all__ = ["DATASET_DEFAULTS", "DATASET_OPTIONS", "FILE_BUILDERS", "DatasetTask", "is_dataset_spec", "load_dataset_rows",
+           "load_dataset_source", "without_dataset_defaults"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -46,6 +46,14 @@ DATASET_OPTIONS: Mapping[str, str] = {
     "revision": "a hub revision (branch, tag or commit)",
 }
 """The ``--task.NAME`` options of a data set task and what each one means."""
+DATASET_DEFAULTS: Mapping[str, Any] = {"split": "train", "eval_split": None, "prompt_column": "prompt",
+                                       "answer_column": "answer", "name": None, "data_dir": None, "revision": None}
+"""The value each of :data:`DATASET_OPTIONS` has when not given (one given at it is no change on resume)."""
+
+
+def without_dataset_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without those at their :data:`DATASET_DEFAULTS` (``split="train"`` is no option given)."""
+    return {k: v for k, v in options.items() if k not in DATASET_DEFAULTS or DATASET_DEFAULTS[k] != v}
 
 MAX_EVAL_FRACTION = 0.2
 """A held-out split cut from the training rows takes at most this share of them (capped with a warning)."""
