@@ -497,16 +497,16 @@ class Normalizer:
 
         Raises:
             ValueError: if no batch is given.
-            TypeError: ``loss`` has no ``loss_mask`` (names its type; for a wrapper of a loss in ``.loss``, such as
+            ValueError: ``loss`` has no ``loss_mask`` (names its type; for a wrapper of a loss in ``.loss``, such as
                 rlzoo.compat.trl's TRLGRPOLoss, which counts as TRL does, says what to pass instead).
         """
         if not batches:
             raise ValueError("Normalizer.from_batch needs at least one PolicyBatch")
         if loss is not None and not callable(getattr(loss, "loss_mask", None)):
-            raise TypeError(
+            raise ValueError(
                 f"Normalizer.from_batch: loss must be an rlzoo PolicyLoss (it has loss_mask), got {type(loss).__name__}"
-                + ("; it wraps one in .loss: from_batch(..., loss=loss_fn.loss) (rlzoo.compat.trl's TRLGRPOLoss "
-                   "itself counts as TRL does, every row: Normalizer(num_tokens=mask.sum(), num_sequences=B) over the "
+                + ("; it wraps one in .loss: from_batch(..., loss=loss_fn.loss) (rlzoo.compat.trl's TRLGRPOLoss, "
+                   "if it is one, itself counts as TRL does, every row: Normalizer(num_tokens=mask.sum(), num_sequences=B) over the "
                    "step's micro-batches)" if callable(getattr(getattr(loss, "loss", None), "loss_mask", None)) else "")
             )
         if loss is None:

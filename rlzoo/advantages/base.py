@@ -311,7 +311,7 @@ class AdvantageEstimator(Component, abc.ABC):
                 f"{accepted}"
             )
         # bf16 / fp16 rewards are computed in float32 (a bf16 group sum stops growing at 256, an fp16 one
-        # overflows at 65504) and returned in their dtype, as verl computes group statistics in float32
+        # overflows at 65504) and returned in their dtype
         work = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
         inputs = build_inputs(owner, work, given)
         groups = None

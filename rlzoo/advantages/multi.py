@@ -67,7 +67,7 @@ def combine_rewards(
         eps: ``>= 0`` added to each per-group std (TRL 1e-4; verl gdpo 1e-6).
 
     Returns:
-        ``Float[N]`` in ``rewards``' dtype.
+        ``Float[N]`` in ``rewards``' dtype (bf16 / fp16 rewards are computed in float32 and rounded once).
 
     Raises:
         ValueError: naming the field: unknown ``mode`` (listing both), ``rewards`` not ``[N, K]`` floating
@@ -100,6 +100,8 @@ def combine_rewards(
         check_rewards(rewards[:, column], owner, name="rewards")
     if bool(torch.isinf(rewards).any()):
         raise ValueError(f"{owner}: rewards holds inf; a reward is a finite number, or NaN for a function's None")
+    dtype = rewards.dtype  # bf16 / fp16: computed in float32 (a bf16 group sum stops at 256), returned in it
+    rewards = rewards.to(torch.promote_types(dtype, torch.float32))
     if weights is None:
         w = torch.ones(k, dtype=rewards.dtype, device=rewards.device)
     else:
@@ -113,8 +115,8 @@ def combine_rewards(
     scored = ~torch.isnan(rewards)
     if mode == "sum_then_normalize":
         if bool(scored.all()):
-            return rewards @ w
-        return torch.where(scored.any(dim=1), torch.nan_to_num(rewards, nan=0.0) @ w, torch.nan)
+            return (rewards @ w).to(dtype)
+        return torch.where(scored.any(dim=1), torch.nan_to_num(rewards, nan=0.0) @ w, torch.nan).to(dtype)
     groups = GroupIndex.build(
         n, group_size=group_size, group_ids=group_ids, device=rewards.device, owner=owner
     )
@@ -122,7 +124,7 @@ def combine_rewards(
         normalized = torch.stack(
             [group_normalized(rewards[:, j], groups, scale="group", eps=eps) for j in range(k)], dim=-1
         )
-        return normalized @ w
+        return (normalized @ w).to(dtype)
     columns = []
     for j in range(k):  # each function over the completions it scored, in their groups
         column, ok = torch.zeros_like(rewards[:, j]), scored[:, j]
@@ -130,4 +132,4 @@ def combine_rewards(
             kept = GroupIndex.build(int(ok.sum()), group_ids=groups.index[ok], device=rewards.device, owner=owner)
             column[ok] = group_normalized(rewards[ok, j], kept, scale="group", eps=eps)
         columns.append(column)
-    return torch.where(scored.any(dim=1), torch.stack(columns, dim=-1) @ w, torch.nan)
+    return torch.where(scored.any(dim=1), torch.stack(columns, dim=-1) @ w, torch.nan).to(dtype)

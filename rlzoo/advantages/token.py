@@ -245,8 +245,10 @@ class GAE(AdvantageEstimator, name="gae"):
         owner = "advantage estimator 'gae'"
         rewards = check_rewards(rewards, owner)
         given = {"completion_mask": completion_mask, "values": values, "token_rewards": token_rewards}
-        inputs = build_inputs(owner, rewards, {k: v for k, v in given.items() if v is not None})
-        return self._both(rewards, inputs)
+        work = rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # as __call__ computes
+        inputs = build_inputs(owner, work, {k: v for k, v in given.items() if v is not None})
+        advantages, returns = self._both(work, inputs)
+        return advantages.to(rewards.dtype), returns.to(rewards.dtype)
 
 
 def value_loss(
@@ -290,7 +292,9 @@ def value_loss(
 
     Raises:
         ValueError: bad ``cliprange_value``; shapes that differ; a non-bool mask; NaN/inf at a counted
-        position.
+        position; ``"prompt-mean"`` without ``group_index``.
+        rlzoo.BatchError: a ``group_index`` the default normalizer cannot count (a negative id, or labels rather
+        than prompt indices: :meth:`rlzoo.Normalizer.from_masks`).
         rlzoo.UnknownNameError: unknown ``aggregation`` (lists the valid names).
 
     Source: the value clipping of OpenAI baselines' PPO2 (discussed by Engstrom et al. 2020, "Implementation

@@ -231,9 +231,10 @@ class TRLGRPOLoss:
                 ``Normalizer(num_tokens=completion_mask.sum(), num_sequences=B)``: TRL's denominators with one
                 process and no gradient accumulation (every row counts, even a fully masked one). When given,
                 the entropy bonus is divided by ``normalizer.num_tokens`` times the share of this batch's tokens
-                that the entropy mask (``top_entropy_quantile``) keeps (1 without it): so micro-batch losses sum to
-                the full-batch loss, and a normalizer of the batch's own counts gives TRL's mean over the kept
-                tokens (TRL averages each micro-batch over its own kept tokens).
+                that the entropy mask (``top_entropy_quantile``) keeps (1 without it): without an entropy mask
+                micro-batch losses sum to the full-batch loss, and a normalizer of the batch's own counts gives
+                TRL's mean over the kept tokens (TRL averages each micro-batch over its own kept tokens; the
+                entropy mask itself is per micro-batch, see :attr:`batch_coupled`).
 
         Returns:
             :class:`~rlzoo.LossOutput`: 0-d loss (differentiable w.r.t. ``logprobs`` and ``entropies``) and the

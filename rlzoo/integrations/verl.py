@@ -222,9 +222,11 @@ def register(
 
         register("rlzoo_gmpo", "gmpo", follow_loss_agg_mode=False)  # loss_mode=rlzoo_gmpo
     """
-    if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise TypeError(f"register(name, loss): name must be a non-empty str (verl's loss_mode) without surrounding "
-                        f"spaces, got {name!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"register(name, loss): name must be a non-empty str (verl's loss_mode), got {name!r}")
+    if not name.strip() or name != name.strip():  # a config's unquoted loss_mode is trimmed: it could not be selected
+        raise ValueError(f"register(name, loss): name must be a non-empty str (verl's loss_mode) without surrounding "
+                         f"spaces, got {name!r}")
     if isinstance(loss, str):
         loss = get_loss(loss)
     if not isinstance(loss, PolicyLoss):

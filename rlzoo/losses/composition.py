@@ -95,9 +95,7 @@ def resolve(loss: "PolicyLoss") -> None:
     """Replace the parts ``loss`` was given by name with registered parts, in place (``PolicyLoss.__post_init__``),
     and validate its options. A ratio level other than ``token`` that nothing reads (``Surrogate.reads_ratio_level``
     False, no bias-corrected KL) warns, as TRL 1.16 warns for ``loss_type="vespo"``: it changes only the ``ratio/*``
-    metrics (which then match TRL's). Two active parts declaring the same option warn (no preset has such a pair):
-    a keyword option sets it on both, with each part's own meaning (``importance_sampling_level="geometric"``'s
-    log-ratio clip and PPO's ratio clip are both ``epsilon_high``).
+    metrics (which then match TRL's).
 
     Raises:
         UnknownNameError: an unknown part name (lists the valid ones).
@@ -123,10 +121,8 @@ def resolve(loss: "PolicyLoss") -> None:
             f"{loss.surrogate.registered_name()!r} does not take (it folds token-level IS weights into its "
             f"own weight); {correction.token_level_hint()}"
         )
-    _warn_shared_options(loss)
     level = loss.ratio.label()  # an unregistered level (a user's class without name=) has its class name
-    if level != "token" and not loss.surrogate.reads_ratio_level and not any(
-            isinstance(p, KLPenalty) and p.active and p.use_bias_correction_kl for p in loss.penalties):
+    if level != "token" and not _reads_ratio_level(loss):
         warnings.warn(f"surrogate {loss.surrogate.label()!r} does not read the ratio level: importance_sampling_level="
                       f"{level!r} changes nothing but the ratio/* metrics (leave it 'token')", stacklevel=2)
     mcl = loss.max_completion_length
@@ -146,27 +142,33 @@ _SLOT_WORDS = {"rejections": "rejection", "ratio": "ratio level", "is_correction
                "surrogate": "surrogate", "weights": "token weight", "penalties": "penalty", "aggregation": "aggregation"}
 
 
-def _warn_shared_options(loss: "PolicyLoss") -> None:
-    """A UserWarning when two active parts of ``loss`` declare an option of the same name (see :func:`resolve`)."""
+def _warn_shared_options(built: "PolicyLoss", overrides: Mapping[str, Any]) -> None:
+    """A UserWarning when a keyword option of ``overrides`` is declared by two active parts of ``built``: it set both
+    (``importance_sampling_level="geometric"``'s log-ratio clip and PPO's ratio clip are both ``epsilon_high``)."""
     holders: dict[str, list[tuple[str, Part]]] = {}
     for slot in SLOTS:
-        for part in _members(getattr(loss, slot.field)):
+        for part in _members(getattr(built, slot.field)):
             if part.active:
                 for option in part.option_names():
                     holders.setdefault(option, []).append((slot.field, part))
-    shared = sorted(option for option, held in holders.items() if len(held) > 1)
+    shared = sorted(option for option in overrides if len(holders.get(option, ())) > 1)
     if not shared:
         return
     parts = list({id(part): (field, part) for option in shared for field, part in holders[option]}.values())
     field, part = parts[0]
     warnings.warn(
-        f"option{'s' if len(shared) > 1 else ''} {', '.join(shared)} of "
-        f"{' and '.join(f'{_SLOT_WORDS[f]} {p.describe()}' for f, p in parts)}: each part gives "
-        f"{'them' if len(shared) > 1 else 'it'} its own meaning, and a keyword option (get_loss, with_options, "
-        f"--loss.*) sets both; to set one, replace the part: dataclasses.replace(loss, {field}="
-        f"{type(part).__name__}({shared[0]}=...))",
-        stacklevel=2,
+        f"{', '.join(shared)} set{'s' if len(shared) == 1 else ''} both "
+        f"{' and '.join(f'{_SLOT_WORDS[f]} {p.describe()}' for f, p in parts)}, each part with its own meaning; to "
+        f"set one, replace that part: dataclasses.replace(loss, {field}={type(part).__module__}."
+        f"{type(part).__qualname__}({shared[0]}=...))",
+        stacklevel=3,
     )
+
+
+def _reads_ratio_level(loss: "PolicyLoss") -> bool:
+    """Whether anything in ``loss`` reads its ratio level (``Surrogate.reads_ratio_level``, or a bias-corrected KL)."""
+    return loss.surrogate.reads_ratio_level or any(
+        isinstance(p, KLPenalty) and p.active and p.use_bias_correction_kl for p in loss.penalties)
 
 
 def _warn_dropped_options(loss: "PolicyLoss", built: "PolicyLoss", overrides: Mapping[str, Any]) -> None:
@@ -176,6 +178,7 @@ def _warn_dropped_options(loss: "PolicyLoss", built: "PolicyLoss", overrides: Ma
     for slot in SLOTS:
         old = getattr(loss, slot.field)
         swapped = slot.swap_option in overrides and type(getattr(built, slot.field)) is not type(old) and old.active
+        swapped = swapped and (slot.field != "ratio" or _reads_ratio_level(loss))  # else it applied nothing
         if swapped and (dropped := [option for option in old.option_names() if option not in kept]):
             warnings.warn(
                 f"{slot.swap_option}={overrides[slot.swap_option]!r} replaces {_SLOT_WORDS[slot.field]} "
@@ -294,6 +297,7 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
         fields[slot.field] = part
     built = type(loss)(**fields)
     _warn_dropped_options(loss, built, overrides)
+    _warn_shared_options(built, overrides)
     return built
 
 

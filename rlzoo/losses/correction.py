@@ -168,7 +168,8 @@ class ISCorrection(Correction, name="is"):
             "sequence_mask"; or None (off, default: the part is inactive, its bounds are kept).
         is_min: finite, >= 0, the lower bound, or None (no lower bound; default).
         is_max: > 0 (inf allowed), the upper bound (default 3.0, TRL's ``vllm_importance_sampling_clip_max``),
-            or None (no upper bound). The truncate modes need is_max or is_min (as TRL), and
+            or None (no upper bound: the weight is then at most ``e^20``, see above). The truncate modes need
+            is_max or is_min (as TRL), and
             ``is_min <= is_max`` when both are set. The bounds are checked only when is_correction is set.
 
     Metrics: ``sampling/importance_sampling_ratio/{min,mean,max}`` (of rho *after* truncation/masking, as

@@ -111,10 +111,12 @@ class PolicyLoss:
             :class:`~rlzoo.batch.LossOutput` with the 0-d loss and detached 0-d metrics.
 
         Raises:
+            TypeError: ``batch`` is not a :class:`~rlzoo.PolicyBatch`.
             BatchError: a field this loss needs is None (names the field and the part needing it), or
                 ``old_logprobs`` is given in bypass mode / with the log-linear proximal policy.
-            ValueError: the aggregation needs ``max_completion_length`` (or the normalizer's group counts, or a
-                part its positive-token count) and the loss has none.
+            ValueError: ``normalizer`` is not a :class:`~rlzoo.Normalizer`; the aggregation needs
+                ``max_completion_length`` (or the normalizer's group counts, or a part its positive-token count)
+                and the loss has none; a part returned other than one value per token (names the stage).
         """
         self.check_batch(batch, normalizer)
         if normalizer is not None and normalizer.is_weight_sum is not None and not self.counts_is_weights:
@@ -139,15 +141,15 @@ class PolicyLoss:
         """Raise before any stage runs when ``batch`` (and ``normalizer``) cannot be this loss's input.
 
         Raises:
-            TypeError: ``batch`` is not a :class:`~rlzoo.PolicyBatch`, or ``normalizer`` not None nor a
-                :class:`~rlzoo.Normalizer`.
+            TypeError: ``batch`` is not a :class:`~rlzoo.PolicyBatch`.
+            ValueError: ``normalizer`` is neither None nor a :class:`~rlzoo.Normalizer`.
             BatchError: a field this loss needs is None (names the field and the part needing it).
             ValueError: the aggregation needs ``max_completion_length`` and the loss has none.
         """
         if not isinstance(batch, PolicyBatch):
             raise TypeError(f"a loss takes a rlzoo.PolicyBatch, got {type(batch).__name__}")
         if normalizer is not None and not isinstance(normalizer, Normalizer):
-            raise TypeError(f"normalizer must be a rlzoo.Normalizer (Normalizer.from_batch(batch, loss=loss)) or None, "
+            raise ValueError(f"normalizer must be a rlzoo.Normalizer (Normalizer.from_batch(batch, loss=loss)) or None, "
                             f"got {type(normalizer).__name__}")
         for field in sorted(self.required_fields()):
             if getattr(batch, field) is None:
@@ -381,9 +383,9 @@ class PolicyLoss:
 
         Warns:
             UserWarning: ``importance_sampling_level`` replaces a ratio level whose options no part of the new loss
-                has (gmpo's clip lives in its ``geometric`` level); two active parts declare one option (the
-                ``geometric`` level's log-ratio clip and PPO's ratio clip are both ``epsilon_high``): a keyword
-                sets both.
+                has (gmpo's clip lives in its ``geometric`` level); an option given is declared by two active parts
+                (the ``geometric`` level's log-ratio clip and PPO's ratio clip are both ``epsilon_high``): it sets
+                both.
 
         Raises:
             UnknownNameError: an option no part of this loss accepts; lists the valid options.

@@ -53,9 +53,10 @@ class OffPolicySequenceMask(TokenWeight, name="off_policy_mask"):
 
     with :math:`\pi_s` the sampler (``rollout_logprobs`` when given, else ``old_logprobs``) and
     :math:`\pi_\theta` detached. The advantage is compared per token (equal to per sequence for
-    sequence advantages). A token whose sampler log-prob is not finite adds 0 to the sum and still counts in
-    :math:`|o_i|` (no evidence, as TRL counts a token vLLM could not score): the verl integration passes +inf
-    for a token verl's IS weight zeroed (IcePop), which dropped the whole sequence.
+    sequence advantages). A token whose sampler log-prob is NaN or +inf adds 0 to the sum and still counts in
+    :math:`|o_i|` (no evidence, as TRL counts a token vLLM could not score, NaN): the verl integration passes
+    +inf for a token verl's IS weight zeroed (IcePop), which dropped the whole sequence. IcePop zeroes the tokens
+    that drifted most, so such a sequence can be kept where the drift its true sampler log-probs show would drop it.
 
     Args:
         off_policy_mask_threshold: delta, in nats per token: any number but NaN (inf keeps every sequence,
@@ -84,8 +85,9 @@ class OffPolicySequenceMask(TokenWeight, name="off_policy_mask"):
 
     def __call__(self, x: LossInputs) -> PartOutput:
         sampling = x.rollout_logprobs if x.rollout_logprobs is not None else x.old_logprobs
-        token_drift = sampling - x.logprobs.detach()  # a token without a finite sampler log-prob: no evidence
-        drift = x.seq_mean(torch.where(torch.isfinite(sampling), token_drift, torch.zeros_like(token_drift)))
+        token_drift = sampling - x.logprobs.detach()  # a token with a NaN / +inf sampler log-prob: no evidence
+        unknown = torch.isnan(sampling) | torch.isposinf(sampling)
+        drift = x.seq_mean(torch.where(unknown, torch.zeros_like(token_drift), token_drift))
         keep = (x.advantages >= 0) | (drift <= self.off_policy_mask_threshold)
         weight = keep.to(x.logprobs.dtype)
         return PartOutput(weight, {"off_policy_mask/dropped_mean": x.mean(1.0 - weight)})

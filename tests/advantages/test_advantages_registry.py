@@ -182,6 +182,29 @@ def test_half_precision_inputs_are_computed_in_float32(name: str, dtype: torch.d
         assert abs(est(big, group_size=4096).float().mean().item()) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_gae_returns_and_combined_rewards_are_computed_in_float32(dtype: torch.dtype) -> None:
+    """GAE.with_returns (documented as __call__'s advantages) and combine_rewards computed in the input dtype: fp16
+    whitening gave all-NaN advantages where __call__ gave finite ones, and a bf16 normalize_then_sum group of 4096
+    had mean 3.5 instead of 0. Both now compute in float32 and round once."""
+    from rlzoo.advantages import combine_rewards
+
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(64, 1024, dtype=torch.bool)
+    rewards, values = torch.rand(64, generator=g).to(dtype), torch.rand(64, 1024, generator=g).to(dtype)
+    gae = get_advantage("gae", whiten=True)
+    advantages, returns = gae.with_returns(rewards, completion_mask=mask, values=values)
+    assert torch.equal(advantages, gae(rewards, completion_mask=mask, values=values))
+    want, want_returns = gae.with_returns(rewards.float(), completion_mask=mask, values=values.float())
+    assert torch.equal(advantages, want.to(dtype)) and torch.equal(returns, want_returns.to(dtype))
+    big = torch.rand(4096, 2, generator=g).to(dtype)
+    for mode in ("sum_then_normalize", "normalize_then_sum"):
+        got = combine_rewards(big, [1.0, 0.5], mode=mode, group_size=4096)
+        assert got.dtype == dtype
+        assert torch.equal(got, combine_rewards(big.float(), [1.0, 0.5], mode=mode, group_size=4096).to(dtype))
+    assert abs(combine_rewards(big, mode="normalize_then_sum", group_size=4096).float().mean().item()) < 1e-2
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_missing_and_unused_inputs_raise(name: str) -> None:
     """A needed input that is missing, or an input the estimator does not use, raises naming it."""

@@ -827,11 +827,11 @@ def test_a_composed_rollout_rejection_keeps_its_metric_tokens_through_the_trl_lo
 
 def test_normalizer_from_batch_with_a_trl_loss_says_what_to_pass() -> None:
     """Normalizer.from_batch(batch, loss=loss_fn), as the README spells it for a PolicyLoss, raised AttributeError
-    ('TRLGRPOLoss' object has no attribute 'loss_mask') for a TRL user's loss: a TypeError says what to pass."""
+    ('TRLGRPOLoss' object has no attribute 'loss_mask') for a TRL user's loss: a ValueError says what to pass."""
     loss_fn = build({"loss_type": "dapo"})
     batch = rlzoo.PolicyBatch(logprobs=-torch.rand(2, 3, dtype=F64), advantages=torch.ones(2, dtype=F64),
                               completion_mask=torch.ones(2, 3, dtype=torch.bool))
-    with runtime_type_checker_off(), pytest.raises(TypeError, match=r"^Normalizer.from_batch: loss must be an rlzoo "
+    with runtime_type_checker_off(), pytest.raises(ValueError, match=r"^Normalizer.from_batch: loss must be an rlzoo "
                                                                     r"PolicyLoss \(it has loss_mask\), got TRLGRPOLoss; "
                                                                     r"it wraps one in .loss: from_batch\(..., "
                                                                     r"loss=loss_fn.loss\)"):

@@ -263,11 +263,11 @@ def test_bad_arguments(verl):
         register("rlzoo_x", "no-such-loss")
     with pytest.raises(TypeError, match="PolicyLoss"):
         register("rlzoo_x", 3)
-    with pytest.raises(TypeError, match=r"name must be a non-empty str \(verl's loss_mode\) without surrounding "
-                                        r"spaces, got ''"):
+    with pytest.raises(ValueError, match=r"name must be a non-empty str \(verl's loss_mode\) without surrounding "
+                                         r"spaces, got ''"):
         register("", "dapo")  # went into verl's registry, under a name no config can spell (so did 3)
-    for blank in (" ", " rlzoo_x"):  # a YAML config's loss_mode is stripped: neither could be selected
-        with pytest.raises(TypeError, match="name must be a non-empty str"):
+    for blank in (" ", " rlzoo_x"):  # a YAML config's unquoted loss_mode is trimmed: neither could be selected
+        with pytest.raises(ValueError, match="name must be a non-empty str"):
             register(blank, "dapo")
     fn = VerlPolicyLoss(loss=rlzoo.get_loss("dapo"))
     batch = {"old_log_prob": -torch.ones(2, 3, dtype=F64), "log_prob": -torch.ones(2, 3, dtype=F64),

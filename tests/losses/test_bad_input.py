@@ -131,25 +131,36 @@ def test_a_swap_that_drops_gmpos_clip_warns(level):
         warnings.simplefilter("error")
         rlzoo.get_loss("grpo", importance_sampling_level="sequence")
         rlzoo.get_loss("gmpo", importance_sampling_level="geometric", epsilon_high=0.3)
+    with warnings.catch_warnings(record=True) as seen:  # a level REINFORCE never read applied no clip to drop
+        warnings.simplefilter("always")
+        rlzoo.get_loss("gpg", importance_sampling_level="geometric").with_options(importance_sampling_level=level)
+    assert not [w for w in seen if "no longer applies" in str(w.message)]
 
 
 @pytest.mark.parametrize("name", ["dapo", "grpo", "cispo"])
-def test_two_parts_with_one_option_name_warn(name):
+def test_a_keyword_option_of_two_parts_warns(name):
     """importance_sampling_level="geometric" on a clipping surrogate: the level clips the token log-ratio with its
     epsilon_low / epsilon_high, the surrogate the ratio with its own, and a keyword epsilon_high set both silently
-    (a log-ratio bound of 0.28 is a ratio bound of 1.32). It warns, naming both parts and how to set one; no preset
-    has two such parts."""
-    with pytest.warns(UserWarning, match=r"^options epsilon_high, epsilon_low of ratio level geometric\(epsilon_low="
-                                         r"0.4, epsilon_high=0.3\) and surrogate .*: each part gives them its own "
-                                         r"meaning, and a keyword option \(get_loss, with_options, --loss.\*\) sets "
-                                         r"both; to set one, replace the part: dataclasses.replace\(loss, "
-                                         r"ratio=GeometricRatio\(epsilon_high=...\)\)$"):
+    (a log-ratio bound of 0.28 is a ratio bound of 1.32). Such a keyword warns, naming both parts and the class to
+    set one with; building the loss without one, replacing a part as the warning says, a round trip through
+    to_config and an unrelated option say nothing (no preset has two such parts)."""
+    from rlzoo.algorithms.gmpo import GeometricRatio
+
+    with pytest.warns(UserWarning, match=r"^epsilon_high sets both ratio level geometric\(epsilon_low=0.4, "
+                                         r"epsilon_high=0.3\) and surrogate .*, each part with its own meaning; to set "
+                                         r"one, replace that part: dataclasses.replace\(loss, "
+                                         r"ratio=rlzoo.algorithms.gmpo.GeometricRatio\(epsilon_high=...\)\)$"):
         loss = rlzoo.get_loss(name, importance_sampling_level="geometric", epsilon_high=0.3)
     assert loss.ratio.epsilon_high == loss.surrogate.epsilon_high == 0.3  # what the warning says
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        plain = rlzoo.get_loss(name, importance_sampling_level="geometric")
+        replaced = dataclasses.replace(plain, ratio=GeometricRatio(epsilon_high=0.5))
+        PolicyLoss.from_config(replaced.to_config())
+        replaced.with_options(beta=0.04)
         for preset in rlzoo.list_losses():
-            rlzoo.get_loss(preset)
+            rlzoo.get_loss(preset, **{k: v for k, v in rlzoo.get_loss(preset).options().items()
+                                      if k != "importance_sampling_level"})
 
 
 @pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_truncate"])
@@ -539,9 +550,9 @@ def test_loss_rejects_a_non_batch():
 
 @pytest.mark.parametrize("normalizer", [6, {"num_tokens": 6, "num_sequences": 2}])
 def test_loss_rejects_a_non_normalizer(normalizer):
-    """The normalizer is a rlzoo.Normalizer or None: a count or a dict of counts is a TypeError that says how to make
+    """The normalizer is a rlzoo.Normalizer or None: a count or a dict of counts is a ValueError that says how to make
     one (it was an AttributeError from inside the pipeline)."""
-    with runtime_type_checker_off(), pytest.raises(TypeError, match=r"normalizer must be a rlzoo.Normalizer .*got"):
+    with runtime_type_checker_off(), pytest.raises(ValueError, match=r"normalizer must be a rlzoo.Normalizer .*got"):
         rlzoo.get_loss("dapo")(_batch(), normalizer=normalizer)
 
 
