@@ -387,14 +387,14 @@ def build_rewards(config: RewardConfig, extra: Sequence[RewardFunction], *, task
     ``config.reward_weights``.
 
     Raises:
-        ValueError: ``config.reward_weights`` does not hold one weight per function (names, then ``extra``).
+        ValueError: no function (empty ``reward_funcs``, no ``extra``), or not one weight per function (names them).
         the errors of :class:`RewardSet`.
     """
     functions = list(config.reward_funcs) + list(extra)
+    if not functions:  # a config file's reward_funcs = []: RewardSet's own error named neither
+        raise ValueError("reward_funcs is empty and no Python reward function was given: name one (e.g. accuracy)")
     if config.reward_weights is not None and len(config.reward_weights) != len(functions):
         callables = f" and {[_function_name(fn) for fn in extra]} (Python callables)" if extra else ""
         raise ValueError(f"reward_weights has {len(config.reward_weights)} entries but there are {len(functions)} "
                          f"reward functions: {list(config.reward_funcs)} (reward_funcs){callables}")
     return RewardSet(functions, weights=config.reward_weights, task=task, max_steps=max_steps, device=device)
-
-

@@ -712,8 +712,10 @@ def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(tmp_path, mon
         return dataclasses.replace(out, loss=out.loss * float("nan"))
 
     monkeypatch.setattr(PolicyLoss, "__call__", nan_loss)
-    with pytest.raises(FloatingPointError, match="step 1: the loss"):
+    with pytest.raises(FloatingPointError, match="step 1: the loss") as err:
         trainer.train()
+    assert "--dtype float32" not in str(err.value)  # the run is float32 already (it was advised anyway)
+    assert "resume from the last checkpoint, if the run saved one" in str(err.value)
     assert trainer.step == 0
     for p, q in zip(before, trainer.model.parameters(), strict=True):
         assert torch.equal(p, q)
@@ -793,3 +795,11 @@ def test_a_loss_from_python_says_it_replaces_the_configs_algorithm(tmp_path, cap
 def test_an_unknown_preset_says_how_a_preset_of_ones_own_is_found(tmp_path):
     with pytest.raises(UnknownNameError, match=r"unknown loss preset 'my_gspo'.* import it, then build the Trainer"):
         Trainer(_config(tmp_path, algorithm="my_gspo"))
+
+
+def test_no_reward_function_at_all_names_reward_funcs(tmp_path):
+    """reward_funcs = [] in a config file (and no Python callable) said "RewardSet needs at least one reward
+    function", naming neither the field nor what to do."""
+    with pytest.raises(ValueError, match=r"^reward_funcs is empty and no Python reward function was given: name one "
+                                         r"\(e.g. accuracy\)$"):
+        Trainer(_config(tmp_path, reward_funcs=(), eval_size=0))
