@@ -19,7 +19,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ class Trainer:
     """Trains a causal LM with a :class:`~rlzoo.losses.PolicyLoss` on a verifiable task.
 
     Args:
-        config: the run's :class:`~rlzoo.trainer.TrainConfig`.
+        config: the run's :class:`~rlzoo.trainer.TrainConfig`, or a dict of its fields (checked as a config file's).
         loss: a loss composed in Python; default ``rlzoo.get_loss(config.algorithm, **config.loss)``.
         reward_funcs: extra reward functions, one or a list, added after ``config.reward_funcs``: callables with
             TRL's signature ``fn(prompts, completions, **columns)``, sequence-classification models
@@ -103,14 +103,14 @@ class Trainer:
         OSError: an output directory that cannot be written (checked before the model loads).
     """
 
-    def __init__(self, config: TrainConfig, *, loss: PolicyLoss | None = None,
+    def __init__(self, config: TrainConfig | Mapping[str, Any], *, loss: PolicyLoss | None = None,
                  reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] = (), model: Any = None,
                  tokenizer: Any = None, peft_config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None) -> None:
         import datasets
         from transformers.utils import logging as hf_logging
 
-        self.config = config = TrainConfig.from_dict(absolute_paths(config.to_dict()))  # config.json works anywhere
+        self.config = config = TrainConfig.from_dict(absolute_paths(config))  # config.json works anywhere
         if callable(reward_funcs) or isinstance(reward_funcs, str):  # one function, as TRL's reward_funcs takes it
             reward_funcs = [reward_funcs]
         check_python_dataset("train_dataset", train_dataset)  # before anything loads

@@ -264,6 +264,8 @@ def check_reward_values(values: Any, n: int, name: str) -> list[float]:
             continue
         if isinstance(value, Tensor | np.ndarray) and value.ndim == 0:  # torch.tensor(list of 0-d tensors): TRL's
             value = value.item()
+        if isinstance(value, np.bool_):  # numpy's bool (a comparison's result) is no numbers.Real: as Python's
+            value = bool(value)
         if not isinstance(value, numbers.Real):  # bool counts as 0/1, as in TRL
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value!r} ({type(value).__name__}) at index {i}; "

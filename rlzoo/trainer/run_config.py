@@ -110,8 +110,9 @@ class TrackingConfig(Section):
         return tuple(dict.fromkeys(n for n in names if n != "none"))
 
 
-def absolute_paths(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` (a ``TrainConfig.to_dict()``) with its local paths made absolute, so that the ``config.json``
+def absolute_paths(settings: Any) -> dict[str, Any]:
+    """``settings`` (a ``TrainConfig``, its ``to_dict()`` or a dict of its fields) as a dict with its local paths
+    made absolute, so that the ``config.json``
     that records them works from any directory (``rlzoo eval --run /abs/RUN``, ``--config RUN/config.json``).
 
     Made absolute: ``model`` and ``teacher`` (an existing directory or ``.gguf`` file; not a built-in name),
@@ -121,7 +122,7 @@ def absolute_paths(settings: Mapping[str, Any]) -> dict[str, Any]:
     installed modules and paths that do not exist (left for the loaders to report), is kept as given; so is a
     path that is absolute already.
     """
-    out = dict(settings)
+    out = dict(settings.to_dict() if callable(getattr(settings, "to_dict", None)) else settings)
     for key in ("model", "teacher"):
         value = out.get(key)
         local = isinstance(value, str) and (Path(value).is_dir() or value.lower().endswith(".gguf") and Path(value).is_file())

@@ -803,3 +803,12 @@ def test_no_reward_function_at_all_names_reward_funcs(tmp_path):
     with pytest.raises(ValueError, match=r"^reward_funcs is empty and no Python reward function was given: name one "
                                          r"\(e.g. accuracy\)$"):
         Trainer(_config(tmp_path, reward_funcs=(), eval_size=0))
+
+
+def test_a_dict_of_config_fields_is_a_config(tmp_path):
+    """Trainer({"model": ...}) crashed with "'dict' object has no attribute 'to_dict'": a dict is read as a config
+    file's fields (unknown keys named, with a did-you-mean)."""
+    fields = {**TINY, "output_dir": str(tmp_path / "run"), "eval_size": 0}
+    assert Trainer(fields).config == Trainer(TrainConfig(**fields)).config
+    with pytest.raises(ValueError, match=r"unknown config keys \['max_stepz'\].*did you mean 'max_steps'"):
+        Trainer({**fields, "max_stepz": 1})

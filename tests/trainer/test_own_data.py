@@ -425,6 +425,12 @@ def test_an_empty_task_file_says_so(tmp_path):
         (tmp_path / name).write_text(content)
         with pytest.raises(ValueError, match=f"^task file '.*{name}' is empty: it has no rows$"):
             load_task(str(tmp_path / name))
+    datasets.Dataset.from_dict({"prompt": [], "answer": []}).to_parquet(str(tmp_path / "none.parquet"))  # valid
+    with pytest.raises(ValueError, match="^task file '.*none.parquet' is empty: it has no rows$"):  # ArrowInvalid
+        load_task(str(tmp_path / "none.parquet"))
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match="bad.parquet"):
+        load_task(str(tmp_path / "bad.parquet"))
 
 
 def test_hub_options_for_a_data_file_or_saved_data_set_are_refused(tmp_path):

@@ -208,10 +208,10 @@ def test_bools_and_numpy_scalars_are_numbers():
     import numpy as np
 
     def mixed(prompts, completions, **kwargs):
-        return [True, np.float32(0.5)]
+        return [True, np.float32(0.5), np.bool_(True)]  # numpy's bool was refused as "expected a float"
 
-    out = RewardSet((mixed,))(["p", "p"], ["a", "b"])
-    assert out.per_function[:, 0].tolist() == [1.0, 0.5]
+    out = RewardSet((mixed,))(["p", "p", "p"], ["a", "b", "c"])
+    assert out.per_function[:, 0].tolist() == [1.0, 0.5, 1.0]
 
     def zero_dim(prompts, completions, **kwargs):  # TRL's torch.tensor(outputs) takes a list of 0-d tensors
         return [torch.tensor(0.25), np.array(True)]

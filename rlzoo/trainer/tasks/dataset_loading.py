@@ -41,6 +41,17 @@ def is_dataset_spec(spec: str) -> bool:
     return Path(spec).exists() or file_builder(Path(spec)) is not None or "/" in spec
 
 
+def _parquet_rows(path: Path) -> int | None:
+    """The rows a parquet file's metadata declares; None when it cannot be read as parquet (the loader says why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except (OSError, pa.ArrowException):  # not parquet (or damaged): datasets' error names the file
+        return None
+
+
 def _is_saved_to_disk(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
@@ -96,6 +107,8 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
         blank = path.stat().st_size == 0
         if builder != "parquet":
             blank = not _check_utf8(path).strip()  # Arrow's readers would replace bad bytes silently
+        elif not blank and "".join(path.suffixes[-1:]).lower() == ".parquet":  # a valid file of 0 rows: ArrowInvalid
+            blank = _parquet_rows(path) == 0
         if blank:
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
     try:
