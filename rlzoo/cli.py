@@ -258,9 +258,11 @@ def _config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """The file of the first ``--config FILE`` (or ``--config=FILE``) in ``argv``, and the other arguments.
 
     Raises:
-        CommandLineError: ``--config`` without a file.
+        CommandLineError: ``--config`` without a file, or given twice.
     """
     argv = list(argv)
+    if sum(1 for a in argv if a == "--config" or a.startswith("--config=")) > 1:  # the second was "unknown"
+        raise CommandLineError("--config is given once: one file (put the settings of both in it; flags override it)")
     for i, arg in enumerate(argv):
         if arg == "--config":
             if i + 1 >= len(argv):

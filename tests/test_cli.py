@@ -155,6 +155,13 @@ def test_a_lowercase_none_for_an_option_that_takes_none_says_how_to_spell_it():
         rlzoo.get_loss("ppo", epsilon_high="none")  # epsilon_high takes no None
 
 
+def test_config_given_twice_says_it_takes_one_file(tmp_path):
+    """A second --config was "unknown option --config"."""
+    for argv in (["--config", "a.toml", "--config", "b.toml"], ["--config=a.toml", "--config=b.toml"]):
+        with pytest.raises(CommandLineError, match=r"^--config is given once: one file"):
+            parse_train_args(argv)
+
+
 def test_a_dotted_option_given_two_values_says_how_to_give_a_list():
     """``--peft.target_modules q_proj v_proj`` (argparse's list habit) said "unexpected argument 'v_proj'" without
     saying that a dotted option takes one value and a list is comma-separated."""

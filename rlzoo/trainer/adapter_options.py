@@ -35,9 +35,12 @@ def lora_config(options: Mapping[str, Any]) -> Any:
     except ImportError as err:
         raise ImportError("--peft needs peft: pip install 'rlzoo[train]' (or pip install peft)") from err
     if options.get("peft_type") not in (None, "LORA"):  # recorded for a peft_config object of another method
-        raise ValueError(f"peft: the run's adapter is a {options['peft_type']} adapter (a peft_config object), which "
-                         "--peft options cannot rebuild: resume from Python with the same object "
-                         "(Trainer(resume_config(RUN), peft_config=...))")
+        raise ValueError(f"--peft.peft_type {options['peft_type']}: --peft options build a LoRA adapter (the fields of "
+                         "peft.LoraConfig); another method's adapter is given from Python as a peft_config object "
+                         "(Trainer(config, peft_config=...); a run that trained one resumes with the same object: "
+                         "Trainer(resume_config(RUN), peft_config=...))")
+    if options.get("inference_mode") is True:  # the adapter would be frozen: "optimizer got an empty parameter list"
+        raise ValueError("--peft.inference_mode true freezes the adapter, and nothing would train; leave it out")
     fields = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
     unknown = sorted(set(options) - set(fields))
     if unknown:

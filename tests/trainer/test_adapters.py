@@ -472,8 +472,10 @@ def test_a_peft_config_object_is_what_its_run_records_and_resumes(tmp_path):
     got = Trainer(_elsewhere(resume_config(run, first), tmp_path / "older"), peft_config=LoraConfig(**lora),
                   reward_funcs=[digit_fraction]).train()
     assert got[-1]["loss"] == want[-1]["loss"]
-    with pytest.raises(ValueError, match=r"^peft: the run's adapter is a LOHA adapter .* same object"):
-        lora_config({"peft_type": "LOHA", "r": 4})
+    with pytest.raises(ValueError, match=r"^--peft.peft_type LOHA: --peft options build a LoRA adapter .* same object"):
+        lora_config({"peft_type": "LOHA", "r": 4})  # (it spoke of resuming, on a fresh run's flag too)
+    with pytest.raises(ValueError, match=r"^--peft.inference_mode true freezes the adapter, and nothing would train"):
+        lora_config({"inference_mode": True, "r": 4})  # was "optimizer got an empty parameter list"
 
 
 def _elsewhere(config: TrainConfig, output_dir) -> TrainConfig:
