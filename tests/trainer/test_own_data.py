@@ -450,6 +450,31 @@ def test_hub_options_for_a_data_file_or_saved_data_set_are_refused(tmp_path):
     assert len(load_task(str(hub), kwargs={"data_dir": "sub"}, eval_size=0).dataset) == 12
 
 
+def test_a_local_directory_without_data_says_so_not_the_hub(tmp_path):
+    """A directory holding no data files was "(HF_HUB_OFFLINE is set and it is not in the local cache) ... a
+    loadable hub id": it is no hub id. The error says what the directory lacks."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.md").write_text("hi")
+    with pytest.raises(ValueError, match=r"^cannot load data set directory '.*notes': it holds no data files "):
+        load_task(str(tmp_path / "notes"))
+
+
+def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_path):
+    """A last message of role 'usr' failed at the first generation naming no file or row; it is refused as the
+    data loads, naming the row; a system-then-user or assistant-prefill conversation loads."""
+    rows = [{"prompt": [{"role": "user", "content": f"{i} + 1 ="}], "answer": str(i + 1)} for i in range(12)]
+    rows[5]["prompt"] = [{"role": "system", "content": "Be brief."}, {"role": "usr", "content": "6 + 1 ="}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"^task file '.*chat.jsonl' row 5 \(line 6\): the prompt column 'prompt' is "
+                                         r"a conversation whose last message's role is 'usr', not user, tool or "
+                                         r"assistant"):
+        load_task(str(path), eval_size=0)
+    rows[5]["prompt"] = [{"role": "user", "content": "6 + 1 ="}, {"role": "assistant", "content": "It is"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(load_task(str(path), eval_size=0).dataset) == 12
+
+
 def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
     """TRL's reward functions need trl and math-verify (the `trl` extra): a missing one says what to install."""
     import sys

@@ -233,6 +233,10 @@ def _split(loaded: Mapping[str, Any], split: str, spec: str, option: str, label:
 def _load_error(spec: str, err: BaseException) -> str:
     import huggingface_hub.constants
 
+    if Path(spec).is_dir():  # a local directory: no hub, no cache (datasets' message speaks of other formats)
+        return (f"cannot load data set directory {spec!r}: it holds no data files ({', '.join(FILE_BUILDERS)}, as a "
+                f"hub repository lays them out: data/train-*.parquet, ...) and is no save_to_disk directory "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
     offline = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if huggingface_hub.constants.HF_HUB_OFFLINE \
         else ""
     return (f"cannot load data set {spec!r}{offline}: not a reasoning-gym task, a data file "

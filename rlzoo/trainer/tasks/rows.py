@@ -129,7 +129,9 @@ def _prompt_problem(value: Any) -> str | None:
             and all(isinstance(m, Mapping) and m.get("role") is not None
                     and (m.get("content") is not None or m.get("tool_calls"))  # a tool call's turn: no content
                     for m in value)):
-        return None
+        last = value[-1]["role"]  # what render_prompt continues or answers (it refused others, naming no row)
+        return None if last in ("user", "tool", "assistant") else (
+            f"a conversation whose last message's role is {last!r}, not user, tool or assistant")
     return f"{value!r:.100} ({type(value).__name__})"
 
 
