@@ -502,3 +502,23 @@ def test_target_modules_given_as_names_in_a_string_are_a_list():
     model = peft.get_peft_model(build_tiny_random()[0], lora_config({"target_modules": "q_proj"}))
     adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
     assert adapted == {"q_proj"}
+
+
+def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base(tmp_path, caplog):
+    """--model RUN/checkpoints/step-N/model (an adapter trained already) trains that adapter on; its reference is
+    the model with the adapter disabled, the base, so the KL starts above 0 (0.00115 in a helper's trial) where
+    rlzoo refuses a new adapter that starts away from its base. Said at start, with the way to a reference equal to
+    the starting policy; not for a loss without a reference, nor on a resume."""
+    import logging
+
+    run = tmp_path / "run"
+    Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), reward_funcs=[digit_fraction]).train()
+    adapter = str(run / "checkpoints" / "step-000001" / "model")
+    caplog.set_level(logging.WARNING, logger="rlzoo.train")
+    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=1, output_dir=str(tmp_path / "on")),
+            reward_funcs=[digit_fraction])
+    assert f"model {adapter} is an adapter trained already: the reference" in caplog.text
+    caplog.clear()
+    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
+                        output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
+    assert "is an adapter trained already" not in caplog.text
