@@ -128,12 +128,18 @@ def test_an_uncached_hub_data_set_offline_is_a_clear_error():
         load_task("rlzoo-test-org/no-such-data")
 
 
-def test_python_api_takes_datasets_and_iterable_datasets(tmp_path):
+def test_python_api_takes_datasets_and_iterable_datasets(tmp_path, caplog):
     train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
     held_out = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}])
     config = TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "run"))
     trainer = Trainer(config, train_dataset=train, eval_dataset=held_out)
     assert [i.question for i in trainer.evaluator.task.eval_items] == ["1 + 1 ="]
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):  # an eval_dataset nothing evaluates: said
+        Trainer(TrainConfig(**{**TINY, "eval_size": 0}, output_dir=str(tmp_path / "none")), train_dataset=train,
+                eval_dataset=held_out)
+    assert "eval_dataset is not used: eval_size is 0" in caplog.text
     assert trainer.train()[-1]["step"] == 1
     stream = TaskStream(DatasetTask(name="s", dataset=train.to_iterable_dataset(), eval_size=2))
     assert [i.question for i in stream.eval_items] == ["0 + 0 =", "1 + 1 ="]
