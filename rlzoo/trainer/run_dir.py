@@ -46,9 +46,9 @@ LOCK_FILE = ".rlzoo.lock"
 _COMPLETIONS = re.compile(r"step-\d+\.parquet")
 """A completions table of the run (``completions/step-NNNNNN.parquet``)."""
 _TRACKER_FILES = {"tensorboard": re.compile(r"events\.out\.tfevents\..+"),
-                  "wandb": re.compile(r"(offline-)?run-\d{8}_\d{6}-\w+|latest-run|debug(-internal|-cli\.\w+)?\.log")}
+                  "wandb": re.compile(r"(offline-)?run-\d{8}_\d{6}-\w+(-\d+)?|latest-run|debug(-internal|-cli\.[\w.-]+)?\.log")}
 """What TensorBoard's SummaryWriter and wandb write into ``tensorboard/`` and ``wandb/`` (``--overwrite`` deletes
-those, not a user's own files there)."""
+those, not a user's own files there); wandb adds ``-N`` to a run directory when a start in the same second made it."""
 
 
 class RunLockedError(OSError):

@@ -163,6 +163,13 @@ def test_overwrite_deletes_the_runs_files_and_not_a_users_own(tmp_path):
     (mine / "tensorboard" / "my_notes.txt").write_text("mine")  # a file of the user's beside the event files
     _train(mine, max_steps=1, eval_size=0, overwrite=True)  # the event files go, the notes stay (they went too)
     assert [p.name for p in (mine / "tensorboard").iterdir()] == ["my_notes.txt"]
+    (mine / "wandb" / "other.txt").unlink()
+    _train(mine, max_steps=1, eval_size=0, overwrite=True, report_to="wandb")
+    (run,) = (mine / "wandb").glob("offline-run-*")
+    (mine / "wandb" / f"{run.name}-1").mkdir()  # wandb's name for a second start in the same second
+    (mine / "wandb" / "other.txt").write_text("x")
+    _train(mine, max_steps=1, eval_size=0, overwrite=True)
+    assert [p.name for p in (mine / "wandb").iterdir()] == ["other.txt"]
     assert [r["step"] for r in _rows(mine / "metrics.jsonl")] == [1]
 
 
