@@ -636,7 +636,7 @@ def test_eval_output_is_refused_where_it_would_break_a_run(tmp_path):
     """`rlzoo eval --output RUN/config.json` replaced the run's config with its result (the run could no longer be
     resumed or evaluated by name), and `--output DIR` failed after the whole evaluation with a temporary file's name.
     Both are refused before anything loads; a file beside the run's own is taken."""
-    from rlzoo.trainer.eval_run import EvalArgs, _check_output
+    from rlzoo.trainer.eval_run import _check_output
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -649,7 +649,12 @@ def test_eval_output_is_refused_where_it_would_break_a_run(tmp_path):
             main(["eval", "--run", str(run), "--output", str(output)])
     assert json.loads((run / "config.json").read_text())["task"] == "chain_sum"
     _check_output(run / "eval.json")  # beside them: fine
-    assert EvalArgs(output=str(run / "eval.json")).output
+    results = tmp_path / "results"  # a directory of the user's whose metrics.jsonl an earlier eval wrote: no run
+    results.mkdir()
+    (results / "metrics.jsonl").write_text("{}")
+    _check_output(results / "metrics.jsonl")
+    (tmp_path / "link.json").symlink_to(run / "config.json")  # the write replaces the link, not the run's file
+    _check_output(tmp_path / "link.json")
 
 
 def test_tasks_lists_tasks_and_options(capsys):

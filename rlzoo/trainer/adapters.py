@@ -107,6 +107,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     init_option = "peft_config.init_lora_weights" if given_as_object else "--peft.init_lora_weights"
     target = "peft_config.target_modules" if given_as_object else "--peft.target_modules"
     if peft_config is not None:  # bad adapter options fail before a model loads
+        if getattr(peft_config, "inference_mode", False):  # LoraConfig.from_pretrained of a saved adapter sets it
+            raise ValueError("peft_config.inference_mode=True freezes the adapter, and nothing would train: set it False")
         _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
                           and not given_as_object else "peft_config.lora_dropout")
         if needs_reference:

@@ -126,11 +126,12 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         device=precision.device, model=model,
         needs_reference="ref_logprobs" in loss_fn.required_fields() or config.use_kl_in_reward,
         tokenizer=tokenizer, peft_config=peft_config)
-    trained = model is None and (Path(config.model) / "adapter_config.json").is_file()  # --model RUN/.../model
-    if trained and isinstance(reference, AdapterDisabled) and config.resume is None and dist.is_main:
-        log.warning("model %s is an adapter trained already: the reference (the model with the adapter disabled, as "
-                    "TRL) is its base model, not this starting policy, so the KL starts above 0; for a reference "
-                    "equal to it, merge it first (rlzoo export CHECKPOINT OUTPUT) and train on OUTPUT", config.model)
+    trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
+    if trained and isinstance(reference, AdapterDisabled) and config.resume in (None, "auto") and dist.is_main:
+        log.warning("model %s carries an adapter trained already: the reference is the model with the adapter "
+                    "disabled, its base model, not this starting policy, so the KL starts above 0 (TRL 1.16 copies "
+                    "the adapter as the reference instead); for a reference equal to it, merge it first (rlzoo export "
+                    "CHECKPOINT OUTPUT) and train on OUTPUT", config.model)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(policy_model)
     if loss_fn.batch_coupled and dist.is_main and (dist.enabled or config.gradient_accumulation_steps > 1):

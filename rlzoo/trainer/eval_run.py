@@ -313,14 +313,15 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
 def _check_output(output: Path) -> None:
     """Refuse an ``--output`` that is a directory, or a file of a training run's own (its ``config.json``: the run
     could no longer be resumed or evaluated by name), naming the flag and a path that works."""
-    from rlzoo.trainer.run_dir import RUN_FILES, RunDirectory
+    from rlzoo.trainer.checkpoint import is_run_config
+    from rlzoo.trainer.run_dir import RUN_FILES
 
     if output.is_dir():
         raise ValueError(f"--output {str(output)!r} is a directory; name a file (e.g. {str(output / 'eval.json')!r})")
-    target = output.resolve()
+    target = output.parent.resolve() / output.name  # a link named as the output is replaced, not written through
     for run in target.parents:
         inside = target.relative_to(run).parts[0]
-        if inside in RUN_FILES and RunDirectory(run).holds_run():
+        if inside in RUN_FILES and is_run_config(run / "config.json"):  # a run's, not any metrics.jsonl
             raise ValueError(f"--output {str(output)!r} is the {inside} of the training run {str(run)!r} (or inside "
                              f"it); write the result beside them, e.g. {str(run / 'eval.json')!r}")
 

@@ -65,13 +65,11 @@ class OptimizerStep:
         grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP2: a DTensor
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
-            low_precision = any(p.dtype in (torch.float16, torch.bfloat16) for p in model.parameters())
             raise FloatingPointError(
                 f"step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; "
-                "the optimizer step was not taken and the model is unchanged. Lower --learning-rate"
-                + (", check the loss options (e.g. a huge clip bound), or use --dtype float32" if low_precision
-                   else " or check the loss options (e.g. a huge clip bound)")
-                + "; resume from the last checkpoint, if the run saved one, with --resume latest (else start again)"
+                "the optimizer step was not taken and the model is unchanged. Lower --learning-rate, check the "
+                "loss options (e.g. a huge clip bound), or, in bf16 or fp16 (--dtype), use --dtype float32; resume "
+                "from the last checkpoint, if the run saved one, with --resume latest (else start again)"
             )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()

@@ -33,7 +33,7 @@ from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.mid_cycle import NEXT_BATCH, ranks
 from rlzoo.trainer.run_config import absolute_paths, settings_for_algorithm
 from rlzoo.trainer.run_dir import RunDirectory
-from rlzoo.trainer.tasks.datasets_source import is_dataset_spec, without_dataset_defaults
+from rlzoo.trainer.tasks.datasets_source import without_dataset_defaults
 from rlzoo.trainer.tasks.stream import holds_out_training_rows
 
 __all__ = ["OPTIMIZER_SETTINGS", "PYTHON_LOSS", "PYTHON_REWARDS", "REFUSED_SETTINGS", "check_resume", "check_run_length",
@@ -140,8 +140,8 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs
-            if is_dataset_spec(str(config.task)):  # a data set's option given at its default is no change
-                old, new = without_dataset_defaults(old), without_dataset_defaults(new)
+            # a data set's option (of a file, a hub id or train_dataset) given at its default is no change
+            old, new = without_dataset_defaults(old), without_dataset_defaults(new)
         if _normal(old) != _normal(new):
             changes[name] = (old, new)
     why = dict(REFUSED_SETTINGS)

@@ -476,6 +476,9 @@ def test_a_peft_config_object_is_what_its_run_records_and_resumes(tmp_path):
         lora_config({"peft_type": "LOHA", "r": 4})  # (it spoke of resuming, on a fresh run's flag too)
     with pytest.raises(ValueError, match=r"^--peft.inference_mode true freezes the adapter, and nothing would train"):
         lora_config({"inference_mode": True, "r": 4})  # was "optimizer got an empty parameter list"
+    with pytest.raises(ValueError, match=r"^peft_config.inference_mode=True freezes the adapter"):  # as peft saves it
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "frozen")),
+                peft_config=LoraConfig(r=4, target_modules="all-linear", inference_mode=True))
 
 
 def _elsewhere(config: TrainConfig, output_dir) -> TrainConfig:
@@ -505,20 +508,28 @@ def test_target_modules_given_as_names_in_a_string_are_a_list():
 
 
 def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base(tmp_path, caplog):
-    """--model RUN/checkpoints/step-N/model (an adapter trained already) trains that adapter on; its reference is
-    the model with the adapter disabled, the base, so the KL starts above 0 (0.00115 in a helper's trial) where
-    rlzoo refuses a new adapter that starts away from its base. Said at start, with the way to a reference equal to
-    the starting policy; not for a loss without a reference, nor on a resume."""
+    """--model RUN/checkpoints/step-N/model (or the checkpoint, an adapter trained already) trains that adapter on;
+    its reference is the model with the adapter disabled, the base, so the KL starts above 0 (0.00115 in a helper's
+    trial) where rlzoo refuses a new adapter that starts away from its base (TRL 1.16 copies the adapter as the
+    reference). Said at start, with the way to a reference equal to the starting policy; not for a loss without a
+    reference, nor on a resume."""
     import logging
 
     run = tmp_path / "run"
     Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), reward_funcs=[digit_fraction]).train()
     adapter = str(run / "checkpoints" / "step-000001" / "model")
     caplog.set_level(logging.WARNING, logger="rlzoo.train")
-    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=1, output_dir=str(tmp_path / "on")),
-            reward_funcs=[digit_fraction])
-    assert f"model {adapter} is an adapter trained already: the reference" in caplog.text
+    for i, model in enumerate((adapter, str(run / "checkpoints" / "step-000001"))):
+        Trainer(TrainConfig(**{**TINY, "peft": None, "model": model}, max_steps=1, output_dir=str(tmp_path / f"on{i}")),
+                reward_funcs=[digit_fraction])
+        assert f"model {model} carries an adapter trained already: the reference" in caplog.text
+        caplog.clear()
+    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=1, output_dir=str(tmp_path / "on1"),
+                        save_steps=1), reward_funcs=[digit_fraction]).train()
     caplog.clear()
+    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=2, output_dir=str(tmp_path / "on1"),
+                        resume="latest"), reward_funcs=[digit_fraction])
+    assert "trained already" not in caplog.text
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
                         output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
     assert "is an adapter trained already" not in caplog.text

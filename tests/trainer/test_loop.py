@@ -714,7 +714,7 @@ def test_a_non_finite_loss_stops_the_run_before_the_optimizer_step(tmp_path, mon
     monkeypatch.setattr(PolicyLoss, "__call__", nan_loss)
     with pytest.raises(FloatingPointError, match="step 1: the loss") as err:
         trainer.train()
-    assert "--dtype float32" not in str(err.value)  # the run is float32 already (it was advised anyway)
+    assert "in bf16 or fp16 (--dtype), use --dtype float32" in str(err.value)  # this run is float32 already
     assert "resume from the last checkpoint, if the run saved one" in str(err.value)
     assert trainer.step == 0
     for p, q in zip(before, trainer.model.parameters(), strict=True):

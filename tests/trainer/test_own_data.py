@@ -439,21 +439,26 @@ def test_an_empty_task_file_says_so(tmp_path):
         load_task(str(tmp_path / "bad.parquet"))
 
 
-def test_hub_options_for_a_data_file_or_saved_data_set_are_refused(tmp_path):
-    """--task.name, --task.data_dir and --task.revision reach datasets.load_dataset for hub ids (and a repository's
-    directory) only: for a data file or a save_to_disk directory they were ignored, and recorded in config.json as if
-    used. They are refused, naming the options; a repository's directory takes them."""
+def test_hub_options_for_local_data_are_said_to_be_ignored(tmp_path, caplog):
+    """--task.name, --task.data_dir and --task.revision reach datasets.load_dataset for hub ids (a repository's
+    directory takes name and data_dir): for a data file or a save_to_disk directory (and revision for any local
+    directory) they were ignored silently, and recorded in config.json as if used. A warning names them (not a
+    refusal: a run that recorded one still resumes); a repository's directory takes data_dir."""
+    import logging
+
     (tmp_path / "rows.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n' * 12)
     datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 12).save_to_disk(str(tmp_path / "disk"))
-    for spec, label in ((tmp_path / "rows.jsonl", "task file"), (tmp_path / "disk", "data set")):
-        for options in ({"name": "foo"}, {"data_dir": "x", "revision": "main"}):
-            flags = ", ".join(f"--task.{k}" for k in options)
-            with pytest.raises(ValueError, match=rf"^{label} '.*': {flags} applies to a hub data set "):
-                load_task(str(spec), kwargs=options, eval_size=0)
     hub = tmp_path / "repo"
     (hub / "sub").mkdir(parents=True)
     datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 12).to_parquet(str(hub / "sub" / "train.parquet"))
-    assert len(load_task(str(hub), kwargs={"data_dir": "sub"}, eval_size=0).dataset) == 12
+    for spec, label, options, said in [
+            (tmp_path / "rows.jsonl", "task file", {"name": "foo"}, "--task.name"),
+            (tmp_path / "disk", "data set", {"data_dir": "x", "revision": "main"}, "--task.data_dir, --task.revision"),
+            (hub, "data set", {"data_dir": "sub", "revision": "main"}, "--task.revision")]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+            assert len(load_task(str(spec), kwargs=options, eval_size=0).dataset) == 12
+        assert f"{label} '{spec}': {said} ignored: " in caplog.text
 
 
 def test_a_local_directory_without_data_says_so_not_the_hub(tmp_path):
@@ -463,6 +468,11 @@ def test_a_local_directory_without_data_says_so_not_the_hub(tmp_path):
     (tmp_path / "notes" / "readme.md").write_text("hi")
     with pytest.raises(ValueError, match=r"^cannot load data set directory '.*notes': it holds no data files "):
         load_task(str(tmp_path / "notes"))
+    (tmp_path / "notes" / "data").mkdir()  # a data file datasets cannot read: its own error, not "no data files"
+    (tmp_path / "notes" / "data" / "train.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"^cannot load data set directory '.*notes' \(") as err:
+        load_task(str(tmp_path / "notes"))
+    assert "holds no data files" not in str(err.value)
 
 
 def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_path):

@@ -548,6 +548,8 @@ def test_a_data_sets_options_given_at_their_defaults_are_no_change(tmp_path):
         assert compare_settings(saved.to_dict(), dataclasses.replace(saved, task_kwargs=given)) == {}
     with pytest.raises(ValueError, match=r"task_kwargs.split \(not set\) -> 'train\[:20\]'"):
         compare_settings(saved.to_dict(), dataclasses.replace(saved, task_kwargs={"split": "train[:20]"}))
+    python = dataclasses.replace(saved, task="train_dataset:0123abcd")  # a data set given from Python: alike
+    assert compare_settings(python.to_dict(), dataclasses.replace(python, task_kwargs={"prompt_column": "prompt"})) == {}
 
 
 def test_a_checkpoint_from_before_data_sets_recorded_their_rows_resumes(tmp_path):

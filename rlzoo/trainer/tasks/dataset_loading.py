@@ -86,20 +86,23 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
     data file's rows as the file numbers them, ``task file 'd.jsonl' row 7 (line 8)``, a directory's or hub id's
     by split; a slice's rows as its split numbers them).
 
+    A ``name``, ``data_dir`` or ``revision`` that a data file or a ``save_to_disk`` directory cannot have (a local
+    directory: ``revision``) is ignored with a warning.
+
     Raises:
-        ValueError: ``name``, ``data_dir`` or ``revision`` given for a data file or a ``save_to_disk`` directory
-            (they would be ignored); the errors of :func:`load_dataset_source`.
+        the errors of :func:`load_dataset_source`.
     """
     import datasets
 
     path, builder = Path(spec), file_builder(Path(spec))
-    hub_only = {option: value for option, value in (("name", name), ("data_dir", data_dir), ("revision", revision))
-                if value is not None}
-    if hub_only and (path.is_file() or path.is_dir() and _is_saved_to_disk(path)):  # they were ignored silently
-        raise ValueError(f"{'task file' if path.is_file() else 'data set'} {spec!r}: "
-                         + ", ".join(f"--task.{option}" for option in hub_only)
-                         + " applies to a hub data set (or a data set repository's directory); a data file or "
-                         "save_to_disk directory has none: drop it")
+    local_data = path.is_file() or path.is_dir() and _is_saved_to_disk(path)
+    ignored = [option for option, value in (("name", name), ("data_dir", data_dir), ("revision", revision))
+               if value is not None and (local_data or option == "revision" and path.exists())]
+    if ignored:  # they were ignored silently (a warning, not a refusal: a run that recorded one still resumes)
+        log.warning("%s %r: %s ignored: a data file or save_to_disk directory has no configuration, sub-directory or "
+                    "revision, a local directory no revision (they are a hub data set's)",
+                    "task file" if path.is_file() else "data set", spec,
+                    ", ".join(f"--task.{option}" for option in ignored))
     if path.is_file():
         if builder is None:
             raise ValueError(f"task file {spec!r}: unknown data file type {''.join(path.suffixes[-2:])!r}; "
@@ -233,15 +236,17 @@ def _split(loaded: Mapping[str, Any], split: str, spec: str, option: str, label:
 def _load_error(spec: str, err: BaseException) -> str:
     import huggingface_hub.constants
 
-    if Path(spec).is_dir():  # a local directory: no hub, no cache (datasets' message speaks of other formats)
-        return (f"cannot load data set directory {spec!r}: it holds no data files ({', '.join(FILE_BUILDERS)}, as a "
-                f"hub repository lays them out: data/train-*.parquet, ...) and is no save_to_disk directory "
-                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
+    first = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if Path(spec).is_dir():  # a local directory: no hub, no cache
+        if type(err).__name__ in ("DataFilesNotFoundError", "EmptyDatasetError"):  # datasets speaks of other formats
+            return (f"cannot load data set directory {spec!r}: it holds no data files ({', '.join(FILE_BUILDERS)}, as "
+                    f"a hub repository lays them out: data/train-*.parquet, ...; or under --task.data_dir) and is no "
+                    f"save_to_disk directory ({first})")
+        return f"cannot load data set directory {spec!r} ({first})"
     offline = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if huggingface_hub.constants.HF_HUB_OFFLINE \
         else ""
     return (f"cannot load data set {spec!r}{offline}: not a reasoning-gym task, a data file "
-            f"({', '.join(FILE_BUILDERS)}), a data set directory nor a loadable hub id ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})")
+            f"({', '.join(FILE_BUILDERS)}), a data set directory nor a loadable hub id ({first})")
 
 
 def _file_error(path: Path, err: BaseException) -> BaseException:

@@ -336,9 +336,9 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
               "exclude_eval_questions": config.exclude_eval_questions}
     for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
         check_python_dataset(name, data)
-    if eval_dataset is not None and config.eval_size == 0 and not evaluation_only:  # it was ignored silently
-        log.warning("eval_dataset is not used: eval_size is 0 (no held-out evaluation); set eval_size to its rows")
     if train_dataset is not None:
+        if eval_dataset is not None and config.eval_size == 0 and not evaluation_only:  # it was ignored silently
+            log.warning("eval_dataset is not used: eval_size is 0 (no held-out evaluation); set eval_size to its rows")
         _note_replaced_task(config.task)
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
