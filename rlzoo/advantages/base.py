@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.advantages.groups import GroupIds, GroupIndex
+from rlzoo.losses.functional import working_dtype
 from rlzoo.registry import Component, Registry
 
 __all__ = [
@@ -312,7 +313,7 @@ class AdvantageEstimator(Component, abc.ABC):
             )
         # bf16 / fp16 rewards are computed in float32 (a bf16 group sum stops growing at 256, an fp16 one
         # overflows at 65504) and returned in their dtype
-        work = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+        work = rewards.to(working_dtype(rewards.dtype))
         inputs = build_inputs(owner, work, given)
         groups = None
         if self.uses_groups:

@@ -24,6 +24,7 @@ from torch import Tensor
 from rlzoo.advantages.base import check_rewards
 from rlzoo.advantages.groups import GroupIds, GroupIndex
 from rlzoo.advantages.outcome import group_normalized
+from rlzoo.losses.functional import working_dtype
 from rlzoo.registry import check_choice, check_number
 
 __all__ = ["MULTI_REWARD_MODES", "combine_rewards"]
@@ -101,7 +102,7 @@ def combine_rewards(
     if bool(torch.isinf(rewards).any()):
         raise ValueError(f"{owner}: rewards holds inf; a reward is a finite number, or NaN for a function's None")
     dtype = rewards.dtype  # bf16 / fp16: computed in float32 (a bf16 group sum stops at 256), returned in it
-    rewards = rewards.to(torch.promote_types(dtype, torch.float32))
+    rewards = rewards.to(working_dtype(dtype))
     if weights is None:
         w = torch.ones(k, dtype=rewards.dtype, device=rewards.device)
     else:

@@ -22,6 +22,7 @@ from rlzoo.advantages.base import AdvantageEstimator, AdvantageInputs, build_inp
 from rlzoo.advantages.groups import GroupIndex, whiten
 from rlzoo.batch import LossOutput, Normalizer
 from rlzoo.losses import aggregations, masked_mean
+from rlzoo.losses.functional import working_dtype
 from rlzoo.registry import check_number
 
 __all__ = ["GAE", "ReMax", "ReinforcePP", "token_level_rewards", "value_loss"]
@@ -245,7 +246,7 @@ class GAE(AdvantageEstimator, name="gae"):
         owner = "advantage estimator 'gae'"
         rewards = check_rewards(rewards, owner)
         given = {"completion_mask": completion_mask, "values": values, "token_rewards": token_rewards}
-        work = rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # as __call__ computes
+        work = rewards.to(working_dtype(rewards.dtype))  # as __call__ computes
         inputs = build_inputs(owner, work, {k: v for k, v in given.items() if v is not None})
         advantages, returns = self._both(work, inputs)
         return advantages.to(rewards.dtype), returns.to(rewards.dtype)
