@@ -231,7 +231,9 @@ def register(
         loss = get_loss(loss)
     if not isinstance(loss, PolicyLoss):
         raise TypeError(f"register(name, loss): loss must be an rlzoo PolicyLoss or a preset name, got {type(loss).__name__}")
-    missing = sorted(loss.required_fields())
+    # under follow_loss_agg_mode verl's loss_agg_mode replaces the loss's own aggregation (prompt-mean's group_index)
+    called = loss.with_options(aggregation="token-mean") if follow_loss_agg_mode else loss
+    missing = sorted(called.required_fields())
     if missing:
         reason = _VERL_INSTEAD.get(missing[0], "verl passes only old_log_prob, log_prob, advantages, response_mask")
         raise ValueError(f"loss {loss.name or ''!s} needs PolicyBatch.{missing[0]} (for "

@@ -245,6 +245,10 @@ def test_a_loss_needing_what_verl_does_not_pass_names_verls_option(verl, options
     assert "rlzoo_refused" not in verl.POLICY_LOSS_REGISTRY
     with pytest.raises(ValueError, match=r"for its rollout rejection m2po.*rollout_rs="):
         register("rlzoo_refused", "m2po")
+    prompt_mean = rlzoo.get_loss("dapo", aggregation="prompt-mean")  # its group_index: verl does not pass one
+    with pytest.raises(ValueError, match=r"group_index \(for prompt-mean\(\)\)"):
+        register("rlzoo_refused", prompt_mean, follow_loss_agg_mode=False)
+    assert register("rlzoo_prompt_mean", prompt_mean).loss == prompt_mean  # loss_agg_mode replaces the aggregation
 
 
 def test_names_are_not_overwritten_silently(verl):
