@@ -136,12 +136,15 @@ def _naming_config_file(err: ValueError, argv: Sequence[str]) -> ValueError:
     return ValueError(f"{path}: {message}")
 
 
-def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
+def _check_file_tables(config: Any, argv: Sequence[str], *, algorithm: bool = False) -> None:
     """Build what the ``--config`` file's option tables configure (the loss and advantage estimator, the LoRA config,
     a reasoning-gym task's options: no model, no data) so that a bad option there fails naming the file, as a bad
     top-level key does. When the settings fail, they are built again from the file's options alone (the dotted
     flags' left out): the file is named only when that fails too, so a flag's error never is. Warnings are left to
     the trainer (said once).
+
+    Args:
+        algorithm: build the loss whenever the file sets ``algorithm`` (rlzoo eval, which builds no loss itself).
 
     Raises:
         ValueError, UnknownNameError: the settings' error; prefixed with the file's path when it is the file's.
@@ -158,7 +161,10 @@ def _check_file_tables(config: Any, argv: Sequence[str]) -> None:
     path, rest = _config_file(argv)
     if path is None:
         return
-    tables = {t for t, v in load_config_file(path).items() if t in _DOTTED_FIELD.values() and isinstance(v, Mapping)}
+    file = load_config_file(path)
+    tables = {t for t, v in file.items() if t in _DOTTED_FIELD.values() and isinstance(v, Mapping)}
+    if algorithm and {"algorithm", "advantage"} & file.keys():
+        tables.add("loss")  # build the loss: the preset's and the estimator's names are checked with it
     if not tables:
         return
 
@@ -489,7 +495,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             print("\n\n".join(card.card() for _, card in presets.items()))
         return 0
     if not args.name:
-        print("rlzoo explain: give a preset, a part or an advantage estimator (rlzoo list names them), or --all",
+        print("rlzoo: error: rlzoo explain takes a preset, a part or an advantage estimator (rlzoo list names them), "
+              "or --all",
               file=sys.stderr)
         return 2
     meanings = _explanations(args.name)
@@ -571,7 +578,8 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     parser.add_argument("name", nargs="?", help="a preset (rlzoo list)")
     parser.add_argument("--output", type=Path, help="the file to write (default NAME.png, NAME as registered)")
     parser.add_argument("--all", action="store_true", help="every preset, with its defaults, into --output-dir")
-    parser.add_argument("--output-dir", type=Path, default=Path("."), help="with --all (docs/pictures for the docs)")
+    parser.add_argument("--output-dir", type=Path, help="where NAME.png (or --all's pictures: docs/pictures for the "
+                        "docs) go (default: the current directory)")
     parser.add_argument("--advantage-magnitude", type=float, default=1.0, help="|A| (default 1)")
     parser.add_argument("--old-prob", type=float, default=0.2, help="p_old of the token (default 0.2)")
     parser.add_argument("--r-max", type=float, help="largest ratio drawn (default 3 or beyond the loss's caps)")
@@ -582,16 +590,18 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     if args.all:
         if args.name or overrides or args.output:
             raise ValueError("rlzoo plot --all draws every preset with its defaults: give no NAME, --output or --loss.*")
-        paths = plot_all(args.output_dir, **options)
-        print(f"rlzoo plot: wrote {len(paths)} pictures to {args.output_dir}")
+        paths = plot_all(args.output_dir or Path("."), **options)
+        print(f"rlzoo plot: wrote {len(paths)} pictures to {args.output_dir or Path('.')}")
         return 0
     if not args.name:
-        print("rlzoo plot: give a preset name or --all", file=sys.stderr)
+        print("rlzoo: error: rlzoo plot takes a preset name (rlzoo list names them) or --all", file=sys.stderr)
         return 2
+    if args.output and args.output_dir:
+        raise ValueError("rlzoo plot: give --output FILE or --output-dir DIR, not both")
     from rlzoo.losses import presets
 
     # the registered spelling names the default file (rlzoo plot DAPO writes dapo.png, as docs/pictures names them)
-    default = Path(f"{presets.canonical(args.name)}.png")
+    default = (args.output_dir or Path(".")) / f"{presets.canonical(args.name)}.png"
     path = plot_objective(args.name, args.output or default, **options, **overrides)
     print(f"rlzoo plot: wrote {path}")
     return 0
@@ -628,6 +638,9 @@ def _cmd_eval(argv: Sequence[str]) -> int:
 
     from rlzoo.trainer.eval_run import EvalArgs, eval_args_from_file, eval_result, with_run
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("rlzoo eval runs in one process: run it without torchrun (python -m rlzoo eval ...); a "
+                         "run's held-out evaluation during training is the one sharded over the ranks")
     path, plain = _config_file(argv)
     train_only = [a.split("=", 1)[0] for a in plain if (m := _DOTTED.match(a)) and m.group(1) != "task"]
     if train_only:
@@ -643,6 +656,8 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     if default is not None and args.run is not None:
         args = with_run(args, default, {flag_name(a) for a in rest}, source=str(path))
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
+    if path is not None:
+        _check_eval_file(settings, argv)
     out = eval_result(args)
     print(json.dumps(out, indent=2, allow_nan=False))
     accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"
@@ -650,6 +665,30 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     reward = f", reward {out['reward']:.3f}" if out["reward"] is not None else ""
     print(f"rlzoo eval: {out['model']} on {out['task']}: {accuracy}{reward}", file=sys.stderr)
     return 0
+
+
+def _check_eval_file(settings: Mapping[str, Any], argv: Sequence[str]) -> None:
+    """``rlzoo eval``'s ``--config`` file checked as ``rlzoo train`` checks it: its option tables (the loss's, the
+    advantage estimator's, LoRA's, the task's) and its ``algorithm``, so that a typo there fails naming the file.
+    An algorithm that is no registered preset here is left unchecked with a warning (rlzoo eval builds no loss; a
+    preset of the user's own is known only where its module is imported).
+
+    Raises:
+        ValueError, UnknownNameError: as :func:`_check_file_tables`.
+    """
+    from rlzoo.losses import list_losses
+    from rlzoo.registry import close_names
+    from rlzoo.trainer.config import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    config = TrainConfig.from_dict({key: value for key, value in settings.items() if key in fields})
+    if config.algorithm not in list_losses():
+        close = close_names(config.algorithm, list_losses())
+        logging.getLogger("rlzoo.train").warning(
+            "%s: algorithm %r is no registered preset here%s; its loss options are not checked (rlzoo eval builds no "
+            "loss)", _config_file(argv)[0], config.algorithm, f" (did you mean {close[0]!r}?)" if close else "")
+        return
+    _check_file_tables(config, argv, algorithm=True)
 
 
 def _records_python_rewards(path: str) -> bool:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -643,7 +644,7 @@ def test_eval_output_is_refused_where_it_would_break_a_run(tmp_path):
     (run / "config.json").write_text(json.dumps({"task": "chain_sum", "segments": []}))
     (run / "metrics.jsonl").write_text("")
     for output, says in [(run / "config.json", "is the config.json of the training run"),
-                         (run / "checkpoints" / "x.json", "is the checkpoints of the training run"),
+                         (run / "checkpoints" / "x.json", "is inside the checkpoints of the training run"),
                          (run, "is a directory; name a file")]:
         with pytest.raises(ValueError, match=f"^--output {re.escape(repr(str(output)))} {says}"):
             main(["eval", "--run", str(run), "--output", str(output)])
@@ -1013,6 +1014,52 @@ def test_train_and_export_take_a_checkpoint_for_its_model_and_refuse_a_run_direc
                                          f"checkpoint's model is {checkpoint / 'model'}; pass that"):
         main(["export", str(run), str(tmp_path / "out")])
     assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+
+
+def test_eval_checks_what_it_evaluates_and_where_it_writes_before_evaluating(tmp_path, monkeypatch, caplog):
+    """User trial: --checkpoint of another run was evaluated with --run's task and held-out set; --run RUN --model M
+    evaluated M but reported RUN's checkpoint and step; --output into an unwritable place evaluated first and then
+    lost the result (naming a temporary file); a --config file's loss, estimator and LoRA tables and its algorithm
+    were not checked as rlzoo train checks them."""
+    from rlzoo.trainer.eval_run import EvalArgs, eval_config
+    from rlzoo.trainer.io import atomic_write_text
+
+    monkeypatch.setattr("rlzoo.trainer.evaluation.evaluate", lambda *a, **k: pytest.fail("evaluated"))
+    runs = {}
+    for name in ("a", "b"):
+        runs[name], _ = _fake_run(tmp_path / name, {"model": "tiny-random", "task": "chain_sum", "eval_size": 4})
+    for checkpoint in (runs["b"], runs["b"] / "model"):
+        with pytest.raises(ValueError, match=rf"^rlzoo eval --checkpoint {re.escape(str(checkpoint))}: not a "
+                                             rf"checkpoint of --run {re.escape(str(tmp_path / 'a'))} "):
+            main(["eval", "--run", str(tmp_path / "a"), "--checkpoint", str(checkpoint)])
+    config, checkpoint = eval_config(EvalArgs(run=str(tmp_path / "a"), checkpoint=str(runs["a"] / "model")))
+    assert (config.model, checkpoint) == (str(runs["a"] / "model"), str(runs["a"]))  # a checkpoint's model/: it
+    config, checkpoint = eval_config(EvalArgs(run=str(tmp_path / "a"), model="tiny-random"))
+    assert (config.model, config.eval_size, checkpoint) == ("tiny-random", 4, None)
+    with pytest.raises(ValueError, match="--checkpoint and --model both name the model to evaluate"):
+        eval_config(EvalArgs(run=str(tmp_path / "a"), model="tiny-random", checkpoint="step-000002"))
+    (tmp_path / "afile").write_text("")
+    for output in (tmp_path / "afile" / "x.json", Path("/proc/x.json")):
+        with pytest.raises(OSError, match=rf"^\[Errno \d+\] --output '{re.escape(str(output))}': its directory is not "
+                                          r"writable \(.*\): "):
+            main(["eval", "--model", "tiny-random", "--output", str(output)])
+    with pytest.raises(OSError, match=r"cannot write .*/afile/x.json \(.*\): '.*afile'$"):  # at the write itself
+        atomic_write_text(tmp_path / "afile" / "x.json", "{}")
+    for content, says in (("loss:\n  bogus: 1\n", "unknown option 'bogus' for loss 'grpo'"),
+                          ("advantage_options:\n  bogus: 1\n", "advantage estimator 'grpo' has no option 'bogus'"),
+                          ("peft:\n  bogus: 2\n", "unknown --peft option"),
+                          ("algorithm: dapo\nadvantage: nosuch\n", "unknown advantage estimator 'nosuch'")):
+        (tmp_path / "e.yaml").write_text(content)
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'e.yaml'))}: .*{says}"):
+            main(["eval", "--config", str(tmp_path / "e.yaml"), "--model", "tiny-random"])
+    (tmp_path / "e.yaml").write_text("algorithm: nosuch\nloss:\n  bogus: 1\n")  # eval builds no loss: a warning
+    monkeypatch.setattr("rlzoo.trainer.eval_run.eval_result", lambda args: pytest.fail("reached"))
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"), pytest.raises(pytest.fail.Exception, match="reached"):
+        main(["eval", "--config", str(tmp_path / "e.yaml"), "--model", "tiny-random"])
+    assert "algorithm 'nosuch' is no registered preset here; its loss options are not checked" in caplog.text
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun every rank evaluated the whole set and printed it
+    with pytest.raises(ValueError, match=r"^rlzoo eval runs in one process: run it without torchrun"):
+        main(["eval", "--model", "tiny-random"])
 
 
 def _no_nan(text: str) -> object:

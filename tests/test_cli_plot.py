@@ -44,6 +44,19 @@ def test_plot_names_the_default_file_by_the_registered_spelling(tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dapo.png", "dr_grpo.png"]
 
 
+def test_plot_of_one_preset_honours_output_dir(tmp_path, monkeypatch):
+    """User trial: `rlzoo plot dapo --output-dir xx` wrote ./dapo.png, ignoring the flag silently."""
+    from rlzoo.losses import pictures
+
+    monkeypatch.setattr(pictures, "plot_objective", lambda name, path, **kw: path.write_bytes(PNG) and path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "xx").mkdir()
+    assert main(["plot", "dapo", "--output-dir", "xx"]) == 0
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [] and (tmp_path / "xx" / "dapo.png").is_file()
+    with pytest.raises(ValueError, match="give --output FILE or --output-dir DIR, not both"):
+        main(["plot", "dapo", "--output-dir", "xx", "--output", "a.png"])
+
+
 def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     """--all draws every registered preset into --output-dir, named after it (what docs/pictures holds)."""
     from rlzoo.losses import pictures

@@ -160,7 +160,9 @@ class Checkpointer:
                         "--resume latest" if there else "")
                 raise FileNotFoundError(f"--resume {resume}: no such checkpoint{kept}")
             if not (path / "trainer_state.json").is_file():
-                raise FileNotFoundError(f"--resume {resume}: not an rlzoo checkpoint (no trainer_state.json)")
+                run = (path / "metrics.jsonl").exists() or is_run_config(path / "config.json")
+                hint = f"; it is a run directory: continue it with --output-dir {resume} --resume latest" if run else ""
+                raise FileNotFoundError(f"--resume {resume}: not an rlzoo checkpoint (no trainer_state.json){hint}")
             return path
         found = self.all()
         if not found:

@@ -37,7 +37,8 @@ class EvalArgs:
     checkpoint: str | None = None
     """A checkpoint of --run to evaluate: its path, or its name (step-000020); default: the run's newest."""
     model: str | None = None
-    """A model, as rlzoo train's --model (instead of --run)."""
+    """A model, as rlzoo train's --model (instead of --run; with --run: this model on the run's task and held-out
+    set)."""
     task: str | None = None
     """The task, as rlzoo train's --task."""
     task_kwargs: OptionalDottedOptions = None
@@ -135,7 +136,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     """The :class:`TrainConfig` to evaluate with (the run's settings, then ``args``), and the checkpoint evaluated.
 
     Raises:
-        ValueError: neither ``--run`` nor ``--model``, or ``--checkpoint`` without ``--run``; a ``--model`` that is
+        ValueError: neither ``--run`` nor ``--model``, ``--checkpoint`` without ``--run`` or with ``--model``, or
+            a ``--checkpoint`` outside ``--run``; a ``--model`` that is
             a run directory (names ``--run``; a checkpoint directory stands for its ``model/``); a run that trained
             on a data set given from Python, without ``--task``; a run trained without a held-out set
             (``eval_size`` 0), without ``--eval-size`` (names it).
@@ -147,6 +149,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
     if args.checkpoint is not None and args.run is None:
         raise ValueError("--checkpoint evaluates a checkpoint of --run RUN (to evaluate a checkpoint on its own, "
                          "give it as --model)")
+    if args.checkpoint is not None and args.model is not None:
+        raise ValueError("--checkpoint and --model both name the model to evaluate; give one of them")
     settings: dict[str, Any] = {}
     checkpoint: str | None = None
     if args.model is not None:
@@ -165,9 +169,10 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
                 raise ValueError(f"--run {run}: {err}") from None
         if args.eval_size is None:
             _check_held_out_set(run, settings, own_task=args.task is None)
-        path = _run_checkpoint(run, args.checkpoint)
-        checkpoint = str(path)
-        settings["model"] = str(path / "model")
+        if args.model is None:  # (else --model is evaluated, on the run's task and held-out set)
+            path = _run_checkpoint(run, args.checkpoint)
+            checkpoint = str(path)
+            settings["model"] = str(path / "model")
         settings.pop("peft", None)  # the checkpoint's model/ holds the adapter and names its base
         if args.reward_funcs is None:
             _named_rewards_only(run, settings, json.loads((run / "config.json").read_text()))
@@ -189,6 +194,7 @@ def _run_checkpoint(run: Path, checkpoint: str | None) -> Path:
     Raises:
         FileNotFoundError: the run has no checkpoint (trained with ``--max-steps 0``, or stopped before its first
             one), or ``--checkpoint`` is not a checkpoint; says what ``rlzoo eval`` takes instead.
+        ValueError: ``--checkpoint`` is another run's checkpoint (outside ``run``).
     """
     from rlzoo.trainer.checkpoint import Checkpointer
     from rlzoo.trainer.config import CheckpointConfig
@@ -203,6 +209,12 @@ def _run_checkpoint(run: Path, checkpoint: str | None) -> Path:
     path = Path(checkpoint)
     if not path.exists() and _is_checkpoint(run / "checkpoints" / checkpoint):  # a name the listing below shows
         path = run / "checkpoints" / checkpoint
+    if path.name == "model" and _is_checkpoint(path.parent):  # the checkpoint's model/: the checkpoint
+        path = path.parent
+    if _is_checkpoint(path) and run.resolve() not in path.resolve().parents:
+        raise ValueError(f"rlzoo eval --checkpoint {checkpoint}: not a checkpoint of --run {run} (it would be evaluated "
+                         f"with that run's task and held-out set); give its own run as --run, or evaluate it on its "
+                         f"own with --model {checkpoint}")
     if not _is_checkpoint(path):
         there = (f"; {run / 'checkpoints'} holds {', '.join(p.name for p in found)}" if found
                  else f"; --run {run} has no checkpoint")
@@ -311,19 +323,24 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
 
 
 def _check_output(output: Path) -> None:
-    """Refuse an ``--output`` that is a directory, or a file of a training run's own (its ``config.json``: the run
-    could no longer be resumed or evaluated by name), naming the flag and a path that works."""
-    from rlzoo.trainer.checkpoint import is_run_config
-    from rlzoo.trainer.run_dir import RUN_FILES
+    """Refuse an ``--output`` that is a directory, lies among a training run's own files (its ``config.json``: the run
+    could no longer be resumed or evaluated by name; its checkpoints) or cannot be written, naming the flag: before
+    the evaluation, which takes minutes."""
+    from rlzoo.trainer.io import check_writable
+    from rlzoo.trainer.run_dir import inside_a_run
 
     if output.is_dir():
         raise ValueError(f"--output {str(output)!r} is a directory; name a file (e.g. {str(output / 'eval.json')!r})")
     target = output.parent.resolve() / output.name  # a link named as the output is replaced, not written through
-    for run in target.parents:
-        inside = target.relative_to(run).parts[0]
-        if inside in RUN_FILES and is_run_config(run / "config.json"):  # a run's, not any metrics.jsonl
-            raise ValueError(f"--output {str(output)!r} is the {inside} of the training run {str(run)!r} (or inside "
-                             f"it); write the result beside them, e.g. {str(run / 'eval.json')!r}")
+    inside = inside_a_run(target)
+    if inside is not None:
+        where, owner = inside
+        raise ValueError(f"--output {str(output)!r} {where}; write the result beside them, e.g. "
+                         f"{str(owner.parent / 'eval.json' if (owner / 'model').is_dir() else owner / 'eval.json')!r}")
+    try:
+        check_writable(output.parent, "its directory")
+    except OSError as err:
+        raise OSError(err.errno, f"--output {str(output)!r}: {err.strerror}", err.filename) from None
 
 
 def _json_number(value: float | None) -> float | None:

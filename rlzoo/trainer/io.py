@@ -69,6 +69,25 @@ def _free_bytes(path: Path) -> int:
     return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
 
 
+def check_writable(directory: str | os.PathLike[str], what: str) -> None:
+    """Fail before any work when files could not be created in ``directory`` (created later if missing): its nearest
+    existing ancestor must be a directory this process can write (probed with a temporary file, removed at once).
+
+    Raises:
+        OSError: ``[Errno N] WHAT is not writable (REASON): 'DIRECTORY'`` (a parent is a file, permission denied,
+            a read-only or virtual file system, ...).
+    """
+    path = Path(directory)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise OSError(err.errno, f"{what} is not writable ({err.strerror})", str(path)) from None
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
 
@@ -77,8 +96,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             is untouched and no temporary is left.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a parent is a file, ...: named with the file asked for
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror})", err.filename) from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:  # named as the file asked for, not its temporary
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror})") from None
     try:
         with disk_full_is_os_error(path), os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), umask_mode(0o666))

@@ -1,21 +1,20 @@
 """What a resume starts from and what it may change: settings that can be honoured are applied (one log line
 each), the others refused.
 
-Where the settings come from. ``rlzoo train --resume`` takes the checkpoint's settings as the defaults and
-lays the config file and flags given now over them (:func:`checkpoint_settings`), as TRL and verl users expect:
-``rlzoo train --output-dir RUN --resume latest`` continues RUN as it was, and only what is given again can be a
-change. The Python API takes a whole :class:`~rlzoo.trainer.TrainConfig` as the user's (a dataclass cannot tell
-a field left at its default from one set to it, and transformers' ``Trainer`` likewise resumes with the
-``TrainingArguments`` it is given); :func:`resume_config` builds one from the checkpoint with overrides, as the
-command line does.
+Where the settings come from. ``rlzoo train --resume`` takes the checkpoint's settings as the defaults and lays
+the config file and flags given now over them (:func:`checkpoint_settings`), as TRL and verl users expect: ``rlzoo
+train --output-dir RUN --resume latest`` continues RUN as it was, and only what is given again can be a change.
+The Python API takes a whole :class:`~rlzoo.trainer.TrainConfig` as the user's (a dataclass cannot tell a default
+from a value set to it; transformers' ``Trainer`` likewise resumes with the ``TrainingArguments`` it is given);
+:func:`resume_config` builds one from the checkpoint with overrides, as the command line does.
 
 What a change does. The optimizer's settings and schedule (with ``max_steps``, its horizon) go into the restored
 optimizer and scheduler; what is read afresh at each step or generation (loss, rewards, sampling, evaluation,
 checkpointing) takes the new value (from the next generation batch inside a cycle: :mod:`~rlzoo.trainer.mid_cycle`).
-What the restored state depends on is refused: the model and its LoRA options, the task's training stream, the
-batch shape and generation cycle, the sampler, the seed, and a ``max_steps`` already reached
-(:func:`check_run_length`), all before the model loads (:func:`check_resume`); inside a cycle, what its stored batch
-depends on, once the checkpoint is read (before anything is written).
+What the restored state depends on (the model and its LoRA options, the task's training stream, the batch shape
+and generation cycle, the sampler, the seed, a ``max_steps`` already reached: :func:`check_run_length`) is refused
+before the model loads (:func:`check_resume`); inside a cycle, what its stored batch depends on, once the checkpoint
+is read.
 
 ``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
 fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.
@@ -91,10 +90,9 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
     LoRA options (``peft``) compare as the adapter they build (:func:`~rlzoo.trainer.adapters.built_adapter`):
     ``target_modules`` in another order, or an option given at peft's default, is no change.
 
-    Logs (unless ``log_changes`` is False) one line per applied change: per field, and for a mapping (``loss``, ``advantage_options``, ...) per
-    option that changed (``resume: loss.beta changed (not set) -> 0.1``). Returns ``{field: (saved value, new
-    value)}`` of the applied changes; an empty ``saved`` (a checkpoint from before rlzoo recorded settings)
-    compares as unchanged.
+    Logs (unless ``log_changes`` is False) one line per applied change, per field and per option of a mapping
+    (``resume: loss.beta changed (not set) -> 0.1``). Returns ``{field: (saved value, new value)}`` of the applied
+    changes; an empty ``saved`` (a checkpoint from before rlzoo recorded settings) compares as unchanged.
 
     Raises:
         ValueError: a change that cannot be honoured: names every such field, its two values and why.
@@ -137,6 +135,8 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             old, new = built_adapter(old), built_adapter(new)
         if name == "loss" and _same_loss(old, new, saved.get("algorithm", config.algorithm), config.algorithm):
             continue  # options at the preset's defaults are no change (a change is logged as given)
+        if name == "steps_per_generation":  # None is gradient_accumulation_steps (TRL's default): the same cycle
+            old, new = old or saved.get("gradient_accumulation_steps", 1), config.effective_steps_per_generation
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs
             new = config.resolved_task_kwargs

@@ -1,8 +1,9 @@
 """The run directory and the rules that keep it safe over days-long runs.
 
-- One run per directory: a lock file (``.rlzoo.lock``, holding pid and host) held with ``fcntl.flock`` for
-  the whole run; the kernel drops it when the process dies, so a stale lock (a killed run) is taken over
-  with a warning, and a live one refuses the second run.
+- One run per directory (:mod:`~rlzoo.trainer.run_lock`): a lock file (``.rlzoo.lock``, holding pid and host)
+  held with ``fcntl.flock`` for the whole run; the kernel drops it when the process dies, so a stale lock (a killed
+  run) is taken over with a warning, and a live one refuses the second run before its files are read.
+- Nothing is written inside another run's own files (:func:`inside_a_run`): its checkpoints, ``abandoned/``, ...
 - A fresh run (no ``--resume``) never starts in a directory that holds a run: it is refused, naming
   ``--resume`` and ``--overwrite``; ``--overwrite`` deletes that run's files first (and only those). A resume
   of this directory's run (``latest``, ``auto``, one of its checkpoints) with ``--overwrite`` is refused: the
@@ -18,31 +19,29 @@
 """
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import re
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, step_of
-from rlzoo.trainer.io import atomic_write_text, recover_interrupted_writes, umask_mode
+from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, run_of, step_of
+from rlzoo.trainer.io import atomic_write_text, check_writable, recover_interrupted_writes
 from rlzoo.trainer.metrics import read_metrics, write_metrics
+from rlzoo.trainer.run_lock import LOCK_FILE, RunLockedError, hold_lock, refuse_a_live_run
 
-__all__ = ["RUN_FILES", "RunDirectory", "RunLockedError", "default_output_dir", "timeline_rows"]
+__all__ = ["LOCK_FILE", "RUN_FILES", "RunDirectory", "RunLockedError", "default_output_dir", "inside_a_run",
+           "timeline_rows"]
 
 log = logging.getLogger("rlzoo.train")
 
 RUN_FILES = ("config.json", "metrics.jsonl", "reward.png", "checkpoints", "abandoned", "completions", "tensorboard",
              "wandb", "trackers.json")
 """What a run writes into its directory (``--overwrite`` deletes these and nothing else)."""
-LOCK_FILE = ".rlzoo.lock"
 _COMPLETIONS = re.compile(r"step-\d+\.parquet")
 """A completions table of the run (``completions/step-NNNNNN.parquet``)."""
 _TRACKER_FILES = {"tensorboard": re.compile(r"events\.out\.tfevents\..+"),
@@ -51,15 +50,28 @@ _TRACKER_FILES = {"tensorboard": re.compile(r"events\.out\.tfevents\..+"),
 those, not a user's own files there); wandb adds ``-N`` to a run directory when a start in the same second made it."""
 
 
-class RunLockedError(OSError):
-    """Another live process runs in this directory (names its pid and host)."""
-
-
 def _written_by_run(directory: str, path: Path) -> bool:
     """Whether ``path``, in the run's ``directory`` (checkpoints, completions, tensorboard, wandb), is the run's."""
     if directory in _TRACKER_FILES:
         return bool(_TRACKER_FILES[directory].fullmatch(path.name))
     return (step_of(path) is not None and path.is_dir()) or bool(_COMPLETIONS.fullmatch(path.name))
+
+
+def inside_a_run(target: Path) -> tuple[str, Path] | None:
+    """Where ``target`` (an absolute path) lies among a training run's own files: ``("is (inside) the checkpoints of
+    the training run 'RUN'", RUN)`` or ``("is (inside) the rlzoo checkpoint 'CKPT'", CKPT)`` (one copied out of its
+    run), or None. What is written there is deleted by that run's ``--overwrite``, pruning or new timeline, or
+    misread by it: a run, an export or an evaluation result must not be written there. A run is known by its
+    ``config.json`` or a checkpoint (not by any ``metrics.jsonl``)."""
+    for run in target.parents:
+        inside = target.relative_to(run).parts[0]
+        if inside in RUN_FILES and (is_run_config(run / "config.json") or RunDirectory(run)._may_hold_a_checkpoint()):
+            return f"is {'' if target.parent == run else 'inside '}the {inside} of the training run {str(run)!r}", run
+    checkpoint = next((d for d in (target, *target.parents)
+                       if (d / "trainer_state.json").is_file() and (d / "model").is_dir()), None)
+    if checkpoint is None:
+        return None
+    return f"is {'' if checkpoint == target else 'inside '}the rlzoo checkpoint {str(checkpoint)!r}", checkpoint
 
 
 class RunDirectory:
@@ -76,6 +88,7 @@ class RunDirectory:
         self.path = Path(path)
         self.overwrite = overwrite
         self.resume = resume
+        self._locked = False  # this object holds the directory's lock (:meth:`lock`)
 
     @property
     def checkpoints(self) -> Path:
@@ -130,11 +143,21 @@ class RunDirectory:
 
         Raises:
             OSError: the directory cannot be created or written (names it).
+            RunLockedError: another live run holds the directory.
             FileExistsError: a fresh run into a directory that holds a run (names --resume and --overwrite); a
                 directory whose ``config.json`` is not an rlzoo run's (a model's).
-            ValueError: ``--overwrite`` with a resume of this directory's run or of a checkpoint inside it (names
+            ValueError: a directory inside another run's own files (its checkpoints, metrics, ...: names the run);
+                ``--overwrite`` with a resume of this directory's run or of a checkpoint inside it (names
                 both); a resume in place of a checkpoint of this run's abandoned timeline (says how to fork it).
         """
+        if not self._locked:  # what a live run has written so far is no stopped run's: refused as live first
+            refuse_a_live_run(self.path)
+        inside = inside_a_run(self.path.resolve())
+        if inside is not None:
+            resume = (f", or continue from this checkpoint: --output-dir {run_of(self.path)} --resume {self.path}"
+                      if (self.path / "trainer_state.json").is_file() else "")
+            raise ValueError(f"--output-dir {self.path} {inside[0]}, which that run deletes or misreads "
+                             f"(--overwrite, pruning, a resume); choose a directory outside it{resume}")
         if self.overwrite and (self.resumes_own_run or self._resume_inside()):
             raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
                              f"in {self.path}, --overwrite would delete it; drop one of them")
@@ -144,14 +167,7 @@ class RunDirectory:
                              f"--output-dir NEW --resume {self.resume} (its metrics up to that step are copied)")
         if self.resume == "latest" and not self._may_hold_a_checkpoint():  # (a moved-aside one is put back later)
             raise FileNotFoundError(no_checkpoint_message(self.checkpoints))
-        existing = next(p for p in (self.path, *self.path.absolute().parents) if p.exists())
-        try:  # nothing is created before the run starts: a run refused later leaves no empty directory behind
-            if not existing.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-            with tempfile.TemporaryFile(dir=existing):
-                pass
-        except OSError as err:
-            raise OSError(err.errno, f"output directory is not writable ({err.strerror})", str(self.path)) from None
+        check_writable(self.path, "output directory")  # nothing created: a run refused later leaves no directory
         config = self.path / "config.json"
         if config.is_file() and not is_run_config(config):
             raise FileExistsError(f"output directory {self.path} holds a config.json that is not an rlzoo run's (a "
@@ -177,39 +193,19 @@ class RunDirectory:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the directory's run lock for the duration of the block (the trainer then runs :meth:`check` again:
-        a fresh run started in the directory between its first check and the lock, during a model load of minutes,
-        is refused instead of mixed with this one).
+        """Hold the directory's run lock (:func:`~rlzoo.trainer.run_lock.hold_lock`) for the duration of the block
+        (the trainer then runs :meth:`check` again: a fresh run started in the directory between its first check
+        and the lock, during a model load of minutes, is refused instead of mixed with this one).
 
         Raises:
             RunLockedError: another live process holds it (names pid and host).
         """
-        import fcntl
-
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, umask_mode(0o666))
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-                raise RunLockedError(
-                    errno.EBUSY, f"another run is using this output directory ({_describe(_read_lock(fd))}); "
-                    "wait for it or choose another --output-dir", str(self.path)) from None
-            previous = _read_lock(fd)
-            if previous:
-                log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",
-                            self.path, _describe(previous))
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+        with hold_lock(self.path):
+            self._locked = True
             try:
                 yield
             finally:
-                os.ftruncate(fd, 0)  # an empty lock file: released cleanly
-        finally:
-            os.close(fd)  # also releases the flock
+                self._locked = False
 
     def prepare(self) -> None:
         """Under the lock: clean up after interrupted writes (temporaries; a checkpoint moved aside between two
@@ -357,18 +353,3 @@ def _recorded_trackers(config: Path) -> set[str]:
     segments = [s.get("settings") for s in data.get("segments") or () if isinstance(s, dict)]
     values = [data.get("report_to"), *(s.get("report_to") for s in segments if isinstance(s, dict))]
     return {name.strip() for value in values if isinstance(value, str) for name in value.split(",")}
-
-
-def _read_lock(fd: int) -> dict[str, Any]:
-    data = os.pread(fd, 4096, 0)
-    try:
-        value = json.loads(data) if data.strip() else {}
-    except ValueError:
-        return {"content": data[:100].decode(errors="replace")}
-    return value if isinstance(value, dict) else {}
-
-
-def _describe(lock: Mapping[str, Any]) -> str:
-    if not lock:
-        return "unknown process"
-    return ", ".join(f"{k} {v}" for k, v in lock.items())

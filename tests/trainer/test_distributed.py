@@ -285,6 +285,6 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
                                 capture_output=True, text=True, timeout=300, check=False)
     output = locked.stdout + locked.stderr
     assert locked.returncode != 0, output[-6000:]
-    assert all(f"rlzoo: error (rank {rank}): [Errno 16] another run is using this output directory" in output
+    assert all(f"rlzoo: error (rank {rank}): output directory {run}: another run is using it" in output
                for rank in (0, 1)), output[-6000:]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]

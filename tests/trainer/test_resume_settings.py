@@ -325,6 +325,17 @@ def test_lora_options_come_from_the_checkpoint_and_a_change_is_refused(tmp_path,
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
 
 
+def test_steps_per_generation_given_at_its_default_is_no_change():
+    """User trial: a run started without --steps-per-generation (None: gradient_accumulation_steps, TRL's default)
+    refused a resume with `--steps-per-generation 2`, the same generation cycle; a real change is still refused."""
+    tiny = {**TINY, "gradient_accumulation_steps": 2}
+    saved = TrainConfig(**tiny).to_dict()
+    assert compare_settings(saved, TrainConfig(**tiny, steps_per_generation=2)) == {}
+    assert compare_settings(TrainConfig(**tiny, steps_per_generation=2).to_dict(), TrainConfig(**tiny)) == {}
+    with pytest.raises(ValueError, match=r"steps_per_generation 2 -> 1 \(the batch shape and generation cycle"):
+        compare_settings(saved, TrainConfig(**tiny, steps_per_generation=1))
+
+
 def test_lora_options_that_build_the_same_adapter_are_no_change():
     """User trial: target_modules in another order, or an option given at peft's default, was refused as a change
     ("peft.target_modules ['v_proj', 'q_proj'] -> ['q_proj', 'v_proj']", "peft.lora_dropout (not set) -> 0.0").

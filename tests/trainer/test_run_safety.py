@@ -507,6 +507,22 @@ def test_one_run_per_directory_and_a_stale_lock_is_taken_over(tmp_path, caplog):
     assert (run / ".rlzoo.lock").read_text() == ""  # released cleanly
 
 
+def test_a_live_run_is_refused_as_live_before_its_files_are_read(tmp_path, monkeypatch):
+    """User trial: while a fresh run was live in L (no checkpoint yet), a second start said L "holds a start that
+    wrote no checkpoint (it stopped before its first)" and `--resume latest` "no checkpoint under L/checkpoints",
+    suggesting commands the lock would then refuse. Both name the live run now, before the model loads."""
+    run = tmp_path / "L"
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with RunDirectory(run).lock():  # the live run, having written its config and first metrics
+        (run / "config.json").write_text(json.dumps({"max_steps": 3, "segments": []}))
+        (run / "metrics.jsonl").write_text("")
+        for resume in (None, "latest"):
+            with pytest.raises(RunLockedError, match=f"^output directory {run}: another run is using it \\(pid {os.getpid()}"):
+                Trainer(_config(run, resume=resume))
+    with pytest.raises(FileExistsError, match="holds a start that wrote no checkpoint"):  # the run has stopped
+        Trainer(_config(run))
+
+
 # ----------------------------------------------------------------------------------------------- 7. umask
 def test_outputs_respect_the_umask(tmp_path):
     run = tmp_path / "run"
@@ -580,6 +596,28 @@ def test_an_unwritable_output_dir_fails_before_the_model_loads(tmp_path, monkeyp
     monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(OSError, match="output directory is not writable"):
         Trainer(_config(blocker / "run"))
+
+
+def test_an_output_dir_inside_another_runs_files_is_refused(tmp_path, monkeypatch):
+    """User trial: `--output-dir RUN/checkpoints/step-000003` (or RUN/checkpoints, RUN/abandoned) trained into the
+    other run's files, which its --overwrite, pruning or a new timeline then deleted; and a copied checkpoint."""
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step-000003"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"step": 3}')
+    monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    for inside in (checkpoint, run / "checkpoints", run / "abandoned" / "x"):
+        with pytest.raises(ValueError, match=rf"^--output-dir {re.escape(str(inside))} is (inside )?the "
+                                             rf"(checkpoints|abandoned) of the training run '.*/run', which that run"):
+            Trainer(_config(inside))
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    (checkpoint / "trainer_state.json").rename(copied / "trainer_state.json")
+    (checkpoint / "model").rename(copied / "model")
+    with pytest.raises(ValueError, match=r"is inside the rlzoo checkpoint '.*/copied'"):
+        Trainer(_config(copied / "run"))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "copied", "model", "run", "step-000003",
+                                                           "trainer_state.json"]
 
 
 # ----------------------------------------------------------------------------------------- 10. one-line errors
