@@ -1,5 +1,5 @@
 """The ``--peft`` options of an adapter run: checking them and building the ``peft.LoraConfig`` they give
-(:func:`lora_config`), a PEFT config object's options as ``--peft`` options (:func:`peft_options`), what a run
+(:func:`lora_config`), refusing what a run cannot honour (:func:`check_adapter_options`), a PEFT config object's options as ``--peft`` options (:func:`peft_options`), what a run
 records as its ``peft`` setting (:func:`recorded_peft`) and what a resume compares (:func:`built_adapter`).
 
 :mod:`rlzoo.trainer.adapters` builds the policy with the adapter these options describe (and re-exports these names).
@@ -12,7 +12,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["built_adapter", "lora_config", "peft_options", "recorded_peft"]
+__all__ = ["built_adapter", "check_adapter_options", "lora_config", "peft_options", "recorded_peft"]
 
 
 def lora_config(options: Mapping[str, Any]) -> Any:
@@ -62,6 +62,41 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         return LoraConfig(**{"task_type": "CAUSAL_LM", **options})
     except (TypeError, ValueError) as err:  # peft's own checks of option combinations
         raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
+
+
+def check_adapter_options(peft_config: Any, *, given_as: str, needs_reference: bool) -> None:
+    """Refuse, before a model loads, adapter options a run cannot honour: dropout (the policy runs in eval mode, as in
+    rlzoo's full-model runs, so it would do nothing; in train mode the first iteration's ratio would differ from 1),
+    a ``task_type`` other than a causal LM's (the policy is one; an adapter saved as ``SEQ_CLS`` loads as no causal
+    LM's), and, when the loss needs a reference (the model with the adapter disabled, as TRL's), trained biases
+    (``bias`` ``'all'`` / ``'lora_only'``: disabling the adapter does not restore them, so the reference would move
+    with the policy; peft warns the same).
+
+    Args:
+        peft_config: a ``peft`` config object (another method's too: absent fields pass).
+        given_as: how the options were given, ``"--peft"`` or ``"peft_config"``: errors name ``GIVEN_AS.FIELD``.
+        needs_reference: the loss or the reward needs the reference policy's log-probs (``beta > 0``, the KL in
+            the reward).
+
+    Raises:
+        ValueError: names the option, why, and the value to use.
+    """
+    dropout = getattr(peft_config, "lora_dropout", 0.0) or 0.0
+    if dropout > 0:
+        raise ValueError(f"{given_as}.lora_dropout must be 0, got {dropout:g}: rlzoo trains with dropout off, as in its "
+                         "full-model runs (dropout would make the ratio differ from 1 at the first iteration); drop the "
+                         "option")
+    task_type = getattr(peft_config, "task_type", None)
+    task_type = getattr(task_type, "value", task_type)  # peft's TaskType enum, or its string
+    if task_type not in (None, "CAUSAL_LM"):
+        raise ValueError(f"{given_as}.task_type {task_type}: the policy is a causal LM, and an adapter saved as "
+                         f"{task_type} does not load as one; give CAUSAL_LM or leave the option out")
+    bias = getattr(peft_config, "bias", "none")
+    if needs_reference and bias not in (None, "none"):
+        raise ValueError(f"{given_as}.bias {bias!r} trains the model's biases, which disabling the adapter does not "
+                         "restore: the reference policy (the model with the adapter disabled) would move with the "
+                         "policy; use bias 'none' with a KL to the reference (beta > 0, --use-kl-in-reward), or "
+                         "train without one")
 
 
 def peft_options(peft_config: Any, *, defaults: bool = False) -> dict[str, Any]:

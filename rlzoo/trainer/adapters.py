@@ -13,13 +13,20 @@ and compared on a resume) are in :mod:`rlzoo.trainer.adapter_options`.
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlzoo.trainer.adapter_options import built_adapter, lora_config, peft_options, recorded_peft
+from rlzoo.trainer.adapter_options import (
+    built_adapter,
+    check_adapter_options,
+    lora_config,
+    peft_options,
+    recorded_peft,
+)
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
 
@@ -87,8 +94,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
 
     Raises:
         ValueError: a model object without a tokenizer, both ``peft_config`` and other ``--peft`` options than its
-            own (:func:`peft_options`), a ``lora_dropout``
-            above 0 (:func:`_check_no_dropout`; checked before the model loads), an adapter on the output layer
+            own (:func:`peft_options`), options the run cannot honour (:func:`check_adapter_options`: dropout, a
+            task type other than CAUSAL_LM, trained biases with a reference; before the model loads), an adapter on the output layer
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
             an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`), a new adapter
             that does not start at a zero update when a reference is needed (:func:`_check_adapter_starts_at_zero`:
@@ -109,8 +116,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     if peft_config is not None:  # bad adapter options fail before a model loads
         if getattr(peft_config, "inference_mode", False):  # LoraConfig.from_pretrained of a saved adapter sets it
             raise ValueError("peft_config.inference_mode=True freezes the adapter, and nothing would train: set it False")
-        _check_no_dropout(peft_config, given_as="--peft.lora_dropout" if adapter_config.peft is not None
-                          and not given_as_object else "peft_config.lora_dropout")
+        check_adapter_options(peft_config, given_as="peft_config" if given_as_object else "--peft",
+                              needs_reference=needs_reference)
         if needs_reference:
             _check_adapter_starts_at_zero(peft_config, option=init_option)
     by_name = model is None
@@ -221,19 +228,6 @@ def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option
             "rewrite the base weights, init_lora_weights=False is random), so the model with the adapter disabled, "
             "which is the reference (ref_logprobs, as TRL), is not the initial policy: use the default "
             "init_lora_weights, or train without a reference (--loss.beta 0, no --use-kl-in-reward)")
-
-
-def _check_no_dropout(peft_config: Any, *, given_as: str) -> None:
-    """Refuse an adapter with dropout: the policy runs in eval mode, so dropout would do nothing while it is asked
-    for (and in train mode it would make the first iteration's ratio differ from 1).
-
-    Raises:
-        ValueError: ``peft_config.lora_dropout > 0`` (names ``given_as``, why, and the value to use).
-    """
-    dropout = getattr(peft_config, "lora_dropout", 0.0) or 0.0
-    if dropout > 0:
-        raise ValueError(f"{given_as} must be 0, got {dropout:g}: rlzoo trains with dropout off, as in its full-model "
-                         "runs (dropout would make the ratio differ from 1 at the first iteration); drop the option")
 
 
 def adapter_save_options(model: Any) -> dict[str, Any]:
@@ -373,23 +367,19 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
     if source.exists() and (target == source.resolve() or target in source.resolve().parents):  # (not a hub id)
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
                          "write it to a new directory")
-    from rlzoo.trainer.run_dir import RUN_FILES, RunDirectory  # (run_dir imports this module, indirectly)
+    from rlzoo.trainer.run_dir import RunDirectory, inside_a_run  # (run_dir imports this module, indirectly)
 
-    for run in target.parents:  # RUN/checkpoints/...: the export would delete checkpoints or pose as one
-        inside = target.relative_to(run).parts[0]
-        if inside in RUN_FILES and RunDirectory(run).holds_run():
-            raise ValueError(f"export: OUTPUT {str(output)!r} is inside the {inside} of the training run {str(run)!r}, "
-                             f"which the export would replace or the run would misread; write it to a new directory "
-                             f"outside them (e.g. {str(run / 'final')!r})")
-    checkpoint = next((d for d in (target, *target.parents) if (d / "trainer_state.json").is_file()), None)
-    if checkpoint is not None:  # a checkpoint copied out of its run
-        raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if checkpoint == target else 'is inside'} the rlzoo "
-                         f"checkpoint {str(checkpoint)!r}, which the export would replace; write it to a new directory")
-    runs = [d for d in (target, *(target.iterdir() if target.is_dir() else ())) if RunDirectory(d).holds_run()]
+    inside = inside_a_run(target)
+    if inside is not None:
+        where, owner = inside
+        raise ValueError(f"export: OUTPUT {str(output)!r} {where}, which the export would replace or the run would "
+                         f"misread; write it to a new directory outside them (e.g. {str(owner / 'final')!r})")
+    # what --overwrite would delete: a run or a checkpoint anywhere below (exp1/seed0/...)
+    runs = [Path(d) for d, names, _ in os.walk(target) if RunDirectory(d).holds_run() or "trainer_state.json" in names]
     if runs:
         raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if runs[0] == target else 'holds'} a training run's "
-                         f"directory, which the export would replace; write it to a new directory (e.g. "
-                         f"{str(output / 'final')!r} for a run's)")
+                         f"directory or checkpoint ({str(runs[0])!r}), which the export would replace; write it to a new "
+                         f"directory (e.g. {str(output / 'final')!r} for a run's)")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FileExistsError(f"export: OUTPUT {str(output)!r} exists and is not empty; choose a new directory, or "
                               "give --overwrite to replace it (everything in it is deleted)")

@@ -212,6 +212,11 @@ def _attribute(spec: str, module_name: str, attr: str) -> Any:
         except Exception as err:
             raise ImportError(f"reward function {spec!r}: importing {module_name!r} failed: {err!r}") from err
     if not hasattr(module, attr):
+        package = Path(getattr(module, "__file__", None) or ".")
+        if package.name == "__init__.py" and any(p.is_file() for p in (package.parent / f"{attr}.py",
+                                                                      package.parent / attr / "__init__.py")):
+            raise RewardFunctionError(f"reward function {spec!r}: {module.__name__}.{attr} is a module; name a "
+                                      f"function in it ({module.__name__}.{attr}.FUNCTION)")
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         raise RewardFunctionError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}; "
                      f"its public callables: {', '.join(public) or '(none)'}")
@@ -262,6 +267,8 @@ class RewardModel:
     Raises:
         OSError: the model or its tokenizer cannot be loaded (names it; a hub id offline without a cached copy says
             so), or a directory has no tokenizer files (names the files looked for and how to give a tokenizer).
+        ValueError: a checkpoint without the classification head (e.g. a causal LM's), which transformers would
+            initialise at random (TRL 1.16 then rewards with that random head).
         WrongTypeError: (a ``TypeError`` and ``ValueError``) a model object that is not a ``PreTrainedModel``.
 
     Source: ``GRPOTrainer._calculate_rewards`` (the ``nn.Module`` branch) and ``GRPOTrainer.__init__``.
@@ -297,9 +304,14 @@ class RewardModel:
                           + (f" ({how})" if how else "")) from err
         if isinstance(model, str):
             try:
-                model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1)
+                model, info = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1,
+                                                                                 output_loading_info=True)
             except (OSError, ValueError) as err:
                 raise OSError(f"cannot load reward model {name!r}{_offline(local)}: {_one_line(err)}") from err
+            if info["missing_keys"]:  # TRL scores with the random head transformers made; a silent wrong reward
+                raise ValueError(f"reward model {name!r} is not a sequence-classification checkpoint: "
+                                 f"{', '.join(sorted(info['missing_keys'])[:3])} would start at random (a causal LM's "
+                                 "checkpoint?); a reward model is one trained as AutoModelForSequenceClassification")
         self.model = model
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -4,6 +4,7 @@ adapter reloads onto its base and merges into a plain model. Tiny random model."
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -148,7 +149,7 @@ def test_export_refuses_a_runs_checkpoints_whatever_overwrite_says(tmp_path, mon
                runs["X"] / "checkpoints" / "step-000002" / "model"]
     for target in targets:
         for overwrite in (False, True):
-            with pytest.raises(ValueError, match=r"^export: OUTPUT .* is inside the (checkpoints|abandoned) of the "
+            with pytest.raises(ValueError, match=r"^export: OUTPUT .* is (inside )?the (checkpoints|abandoned) of the "
                                                  r"training run .*; write it to a new directory outside them "
                                                  r"\(e\.g\. '.*final'\)$"):
                 export_model(source, target, overwrite=overwrite)
@@ -162,6 +163,15 @@ def test_export_refuses_a_runs_checkpoints_whatever_overwrite_says(tmp_path, mon
     for target in (copied, copied / "model"):
         with pytest.raises(ValueError, match=r"rlzoo checkpoint .*which the export would replace"):
             export_model(source, target, overwrite=True)
+    nested = tmp_path / "n2"  # user trial: --overwrite deleted a run two levels below OUTPUT (exp1/seed0/RUN)
+    for left_out in ((), ("config.json",), ("checkpoints",)):  # a run is known by its config or its checkpoints
+        shutil.copytree(runs["B"], nested / "d" / "B", ignore=shutil.ignore_patterns(*left_out))
+        with pytest.raises(ValueError, match=r"^export: OUTPUT .*/n2' holds a training run's directory or checkpoint "
+                                             r"\('.*n2/d/B'\), which the export would replace"):
+            export_model(source, nested, overwrite=True)
+        assert sorted(p.name for p in (nested / "d" / "B").iterdir()) == sorted({"abandoned", "checkpoints",
+                                                                                  "config.json"} - set(left_out))
+        shutil.rmtree(nested)
     assert export_model(source, runs["X"] / "final") == runs["X"] / "final"  # what the docs recommend
     assert export_model(source, runs["X"] / "final", overwrite=True) == runs["X"] / "final"
 
@@ -201,6 +211,18 @@ def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"^peft_config.lora_dropout must be 0, got 0.1"):
         Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
                 peft_config=LoraConfig(r=4, lora_dropout=0.1))
+    # user trial: a SEQ_CLS adapter trained and saved one no causal-LM loader takes; bias 'all' with a KL trained
+    # the biases the reference (the model with the adapter disabled) shares
+    with pytest.raises(ValueError, match=r"^--peft.task_type SEQ_CLS: the policy is a causal LM"):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "task_type": "SEQ_CLS"}}, output_dir=str(tmp_path / "run")))
+    with pytest.raises(ValueError, match=r"^peft_config.bias 'lora_only' trains the model's biases, which disabling "
+                                         r"the adapter does not restore"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
+                peft_config=LoraConfig(r=4, bias="lora_only"))
+    assert not (tmp_path / "run").exists()
+    no_kl = Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "bias": "all"}, "loss": {"beta": 0.0}},
+                                output_dir=str(tmp_path / "run")), reward_funcs=[digit_fraction])  # no reference
+    assert no_kl.model.peft_config["default"].bias == "all"
     for options, message in [({"r": "abc"}, "--peft.r takes int, got 'abc'"),
                              ({"r": 8.5}, "--peft.r takes int, got 8.5"),
                              ({"r": True}, "--peft.r takes int, got True"),

@@ -577,6 +577,15 @@ def test_a_column_named_as_a_reward_function_argument_is_refused_when_the_data_l
                     eval_size=0)
 
 
+def test_one_column_as_prompt_and_answer_is_refused_naming_both_options():
+    """User trial: --task.answer_column prompt ended in pyarrow's 'Field "prompt" exists 2 times in schema'."""
+    data = datasets.Dataset.from_dict({"prompt": ["q", "r"], "answer": ["1", "2"]})
+    for columns in ({"answer_column": "prompt"}, {"prompt_column": "answer"}):
+        with pytest.raises(ValueError, match=r"^task 'd.jsonl': --task.prompt_column and --task.answer_column both "
+                                             r"name the column '(prompt|answer)'; the answer is another column"):
+            DatasetTask(name="d.jsonl", dataset=data, eval_size=0, **columns)
+
+
 def test_a_missing_column_mentions_task_answer_column_only_where_it_applies():
     """--task.answer_column used to be named for any missing column: also for a reasoning-gym task (which has no
     such option), for a data set without an answer column, and for columns given from Python without a task."""

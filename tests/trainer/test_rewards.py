@@ -9,6 +9,7 @@ import torch
 from trl.trainer.utils import nanstd as trl_nanstd
 
 from rlzoo.registry import UnknownNameError
+from rlzoo.trainer.reward_loading import recorded_module_reward
 from rlzoo.trainer.rewards import (
     RewardFunction,
     RewardFunctionError,
@@ -107,6 +108,14 @@ def test_load_reward_function_from_module_and_file(tmp_path, monkeypatch):
     with pytest.raises(RewardFunctionError, match=r"^reward function 'rw/missing.py' is a Python file: .*'rw/missing.py'"
                                                   r" does not exist$"):
         load_reward_function("rw/missing.py")
+    # a package's module named where a function is expected said "module '.../__init__.py' has no attribute"
+    (tmp_path / "rwpkg").mkdir()
+    (tmp_path / "rwpkg" / "__init__.py").write_text("")
+    (tmp_path / "rwpkg" / "rew.py").write_text("def length_reward(completions, **kwargs):\n    return [1.0]\n")
+    for spec in ("rwpkg.rew", "rwpkg:rew", recorded_module_reward("rwpkg.rew")):
+        with pytest.raises(RewardFunctionError, match=r"rwpkg.rew is a module; name a function in it "
+                                                      r"\(rwpkg.rew.FUNCTION\)$"):
+            load_reward_function(spec)
 
 
 def test_load_reward_function_module_that_fails_to_import(tmp_path, monkeypatch):
@@ -400,6 +409,20 @@ def test_a_reward_model_directory_without_tokenizer_says_so(tmp_path, monkeypatc
         RewardModel(str(tmp_path / "empty"))
     with pytest.raises(OSError, match=r"^cannot load reward model 'no-such-org/no-such-rm' \(HF_HUB_OFFLINE is set"):
         RewardModel("no-such-org/no-such-rm")
+
+
+def test_a_causal_lm_directory_as_a_reward_model_is_refused(tmp_path):
+    """User trial: `--reward-funcs CAUSAL_LM_DIR` trained on the rewards of a classification head transformers
+    initialised at random (only its load report said so; TRL 1.16 does the same): refused now, naming the head."""
+    from rlzoo.trainer.models import build_tiny_random
+    from rlzoo.trainer.rewards import RewardModel
+
+    model, tokenizer = build_tiny_random()
+    model.save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    with pytest.raises(ValueError, match=r"^reward model '.*lm' is not a sequence-classification checkpoint: "
+                                         r"score.weight would start at random \(a causal LM's checkpoint\?\)"):
+        RewardModel(str(tmp_path / "lm"))
 
 
 def test_log_extra_columns_are_checked_and_the_last_logger_wins(caplog):

@@ -110,6 +110,9 @@ class DatasetTask(Task):
     def __post_init__(self) -> None:
         if self.eval_size < 0:
             raise ValueError(f"eval_size must be >= 0, got {self.eval_size}")
+        if self.prompt_column == self.answer_column:
+            raise ValueError(f"task {self.name!r}: --task.prompt_column and --task.answer_column both name the column "
+                             f"{self.prompt_column!r}; the answer is another column (or --task.answer_column null)")
         for data, what in ((self.dataset, "training"), (self.eval_dataset, "held-out")):
             if data is not None:
                 self._check_columns(data, what)
