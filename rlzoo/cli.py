@@ -687,7 +687,9 @@ def _check_eval_file(settings: Mapping[str, Any], argv: Sequence[str]) -> None:
         logging.getLogger("rlzoo.train").warning(
             "%s: algorithm %r is no registered preset here%s; its loss options are not checked (rlzoo eval builds no "
             "loss)", _config_file(argv)[0], config.algorithm, f" (did you mean {close[0]!r}?)" if close else "")
-        return
+        default = TrainConfig(model=config.model)  # the LoRA and task options are still checked
+        config = dataclasses.replace(config, algorithm=default.algorithm, loss=default.loss, advantage=None,
+                                     advantage_options=default.advantage_options)
     _check_file_tables(config, argv, algorithm=True)
 
 

@@ -1052,6 +1052,9 @@ def test_eval_checks_what_it_evaluates_and_where_it_writes_before_evaluating(tmp
         (tmp_path / "e.yaml").write_text(content)
         with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'e.yaml'))}: .*{says}"):
             main(["eval", "--config", str(tmp_path / "e.yaml"), "--model", "tiny-random"])
+    (tmp_path / "e.yaml").write_text("algorithm: nosuch\nloss:\n  bogus: 1\npeft:\n  r: abc\n")
+    with pytest.raises(ValueError, match=r"e.yaml: --peft.r takes int, got 'abc'"):  # the LoRA options still are
+        main(["eval", "--config", str(tmp_path / "e.yaml"), "--model", "tiny-random"])
     (tmp_path / "e.yaml").write_text("algorithm: nosuch\nloss:\n  bogus: 1\n")  # eval builds no loss: a warning
     monkeypatch.setattr("rlzoo.trainer.eval_run.eval_result", lambda args: pytest.fail("reached"))
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"), pytest.raises(pytest.fail.Exception, match="reached"):

@@ -96,7 +96,7 @@ def check_adapter_options(peft_config: Any, *, given_as: str, needs_reference: b
         raise ValueError(f"{given_as}.bias {bias!r} trains the model's biases, which disabling the adapter does not "
                          "restore: the reference policy (the model with the adapter disabled) would move with the "
                          "policy; use bias 'none' with a KL to the reference (beta > 0, --use-kl-in-reward), or "
-                         "train without one")
+                         "train without one (--loss.beta 0, also on the resume of a run that trained so)")
 
 
 def peft_options(peft_config: Any, *, defaults: bool = False) -> dict[str, Any]:

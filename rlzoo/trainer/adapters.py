@@ -375,7 +375,7 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
         raise ValueError(f"export: OUTPUT {str(output)!r} {where}, which the export would replace or the run would "
                          f"misread; write it to a new directory outside them (e.g. {str(owner / 'final')!r})")
     # what --overwrite would delete: a run or a checkpoint anywhere below (exp1/seed0/...)
-    runs = [Path(d) for d, names, _ in os.walk(target) if RunDirectory(d).holds_run() or "trainer_state.json" in names]
+    runs = [Path(d) for d, _, files in os.walk(target) if RunDirectory(d).holds_run() or "trainer_state.json" in files]
     if runs:
         raise ValueError(f"export: OUTPUT {str(output)!r} {'is' if runs[0] == target else 'holds'} a training run's "
                          f"directory or checkpoint ({str(runs[0])!r}), which the export would replace; write it to a new "

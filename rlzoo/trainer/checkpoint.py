@@ -161,7 +161,9 @@ class Checkpointer:
                 raise FileNotFoundError(f"--resume {resume}: no such checkpoint{kept}")
             if not (path / "trainer_state.json").is_file():
                 run = (path / "metrics.jsonl").exists() or is_run_config(path / "config.json")
-                hint = f"; it is a run directory: continue it with --output-dir {resume} --resume latest" if run else ""
+                hint = (f"; it is a run directory: continue it with --output-dir {resume} --resume latest, or start "
+                        f"a new run from one of its checkpoints: --resume {Path(resume) / 'checkpoints' / 'step-N'}"
+                        if run else "")
                 raise FileNotFoundError(f"--resume {resume}: not an rlzoo checkpoint (no trainer_state.json){hint}")
             return path
         found = self.all()

@@ -135,7 +135,7 @@ def compare_settings(saved: Mapping[str, Any], config: TrainConfig, *, world_siz
             old, new = built_adapter(old), built_adapter(new)
         if name == "loss" and _same_loss(old, new, saved.get("algorithm", config.algorithm), config.algorithm):
             continue  # options at the preset's defaults are no change (a change is logged as given)
-        if name == "steps_per_generation":  # None is gradient_accumulation_steps (TRL's default): the same cycle
+        if name == "steps_per_generation" and (old is None) != (new is None):  # None: gradient_accumulation_steps
             old, new = old or saved.get("gradient_accumulation_steps", 1), config.effective_steps_per_generation
         if name == "task_kwargs":  # None means the default options: compare what the task is built with
             old = TaskConfig(task=saved.get("task", config.task), task_kwargs=old).resolved_task_kwargs

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, run_of, step_of
+from rlzoo.trainer.checkpoint import is_run_config, no_checkpoint_message, step_of
 from rlzoo.trainer.io import atomic_write_text, check_writable, recover_interrupted_writes
 from rlzoo.trainer.metrics import read_metrics, write_metrics
 from rlzoo.trainer.run_lock import LOCK_FILE, RunLockedError, hold_lock, refuse_a_live_run
@@ -62,10 +62,10 @@ def inside_a_run(target: Path) -> tuple[str, Path] | None:
     the training run 'RUN'", RUN)`` or ``("is (inside) the rlzoo checkpoint 'CKPT'", CKPT)`` (one copied out of its
     run), or None. What is written there is deleted by that run's ``--overwrite``, pruning or new timeline, or
     misread by it: a run, an export or an evaluation result must not be written there. A run is known by its
-    ``config.json`` or a checkpoint (not by any ``metrics.jsonl``)."""
+    ``config.json`` (written at its start; not by any ``metrics.jsonl`` or ``checkpoints/``)."""
     for run in target.parents:
         inside = target.relative_to(run).parts[0]
-        if inside in RUN_FILES and (is_run_config(run / "config.json") or RunDirectory(run)._may_hold_a_checkpoint()):
+        if inside in RUN_FILES and is_run_config(run / "config.json"):
             return f"is {'' if target.parent == run else 'inside '}the {inside} of the training run {str(run)!r}", run
     checkpoint = next((d for d in (target, *target.parents)
                        if (d / "trainer_state.json").is_file() and (d / "model").is_dir()), None)
@@ -154,10 +154,15 @@ class RunDirectory:
             refuse_a_live_run(self.path)
         inside = inside_a_run(self.path.resolve())
         if inside is not None:
-            resume = (f", or continue from this checkpoint: --output-dir {run_of(self.path)} --resume {self.path}"
-                      if (self.path / "trainer_state.json").is_file() else "")
-            raise ValueError(f"--output-dir {self.path} {inside[0]}, which that run deletes or misreads "
-                             f"(--overwrite, pruning, a resume); choose a directory outside it{resume}")
+            where, owner = inside
+            why = ("a run there would be mixed with the checkpoint's files" if (owner / "trainer_state.json").is_file()
+                   else "that run's --overwrite, pruning or next timeline would delete a run there")
+            hint = ""
+            if (self.path / "trainer_state.json").is_file():  # a checkpoint: what was meant, probably
+                hint = (f"; to continue that run from it: --output-dir {owner} --resume {self.path}"
+                        if self.path.resolve().parent == (owner / "checkpoints").resolve() else
+                        f"; to start a new run from it: --output-dir NEW --resume {self.path}")
+            raise ValueError(f"--output-dir {self.path} {where}: {why}; choose a directory outside it{hint}")
         if self.overwrite and (self.resumes_own_run or self._resume_inside()):
             raise ValueError(f"--overwrite and --resume {self.resume} contradict each other: --resume continues the run "
                              f"in {self.path}, --overwrite would delete it; drop one of them")

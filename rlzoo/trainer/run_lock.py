@@ -47,10 +47,15 @@ def hold_lock(directory: Path) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, umask_mode(0o666))
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            raise _locked_error(directory, fd, err) from None
+        for attempt in range(6):  # a start's brief probe (refuse_a_live_run) may hold it for microseconds
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                error = _locked_error(directory, fd, err)
+                if not isinstance(error, RunLockedError) or attempt == 5:
+                    raise error from None
+                time.sleep(0.1)
         previous = _read_lock(fd)
         if previous:
             log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",

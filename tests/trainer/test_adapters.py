@@ -172,6 +172,12 @@ def test_export_refuses_a_runs_checkpoints_whatever_overwrite_says(tmp_path, mon
         assert sorted(p.name for p in (nested / "d" / "B").iterdir()) == sorted({"abandoned", "checkpoints",
                                                                                   "config.json"} - set(left_out))
         shutil.rmtree(nested)
+    for checkpoint in ("step-000002", "checkpoint-500"):  # a copied checkpoint, an HF Trainer's, below OUTPUT
+        (nested / "exp1" / checkpoint).mkdir(parents=True)
+        (nested / "exp1" / checkpoint / "trainer_state.json").write_text("{}")
+        with pytest.raises(ValueError, match=rf"holds a training run's directory or checkpoint \('.*n2/exp1/{checkpoint}'"):
+            export_model(source, nested, overwrite=True)
+        shutil.rmtree(nested)
     assert export_model(source, runs["X"] / "final") == runs["X"] / "final"  # what the docs recommend
     assert export_model(source, runs["X"] / "final", overwrite=True) == runs["X"] / "final"
 

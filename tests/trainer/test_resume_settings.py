@@ -334,6 +334,8 @@ def test_steps_per_generation_given_at_its_default_is_no_change():
     assert compare_settings(TrainConfig(**tiny, steps_per_generation=2).to_dict(), TrainConfig(**tiny)) == {}
     with pytest.raises(ValueError, match=r"steps_per_generation 2 -> 1 \(the batch shape and generation cycle"):
         compare_settings(saved, TrainConfig(**tiny, steps_per_generation=1))
+    with pytest.raises(ValueError, match=r"changed settings: gradient_accumulation_steps 2 -> 4 \([^;]*\)\. "):
+        compare_settings(saved, TrainConfig(**{**tiny, "gradient_accumulation_steps": 4}))  # one field, not two
 
 
 def test_lora_options_that_build_the_same_adapter_are_no_change():

@@ -259,6 +259,13 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
                                                 rf" holds step-000002, step-000003 .*: give its path, e.g. --resume "
                                                 rf"{re.escape(str(checkpoints / 'step-000002'))}, or --resume latest$"):
         finder.find("step-000002")
+    run = checkpoints.parent  # the run directory given as --resume (user trial): said only "not an rlzoo checkpoint"
+    (run / "config.json").write_text('{"max_steps": 3, "segments": []}')
+    with pytest.raises(FileNotFoundError, match=rf"^--resume {run}: not an rlzoo checkpoint \(no trainer_state.json\); "
+                                                rf"it is a run directory: continue it with --output-dir {run} --resume "
+                                                rf"latest, or start a new run from one of its checkpoints: --resume "
+                                                rf"{checkpoints}/step-N$"):
+        finder.find(str(run))
 
 
 def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
@@ -605,19 +612,31 @@ def test_an_output_dir_inside_another_runs_files_is_refused(tmp_path, monkeypatc
     checkpoint = run / "checkpoints" / "step-000003"
     (checkpoint / "model").mkdir(parents=True)
     (checkpoint / "trainer_state.json").write_text('{"step": 3}')
+    (run / "config.json").write_text('{"max_steps": 3, "segments": []}')
     monkeypatch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     for inside in (checkpoint, run / "checkpoints", run / "abandoned" / "x"):
         with pytest.raises(ValueError, match=rf"^--output-dir {re.escape(str(inside))} is (inside )?the "
-                                             rf"(checkpoints|abandoned) of the training run '.*/run', which that run"):
+                                             rf"(checkpoints|abandoned) of the training run '.*/run': that run's "
+                                             r"--overwrite, pruning or next timeline would delete a run there"):
             Trainer(_config(inside))
+    with pytest.raises(ValueError, match=rf"; to continue that run from it: --output-dir {re.escape(str(run))} "
+                                         rf"--resume {re.escape(str(checkpoint))}$"):
+        Trainer(_config(checkpoint))
     copied = tmp_path / "copied"
     copied.mkdir()
     (checkpoint / "trainer_state.json").rename(copied / "trainer_state.json")
     (checkpoint / "model").rename(copied / "model")
-    with pytest.raises(ValueError, match=r"is inside the rlzoo checkpoint '.*/copied'"):
+    with pytest.raises(ValueError, match=r"is inside the rlzoo checkpoint '.*/copied': a run there would be mixed"):
         Trainer(_config(copied / "run"))
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "copied", "model", "run", "step-000003",
-                                                           "trainer_state.json"]
+    with pytest.raises(ValueError, match=rf"; to start a new run from it: --output-dir NEW --resume {copied}$"):
+        Trainer(_config(copied))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["checkpoints", "config.json", "copied", "model", "run",
+                                                           "step-000003", "trainer_state.json"]
+    kept = tmp_path / "kept"  # a folder of copied checkpoints is no run (reviewer): a run may be written there
+    (kept / "checkpoints").mkdir(parents=True)
+    (copied).rename(kept / "checkpoints" / "step-000003")
+    from rlzoo.trainer.run_dir import inside_a_run
+    assert inside_a_run(kept / "checkpoints" / "new-run") is None
 
 
 # ----------------------------------------------------------------------------------------- 10. one-line errors
