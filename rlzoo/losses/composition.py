@@ -286,9 +286,9 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
                 overrides.get(k) is not None for k in settings):
             configured = False  # switched off in this very call (is_correction=None): the new part takes the slot
         if others or configured:
-            rival = others[0].registered_name() if others else current.describe()
+            rival = repr(others[0].registered_name()) if others else current.describe()
             raise ValueError(
-                f"PolicyLoss.{slot.field} holds one part: {', '.join(sorted(kwargs))} ({cls.registered_name()}) and "
+                f"PolicyLoss.{slot.field} holds one part: {', '.join(sorted(kwargs))} ({cls.registered_name()!r}) and "
                 f"{rival} configure the same slot; use the options of one (TRL's is_correction / is_min / is_max "
                 "or verl's rollout_is / rollout_is_threshold / rollout_is_batch_normalize)"
                 + ("" if others else f"; to replace {current.describe()}, pass {switch}=None in the same call "

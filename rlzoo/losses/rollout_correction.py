@@ -132,7 +132,9 @@ def parse_rs_thresholds(criteria: tuple[str, ...], threshold: float | str | None
     """
     owner, option = "rollout_rs", "rollout_rs_threshold"
     if threshold is None:
-        raise ValueError(f"{owner}: {option} must be given when rollout_rs is set (e.g. '0.5_2.0' or 0.01)")
+        raise ValueError(f"{owner}: {option} must be given when rollout_rs is set: for a *_k1 criterion "
+                         "'lower_upper' or one u >= 1 meaning 1/u..u (e.g. '0.5_2.0' or 2.0), for *_k2 / *_k3 an "
+                         "upper bound on the divergence (e.g. 0.01)")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, str)):
         raise ValueError(f"{owner}: {option} must be a number or a string, got {type(threshold).__name__}")
     specs = [str(float(threshold))] if not isinstance(threshold, str) else [
@@ -154,7 +156,8 @@ def parse_rs_thresholds(criteria: tuple[str, ...], threshold: float | str | None
                 upper = _positive(owner, option, spec)
                 lower = 1.0 / upper
             if lower > upper:
-                raise ValueError(f"{owner}: {option} for {criterion} needs lower <= upper, got {spec!r}")
+                single = "" if "_" in spec else " (one u stands for 1/u..u, so it needs u >= 1)"
+                raise ValueError(f"{owner}: {option} for {criterion} needs lower <= upper{single}, got {spec!r}")
             out.append((lower, upper))
         else:
             if "_" in spec:

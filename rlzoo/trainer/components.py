@@ -147,7 +147,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         reference = reference and ParallelModel(reference, dist=dist, config=parallel, precision=precision,
                                                 trainable=False)
     teacher = config.teacher and ParallelModel(
-        load_teacher(config.teacher, tokenizer=tokenizer, dtype=precision.param_dtype, device=precision.device),
+        load_teacher(config.teacher, tokenizer=tokenizer, dtype=precision.param_dtype, device=precision.device,
+                     vocab_size=policy_model.get_output_embeddings().weight.shape[0]),
         dist=dist, config=parallel, precision=precision, trainable=False)
     return Models(model=policy_model, tokenizer=tokenizer, policy=policy, reference=reference, teacher=teacher)
 

@@ -73,10 +73,12 @@ def _flag(field: str, value: Any) -> str:
     return f"{flag} {shlex.quote(str(value))}"
 
 
-def inert_options(config: Any) -> list[str]:
+def inert_options(config: Any, loss: Any = None) -> list[str]:
     """One line per option of :data:`DEPENDENT_OPTIONS` that ``config`` (a :class:`~rlzoo.trainer.TrainConfig`) sets
-    away from its default while a switch it needs is off, naming the option, its value and the switches. Never
-    raises."""
+    away from its default while a switch it needs is off, naming the option, its value and the switches; with the
+    run's ``loss`` (a :class:`~rlzoo.losses.PolicyLoss`), one per ``--loss.NAME`` option of a part that is off
+    (``--loss.rollout_rs_threshold`` without ``--loss.rollout_rs``, ``--loss.kl_estimator`` with ``beta`` 0), naming
+    the part's switch and its value. Never raises."""
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     lines = []
     for dependent in DEPENDENT_OPTIONS:
@@ -85,10 +87,16 @@ def inert_options(config: Any) -> list[str]:
         if off and value != defaults[dependent.option]:
             note = f" ({dependent.note})" if dependent.note else ""
             lines.append(f"{_flag(dependent.option, value)} has no effect without {' '.join(off)}{note}")
+    for option, value in (config.loss or {}).items() if loss is not None else ():
+        parts = [p for p in loss.all_parts() if option in p.option_names()]
+        if parts and not any(p.active for p in parts) and option != parts[0].option_names()[0]:
+            switch = parts[0].option_names()[0]  # the option that turns the part on
+            lines.append(f"--loss.{option} {shlex.quote(str(value))} has no effect while --loss.{switch} is "
+                         f"{getattr(parts[0], switch, None)!r} (the part {parts[0].registered_name()!r} is off)")
     return lines
 
 
-def warn_inert_options(config: Any) -> None:
+def warn_inert_options(config: Any, loss: Any = None) -> None:
     """Log :func:`inert_options` as warnings, one line each (rank 0 calls it, once, before the model loads)."""
-    for line in inert_options(config):
+    for line in inert_options(config, loss):
         log.warning("%s", line)

@@ -118,13 +118,13 @@ class Trainer:
         torch.set_num_threads(config.num_threads or torch.get_num_threads())  # 0: torch's default
         self.dist = dist = init_distributed(timeout_s=config.distributed_timeout, device=config.device,
                                             shard=config.parallelism == "fsdp")
-        if dist.is_main:
-            warn_inert_options(config)  # --kl-coef without --use-kl-in-reward, ...: one line each, the run goes on
         self.precision = Precision.resolve(config.section(ModelConfig), local_rank=dist.local_rank)
         self._python_loss = loss is not None  # checkpoints record it: `algorithm` alone would rebuild another
         self.loss_fn, advantage_fn, self.advantage_name = build_loss(
             config.section(AlgorithmConfig), loss, max_completion_length=config.max_completion_length,
             normalize_then_sum=config.multi_reward_aggregation == "normalize_then_sum")
+        if dist.is_main:  # --kl-coef without --use-kl-in-reward, --loss.X of a part that is off: warned, run goes on
+            warn_inert_options(config, self.loss_fn)
         self.required = self.loss_fn.required_fields()
         score_old = check_loss_inputs(config, self.loss_fn, dist=dist, precision=self.precision)
         output_dir = config.output_dir or dist.broadcast_object(default_output_dir(

@@ -32,21 +32,30 @@ def check_same_tokenizer(teacher: str, teacher_tokenizer: Any, tokenizer: Any) -
     )
 
 
-def load_teacher(teacher: str, *, tokenizer: Any, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
-    """Load ``teacher`` (any ``--model`` spec) frozen, in eval mode, after checking its tokenizer.
+def load_teacher(teacher: str, *, tokenizer: Any, dtype: torch.dtype, device: torch.device,
+                 vocab_size: int | None = None) -> torch.nn.Module:
+    """Load ``teacher`` (any ``--model`` spec) frozen, in eval mode, after checking its tokenizer and its size.
 
     Args:
         teacher: a built-in name, path, ``.gguf`` file or hub id (:func:`rlzoo.trainer.models.load_model`).
         tokenizer: the policy's tokenizer.
         dtype, device: as the policy's parameters.
+        vocab_size: the policy's output size (the token ids it can sample); None: not checked.
 
     Raises:
-        ValueError: another tokenizer (:func:`check_same_tokenizer`); and the errors of ``load_model``.
+        ValueError: another tokenizer (:func:`check_same_tokenizer`), or fewer embedding or output rows than
+            ``vocab_size`` (the teacher could not score every id the policy samples; a larger, padded one is fine);
+            and the errors of ``load_model``.
     """
     from rlzoo.trainer.models import load_model
 
     model, teacher_tokenizer = load_model(teacher, dtype=dtype, device=device)
     check_same_tokenizer(teacher, teacher_tokenizer, tokenizer)
+    rows = min(model.get_input_embeddings().weight.shape[0], model.get_output_embeddings().weight.shape[0])
+    if vocab_size is not None and rows < vocab_size:
+        raise ValueError(f"--teacher {teacher}: its embeddings have {rows} rows, fewer than the policy's {vocab_size} "
+                         "output tokens, so it cannot score every token id the policy samples; give a teacher whose "
+                         "embeddings cover the policy's vocabulary")
     return model.eval().requires_grad_(False)
 
 

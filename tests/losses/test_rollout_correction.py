@@ -356,8 +356,15 @@ def test_rollout_is_replaces_a_presets_is_correction_switched_off_in_the_same_ca
 
 def test_rollout_rs_needs_its_threshold():
     """verl raises when rollout_rs is set without rollout_rs_threshold; so does rlzoo, naming the option."""
-    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+    with pytest.raises(ValueError, match=r"rollout_rs_threshold must be given when rollout_rs is set: for a \*_k1 "
+                                         r"criterion 'lower_upper' or one u >= 1 meaning 1/u\.\.u"):
         rlzoo.get_loss("ppo", rollout_rs="token_k1")
+    # user trial: following the old example (0.01) for a k1 criterion failed with a bare "needs lower <= upper"
+    with pytest.raises(ValueError, match=r"for token_k1 needs lower <= upper \(one u stands for 1/u\.\.u, so it "
+                                         r"needs u >= 1\), got '0.01'"):
+        rlzoo.get_loss("ppo", rollout_rs="token_k1", rollout_rs_threshold=0.01)
+    with pytest.raises(ValueError, match=r"rollout_is_threshold \('rollout_is'\) and 'is' configure the same slot"):
+        rlzoo.get_loss("dapo", rollout_is_threshold=3.0, is_max=2.0)  # 'is' read as a verb unquoted
 
 
 # ------------------------------------------------------------------------------------------ SkyRL's masks

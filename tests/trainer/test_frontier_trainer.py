@@ -82,6 +82,13 @@ def test_teacher_errors_name_the_flag(tmp_path):
         _trainer(tmp_path / "b", teacher="tiny-random")
     with pytest.raises(ValueError, match="its tokenizer differs from the policy's"):
         _trainer(tmp_path / "c", algorithm="opd", teacher=str(_teacher_dir(tmp_path, extra_token=True)))
+    model, tokenizer = build_tiny_random(TinyRandomSpec(seed=3))  # user trial: the same tokenizer, fewer rows
+    model.resize_token_embeddings(200)  # crashed at the first scoring with IndexError (a sampled id >= 200)
+    model.save_pretrained(tmp_path / "small")
+    tokenizer.save_pretrained(tmp_path / "small")
+    with pytest.raises(ValueError, match=r"--teacher .*small: its embeddings have 200 rows, fewer than the policy's "
+                                         r"\d+ output tokens"):
+        _trainer(tmp_path / "d", algorithm="opd", teacher=str(tmp_path / "small"))
 
 
 # ------------------------------------------------------------------------------------------- KL in the reward

@@ -66,3 +66,21 @@ def test_the_trainer_warns_once_before_the_model_loads(tmp_path, monkeypatch, ca
     assert warned == [
         "--kl-coef 0.5 has no effect without --use-kl-in-reward (the loss's KL coefficient is --loss.beta)",
         "--max-sampling-rounds 9 has no effect without --dynamic-sampling"]
+
+
+def test_loss_options_of_a_part_that_is_off_are_warned():
+    """User trial: --loss.rollout_rs_threshold without --loss.rollout_rs (or --loss.kl_estimator with beta 0) trained
+    without the correction (or KL) configured, without a word, though --kl-coef without its switch is warned."""
+    import rlzoo
+
+    loss_options = {"rollout_is_threshold": 3.0, "rollout_rs_threshold": 2.0, "kl_estimator": "k1", "epsilon_high": 0.3}
+    config = TrainConfig(algorithm="dapo", loss=loss_options)
+    assert inert_options(config, rlzoo.get_loss("dapo", **loss_options)) == [
+        "--loss.rollout_is_threshold 3.0 has no effect while --loss.rollout_is is None (the part 'rollout_is' is off)",
+        "--loss.rollout_rs_threshold 2.0 has no effect while --loss.rollout_rs is None (the part 'rollout_rs' is off)",
+        "--loss.kl_estimator k1 has no effect while --loss.beta is 0.0 (the part 'kl' is off)",
+    ]
+    on = {**loss_options, "rollout_is": "token", "rollout_rs": "token_k1", "beta": 0.04}
+    assert inert_options(TrainConfig(algorithm="dapo", loss=on), rlzoo.get_loss("dapo", **on)) == []
+    off = {"rollout_rs": None, "beta": 0.0}  # the switches themselves, set off: nothing inert
+    assert inert_options(TrainConfig(algorithm="dapo", loss=off), rlzoo.get_loss("dapo", **off)) == []
