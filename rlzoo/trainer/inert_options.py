@@ -1,7 +1,8 @@
 """Options that act only under a switch: ``--kl-coef`` weighs the KL in the reward only with ``--use-kl-in-reward``,
 ``--max-sampling-rounds`` caps DAPO's dynamic sampling only with ``--dynamic-sampling``. One table,
 :data:`DEPENDENT_OPTIONS`, says which; :func:`warn_inert_options` logs one warning line per such option set away
-from its default while its switch is off, and the run goes on (as ``--parallelism fsdp`` without torchrun).
+from its default while its switch is off, and the run goes on (as ``--parallelism fsdp`` without torchrun). So for a
+``--loss.NAME`` option of a loss part that is off (``--loss.rollout_rs_threshold`` without ``--loss.rollout_rs``).
 """
 
 import dataclasses
@@ -13,6 +14,7 @@ from typing import Any
 __all__ = ["DEPENDENT_OPTIONS", "Dependent", "Switch", "inert_options", "warn_inert_options"]
 
 log = logging.getLogger("rlzoo.train")
+_UNSET = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +91,14 @@ def inert_options(config: Any, loss: Any = None) -> list[str]:
             lines.append(f"{_flag(dependent.option, value)} has no effect without {' '.join(off)}{note}")
     for option, value in (config.loss or {}).items() if loss is not None else ():
         parts = [p for p in loss.all_parts() if option in p.option_names()]
-        if parts and not any(p.active for p in parts) and option != parts[0].option_names()[0]:
-            switch = parts[0].option_names()[0]  # the option that turns the part on
-            lines.append(f"--loss.{option} {shlex.quote(str(value))} has no effect while --loss.{switch} is "
-                         f"{getattr(parts[0], switch, None)!r} (the part {parts[0].registered_name()!r} is off)")
+        if not parts or any(p.active for p in parts) or option == parts[0].option_names()[0]:
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(parts[0])} if dataclasses.is_dataclass(parts[0]) else {}
+        if value is None or value == defaults.get(option, _UNSET):  # set at its default (or off): nothing asked of it
+            continue
+        switch = parts[0].option_names()[0]  # the option that turns the part on (its first)
+        lines.append(f"--loss.{option} {shlex.quote(str(value))} has no effect while --loss.{switch} is "
+                     f"{getattr(parts[0], switch, None)!r} (the part {parts[0].label()!r} is off)")
     return lines
 
 

@@ -51,11 +51,12 @@ def load_teacher(teacher: str, *, tokenizer: Any, dtype: torch.dtype, device: to
 
     model, teacher_tokenizer = load_model(teacher, dtype=dtype, device=device)
     check_same_tokenizer(teacher, teacher_tokenizer, tokenizer)
-    rows = min(model.get_input_embeddings().weight.shape[0], model.get_output_embeddings().weight.shape[0])
+    heads = (model.get_input_embeddings(), model.get_output_embeddings())
+    rows = min(h.weight.shape[0] for h in heads if getattr(h, "weight", None) is not None)
     if vocab_size is not None and rows < vocab_size:
         raise ValueError(f"--teacher {teacher}: its embeddings have {rows} rows, fewer than the policy's {vocab_size} "
-                         "output tokens, so it cannot score every token id the policy samples; give a teacher whose "
-                         "embeddings cover the policy's vocabulary")
+                         "output tokens (padding rows included: the policy may sample any of them), so it cannot "
+                         "score every token id the policy samples; give a teacher whose embeddings cover them")
     return model.eval().requires_grad_(False)
 
 

@@ -82,5 +82,5 @@ def test_loss_options_of_a_part_that_is_off_are_warned():
     ]
     on = {**loss_options, "rollout_is": "token", "rollout_rs": "token_k1", "beta": 0.04}
     assert inert_options(TrainConfig(algorithm="dapo", loss=on), rlzoo.get_loss("dapo", **on)) == []
-    off = {"rollout_rs": None, "beta": 0.0}  # the switches themselves, set off: nothing inert
-    assert inert_options(TrainConfig(algorithm="dapo", loss=off), rlzoo.get_loss("dapo", **off)) == []
+    off = {"rollout_rs": None, "beta": 0.0, "geo_mask_low": None, "geo_mask_high": None, "kl_estimator": "k3"}
+    assert inert_options(TrainConfig(algorithm="dapo", loss=off), rlzoo.get_loss("dapo", **off)) == []  # (reviewer)
