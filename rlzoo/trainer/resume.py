@@ -8,13 +8,12 @@ The Python API takes a whole :class:`~rlzoo.trainer.TrainConfig` as the user's (
 from a value set to it; transformers' ``Trainer`` likewise resumes with the ``TrainingArguments`` it is given);
 :func:`resume_config` builds one from the checkpoint with overrides, as the command line does.
 
-What a change does. The optimizer's settings and schedule (with ``max_steps``, its horizon) go into the restored
-optimizer and scheduler; what is read afresh at each step or generation (loss, rewards, sampling, evaluation,
-checkpointing) takes the new value (from the next generation batch inside a cycle: :mod:`~rlzoo.trainer.mid_cycle`).
-What the restored state depends on (the model and its LoRA options, the task's training stream, the batch shape
-and generation cycle, the sampler, the seed, a ``max_steps`` already reached: :func:`check_run_length`) is refused
-before the model loads (:func:`check_resume`); inside a cycle, what its stored batch depends on, once the checkpoint
-is read.
+What a change does. Optimizer settings and schedule (with ``max_steps``, its horizon) go into the restored optimizer
+and scheduler; what is read afresh each step or generation (loss, rewards, sampling, evaluation, checkpointing) takes
+the new value (inside a cycle from its next generation batch: :mod:`~rlzoo.trainer.mid_cycle`). What the restored
+state depends on (model and LoRA options, the task's training stream, batch shape and generation cycle, sampler,
+seed, a ``max_steps`` already reached) is refused before the model loads (:func:`check_resume`); inside a cycle,
+what its stored batch depends on, once the checkpoint is read.
 
 ``--resume auto`` resumes from the newest checkpoint of the output directory if it holds one and else starts
 fresh (verl's ``resume_mode=auto``), so one command serves a job's first start and every requeue.
@@ -31,7 +30,7 @@ from rlzoo.trainer.checkpoint import Checkpointer, step_of
 from rlzoo.trainer.config import CheckpointConfig, TaskConfig, TrainConfig
 from rlzoo.trainer.mid_cycle import NEXT_BATCH, ranks
 from rlzoo.trainer.run_config import absolute_paths, settings_for_algorithm
-from rlzoo.trainer.run_dir import RunDirectory
+from rlzoo.trainer.run_dir import RunDirectory, inside_a_run
 from rlzoo.trainer.tasks.datasets_source import without_dataset_defaults
 from rlzoo.trainer.tasks.stream import holds_out_training_rows
 
@@ -67,14 +66,12 @@ OPTIMIZER_SETTINGS = frozenset({"learning_rate", "lr_scheduler", "warmup_steps",
 """Settings applied to the restored optimizer and scheduler (the schedule is rebuilt at the resumed step)."""
 
 PYTHON_REWARDS = "python_reward_funcs"
-"""The key under which a checkpoint's settings list the names of the reward functions given as Python callables
-(``Trainer(config, reward_funcs=[fn])``): a checkpoint cannot hold a function, so a command-line resume of such a
-run must give them again (:func:`checkpoint_settings`)."""
+"""The key of a checkpoint's settings that lists the reward functions given as Python callables (``Trainer(config,
+reward_funcs=[fn])``), which a checkpoint cannot hold: a command-line resume gives them again (:func:`checkpoint_settings`)."""
 
 PYTHON_LOSS = "python_loss"
-"""The key under which a checkpoint's settings hold the loss given from Python (``Trainer(config, loss=...)``), as
-its ``to_config()`` (None: the loss of ``algorithm``): ``algorithm`` alone would rebuild another loss, so a resume
-without that loss is refused (:func:`checkpoint_settings`)."""
+"""The key of a checkpoint's settings that holds the loss given from Python (``Trainer(config, loss=...)``) as its
+``to_config()`` (None: ``algorithm``'s): a resume without that loss is refused (:func:`checkpoint_settings`)."""
 
 _NOT_SETTINGS = frozenset({"resume", "overwrite", "output_dir", "progress"})  # how this segment starts
 
@@ -218,9 +215,8 @@ def check_resume(checkpoints: Path, config: TrainConfig, *, world_size: int = 1)
 
 def saved_settings(path: str | os.PathLike[str], config: TrainConfig) -> dict[str, Any]:
     """The settings the checkpoint ``path`` was written with, as :func:`compare_settings` compares them with
-    ``config``'s: local paths absolute (older versions recorded them relative), and for a checkpoint that holds an
-    adapter but recorded no ``peft`` (a ``peft_config`` object, before rlzoo recorded its options) the options
-    given now, which cannot be compared with anything recorded.
+    ``config``'s: local paths absolute (older versions recorded them relative); for an adapter checkpoint without a
+    recorded ``peft`` (a ``peft_config`` object, before rlzoo recorded it), the options given now.
 
     Raises:
         FileNotFoundError: not an rlzoo checkpoint.
@@ -341,8 +337,12 @@ def resume_config(output_dir: str | os.PathLike[str], resume: str = "latest", **
     """
     saved = checkpoint_settings(output_dir, resume, loss_given=True)  # the Trainer checks the loss it is given
     if saved is None and resume != "auto":
-        raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from; "
-                                "resume='auto' resumes if there is one and else starts fresh")
+        hint = "resume='auto' resumes if there is one and else starts fresh"
+        if inside := inside_a_run(Path(output_dir).resolve()):  # a checkpoint given as the run's directory
+            lone = "training run" not in inside[0]
+            ckpt = ", " + repr(str(inside[1] if lone else output_dir)) if lone or step_of(Path(output_dir)) is not None else ""
+            hint = f"{output_dir} {inside[0]}: e.g. resume_config({'NEW_RUN_DIR' if lone else repr(str(inside[1]))}{ckpt})"
+        raise FileNotFoundError(f"no checkpoint under {RunDirectory(output_dir).checkpoints} to resume from; {hint}")
     if saved is not None:  # another algorithm (estimator) drops the checkpoint's loss (advantage) options
         saved = settings_for_algorithm(saved, overrides.get("algorithm"), overrides.get("advantage"), source=resume)
     return TrainConfig.from_dict({**(saved or {}), "output_dir": str(output_dir), "resume": resume, **overrides})

@@ -6,6 +6,7 @@ requeued; and the built-in task options under the user's. Tiny random model, thr
 import dataclasses
 import json
 import logging
+import shutil
 
 import pytest
 from test_run_safety import (
@@ -145,6 +146,18 @@ def test_the_python_api_takes_a_whole_config_and_resume_config_builds_one_from_t
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
     with pytest.raises(FileNotFoundError, match="no checkpoint under .*resume='auto' resumes if there is one"):
         resume_config(tmp_path / "empty")
+    # a checkpoint (or the checkpoints folder) given as the run: the error names the run and the call to make
+    step2 = run / "checkpoints" / "step-000002"
+    with pytest.raises(FileNotFoundError, match=rf"is the checkpoints of the training run '{run}': e\.g\. "
+                                                rf"resume_config\('{run}'\)$"):
+        resume_config(run / "checkpoints")
+    with pytest.raises(FileNotFoundError, match=rf"e\.g\. resume_config\('{run}', '{step2}'\)$"):
+        resume_config(step2)
+    lone = tmp_path / "copied"
+    shutil.copytree(step2, lone)
+    with pytest.raises(FileNotFoundError, match=rf"is inside the rlzoo checkpoint '{lone}': e\.g\. "
+                                                rf"resume_config\(NEW_RUN_DIR, '{lone}'\)$"):
+        resume_config(lone / "model")
 
 
 def test_a_config_file_on_resume_merges_its_mappings_into_the_checkpoints(tmp_path, monkeypatch, capsys, caplog):
