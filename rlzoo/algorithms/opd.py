@@ -89,8 +89,9 @@ class Distillation(Penalty, name="distillation"):
         distillation_clip_ratio_c: the dual-clip bound ``c > 1`` (default 3.0: verl's ``vanilla`` loss, which
             always applies it).
 
-    Metrics: ``distillation/kl`` (masked mean of ``d_t``: the reverse-KL estimate; with "k1" it can be < 0)
-    and ``distillation/abs_loss`` (masked mean of ``|d_t|``, verl's name); with the policy gradient,
+    Metrics, of the estimate before the clamp (as verl's): ``distillation/kl`` (masked mean of ``k(p_t, q_t)``,
+    the reverse-KL estimate; with "k1" it can be < 0) and ``distillation/abs_loss`` (masked mean of its absolute
+    value, verl's name and value); with the policy gradient,
     ``distillation/clip_ratio/low_mean``, ``/high_mean``, ``/region_mean`` of the distillation clip.
 
     Raises:
@@ -148,9 +149,9 @@ class Distillation(Penalty, name="distillation"):
         teacher = require(x.teacher_logprobs, "teacher_logprobs",
                           f"the distillation term (distillation_loss_coef={self.distillation_loss_coef})")
         estimate = kl_estimate(x.logprobs, teacher, self.distillation_loss_mode)
-        if self.distillation_loss_max_clamp is not None:
-            estimate = estimate.clamp(-self.distillation_loss_max_clamp, self.distillation_loss_max_clamp)
         metrics = {"distillation/kl": x.mean(estimate.detach()), "distillation/abs_loss": x.mean(estimate.detach().abs())}
+        if self.distillation_loss_max_clamp is not None:  # after the metrics, as verl
+            estimate = estimate.clamp(-self.distillation_loss_max_clamp, self.distillation_loss_max_clamp)
         if not self.distillation_policy_gradient:
             term = estimate
         else:

@@ -15,7 +15,7 @@ from torch import Tensor
 from rlzoo.batch import BatchError
 
 __all__ = ["at_most_zero", "finite_exp", "masked_max", "masked_mean", "masked_min", "one_per_token", "require",
-           "working_dtype", "zero_masked"]
+           "weighted", "working_dtype", "zero_masked"]
 
 
 def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
@@ -43,6 +43,13 @@ def zero_masked(x: Tensor | None, mask: Tensor) -> Tensor | None:
     if x is None:
         return None
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def weighted(x: Float[Tensor, "B T"], weight: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """``x * weight``, exactly 0 where ``weight`` is 0: a token that a mask or a truncated IS weight drops adds
+    nothing, also where ``x`` overflowed to +-inf (``0 * inf`` is NaN); its gradient w.r.t. ``x`` is 0 there."""
+    product = x * weight
+    return torch.where(weight == 0, torch.zeros((), dtype=product.dtype, device=product.device), product)
 
 
 def at_most_zero(x: Tensor) -> Tensor:

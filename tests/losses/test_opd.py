@@ -43,7 +43,8 @@ def verl_opd():
 
 
 def _verl_loss(distillation, batch, *, mode, policy_gradient, use_task_rewards, coef, clamp, aggregation, mcl):
-    """(loss, d loss / d logprobs) of verl's distillation_ppo_loss on ``batch`` (global counts = the batch's)."""
+    """(loss, d loss / d logprobs, its ``distillation/abs_loss`` metric) of verl's distillation_ppo_loss on
+    ``batch`` (global counts = the batch's)."""
     from tensordict import TensorDict
     from verl.workers.config import DistillationLossConfig
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
@@ -62,10 +63,10 @@ def _verl_loss(distillation, batch, *, mode, policy_gradient, use_task_rewards, 
                        "global_batch_size": int(mask.any(-1).sum())}.items():
         data.set_non_tensor(key, value)
     log_prob = batch.logprobs.detach().clone().requires_grad_(True)
-    loss, _ = distillation.distillation_ppo_loss(actor, types.SimpleNamespace(distillation_loss=loss_config),
+    loss, metrics = distillation.distillation_ppo_loss(actor, types.SimpleNamespace(distillation_loss=loss_config),
                                                  model_output={"log_probs": log_prob}, data=data)
     (grad,) = torch.autograd.grad(loss, log_prob)
-    return loss.detach(), grad
+    return loss.detach(), grad, torch.as_tensor(metrics["distillation/abs_loss"].aggregate(), dtype=loss.dtype)
 
 
 @budget(0.5)
@@ -78,7 +79,8 @@ def test_opd_matches_verl_distillation(verl_opd, batch, mode, policy_gradient, u
                                        aggregation):
     """rlzoo's opd (task PPO clip + the distillation penalty) == verl's distillation_ppo_loss in value and in the
     gradient w.r.t. the student log-probs: both forms (policy gradient / direct), every KL estimator verl
-    registers, the clamp, the coefficient, with and without task rewards, every aggregation verl shares."""
+    registers, the clamp, the coefficient, with and without task rewards, every aggregation verl shares; and the
+    ``distillation/abs_loss`` metric (of the estimate before the clamp, as verl's)."""
     if not policy_gradient and mode == "k1":
         return  # refused by both (tested below)
     mcl = batch.shape[1] + 2
@@ -89,11 +91,12 @@ def test_opd_matches_verl_distillation(verl_opd, batch, mode, policy_gradient, u
                              distillation_loss_coef=coef if use_task_rewards else 1.0, aggregation=aggregation,
                              max_completion_length=mcl)
     out, grad, _ = loss_and_grads(loss_fn, batch)
-    want, want_grad = _verl_loss(verl_opd, batch, mode=VERL_MODES[mode], policy_gradient=policy_gradient,
+    want, want_grad, want_abs = _verl_loss(verl_opd, batch, mode=VERL_MODES[mode], policy_gradient=policy_gradient,
                                  use_task_rewards=use_task_rewards, coef=coef, clamp=clamp, aggregation=aggregation,
                                  mcl=mcl)
     torch.testing.assert_close(out.loss.detach(), want, **ATOL)
     torch.testing.assert_close(grad, want_grad, **ATOL)
+    torch.testing.assert_close(out.metrics["distillation/abs_loss"], want_abs, **ATOL)
 
 
 @budget(0.5)
