@@ -399,6 +399,20 @@ class GRPOTrainer(trl.GRPOTrainer):
                 UserWarning,
                 stacklevel=2,
             )
+        ga, processes = self.args.gradient_accumulation_steps, self.accelerator.num_processes
+        if isinstance(self.loss_fn, TRLGRPOLoss) and (ga > 1 or processes > 1):
+            own = [f"loss_type={self.loss_fn.loss_type!r}"] if self.loss_fn.loss_type == "bnpo" else []
+            own += [f"entropy_coef={self.loss_fn.entropy_coef} (its entropy bonus)"] if self.loss_fn.entropy_coef else []
+            if own:
+                warnings.warn(
+                    f"TRL's {' and '.join(own)} divides each micro-batch by its own token count, the rlzoo default "
+                    "loss by the optimizer step's (exact for the step; docs/integrations.md), so with "
+                    f"gradient_accumulation_steps={ga} on {processes} process(es) the updates differ from plain TRL's "
+                    "wherever micro-batches differ in length. Set gradient_accumulation_steps=1 on one process to "
+                    "train as TRL",
+                    UserWarning,
+                    stacklevel=2,
+                )
         if self.args.steps_per_generation % self.args.gradient_accumulation_steps != 0:
             warnings.warn(
                 f"GRPOConfig.steps_per_generation={self.args.steps_per_generation} is not a multiple of "

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from rlzoo.algorithms.cov import KLCov
 from rlzoo.batch import BatchError, Normalizer, PolicyBatch
-from rlzoo.losses import PolicyLoss, PPOClip, get_loss
+from rlzoo.losses import OffPolicySequenceMask, PolicyLoss, PPOClip, get_loss
 from rlzoo.losses.functional import working_dtype
 
 __all__ = ["VerlPolicyLoss", "register"]
@@ -130,9 +130,10 @@ class VerlPolicyLoss:
             has them.
 
         Raises:
-            ValueError: ``dp_size > 1`` without the global count the aggregation divides by (as verl), or a
-                ``loss_agg_mode`` (followed) that is not verl's, as verl spells it (lists
-                :data:`VERL_LOSS_AGG_MODES`: ``token_mean`` or ``prompt-mean`` are not).
+            ValueError: ``rollout_is_weights`` with an active off-policy sequence mask (the weights cannot give
+                back the sampler log-probs it needs), ``dp_size > 1`` without the global count the aggregation
+                divides by (as verl), a global count below the micro-batch's own, or a ``loss_agg_mode`` (followed) that is not verl's, as verl spells it
+                (lists :data:`VERL_LOSS_AGG_MODES`: ``token_mean`` or ``prompt-mean`` are not).
             BatchError: NaN/inf or a positive log-prob at a counted position, or a negative/NaN/inf
                 ``rollout_is_weights`` value there.
         """
@@ -146,6 +147,13 @@ class VerlPolicyLoss:
             length = int(info.get("loss_scale_factor") or length or response_mask.shape[-1])
         loss_fn = self._variant(aggregation, length, rollout_is_weights is not None)
 
+        if rollout_is_weights is not None and any(isinstance(p, OffPolicySequenceMask) and p.active
+                                                  for p in self.loss.weights):
+            raise ValueError(
+                f"loss {self.loss.name or ''!s}: its off-policy sequence mask (off_policy_mask_threshold) measures the "
+                "drift from the sampler's log-probs, which verl does not pass and rollout_is_weights cannot give back "
+                "(verl truncates them, or gives one per sequence): turn algorithm.rollout_correction.rollout_is off "
+                "(the mask then measures the drift from old_log_prob), or register the loss without the mask")
         mask = response_mask.bool()
         batch = PolicyBatch(logprobs=log_prob, old_logprobs=old_log_prob, advantages=advantages, completion_mask=mask)
         if rollout_is_weights is not None:
@@ -186,6 +194,11 @@ def _normalizer(info: dict[str, Any], aggregation: str, mask: Tensor, dp_size: i
         )
     local = Normalizer.from_masks(mask)
     tokens, sequences = info.get("batch_num_tokens"), info.get("global_batch_size")
+    for key, count, mine in (("batch_num_tokens", tokens, local.num_tokens),
+                             ("global_batch_size", sequences, local.num_sequences)):
+        if count is not None and count < mine:  # a global count covers this micro-batch (0 made a sum of a mean)
+            raise ValueError(f"config.global_batch_info[{key!r}] is {count}, fewer than this micro-batch's own "
+                             f"{int(mine)}: it must count the whole mini-batch on all data-parallel ranks")
     return Normalizer(
         num_tokens=local.num_tokens if tokens is None else tokens,
         num_sequences=local.num_sequences if sequences is None else sequences,

@@ -64,6 +64,7 @@ def config(tmp_path, **overrides) -> "trl.GRPOConfig":
         "output_dir": str(tmp_path / "out"), "use_cpu": True, "report_to": "none", "disable_tqdm": True, "save_strategy": "no",
         "seed": 0, "bf16": False, "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 8,
         "max_steps": 3, "logging_steps": 1, "optim": "sgd", "learning_rate": 1.0, "num_iterations": 2,
+        "max_grad_norm": 0.0,  # no clipping: the final weights compare the gradients' size, not only their direction
         "generation_kwargs": {"sequence_bias": {(2,): 2.5}},  # eos (id 2) more likely: completion lengths vary
     }
     fields.update(overrides)
@@ -117,7 +118,7 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
                "completions/min_length" in row)
     assert max(row["ratio/max"] for row in got_logs) > 1.0 + 1e-3
     if case == "gspo":  # some sequences clipped, not all: a per-token count would give other fractions
-        assert any(0.0 < row["clip_ratio/low_mean"] < 1.0 for row in got_logs)
+        assert any(0.0 < row[f"clip_ratio/{side}_mean"] < 1.0 for row in got_logs for side in ("low", "high"))
 
 
 def test_entropy_bonus_with_an_entropy_mask_trains_like_trl(tiny, tmp_path):
@@ -359,6 +360,14 @@ def test_where_the_default_loss_departs_from_trl_it_warns(tiny, tmp_path):
     with pytest.warns(UserWarning, match=r"steps_per_generation=2 spans 2 optimizer steps: TRL's loss_type='dapo' "
                                          r"divides .* Set steps_per_generation=1"):
         GRPOTrainer(model=path, reward_funcs=vowels, args=args, train_dataset=dataset, processing_class=tokenizer)
+    # bnpo and the entropy bonus under accumulation: TRL divides each micro-batch by its own tokens
+    for options, named in (({"loss_type": "bnpo"}, "loss_type='bnpo'"),
+                           ({"entropy_coef": 0.01}, r"entropy_coef=0\.01 \(its entropy bonus\)")):
+        with pytest.warns(UserWarning, match=rf"^TRL's {named} divides each micro-batch by its own token count, .* "
+                                             r"gradient_accumulation_steps=2 on 1 process\(es\) .* Set "
+                                             r"gradient_accumulation_steps=1 on one process to train as TRL$"):
+            GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, gradient_accumulation_steps=2, **options),
+                        train_dataset=dataset, processing_class=tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path), train_dataset=dataset,

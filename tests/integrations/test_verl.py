@@ -278,6 +278,10 @@ def test_bad_arguments(verl):
              "advantages": torch.ones(2, 3, dtype=F64), "response_mask": torch.ones(2, 3, dtype=torch.bool)}
     with pytest.raises(ValueError, match="batch_num_tokens"):  # dp_size > 1 needs the global count, as in verl
         fn(**batch, config=actor_config({"dp_size": 2}))
+    for key in ("batch_num_tokens", "global_batch_size"):  # 0 was read as 1 (a token sum where verl gives inf)
+        with pytest.raises(ValueError, match=rf"^config\.global_batch_info\['{key}'\] is 0, fewer than this "
+                                             r"micro-batch's own [0-9]+: it must count the whole mini-batch"):
+            fn(**batch, config=actor_config({key: 0}))
     with pytest.raises(BatchError, match="rollout_is_weights"):
         fn(**batch, config=actor_config(), rollout_is_weights=torch.full((2, 3), float("nan"), dtype=F64))
     with pytest.raises(BatchError, match="logprobs"):
@@ -289,26 +293,28 @@ def test_bad_arguments(verl):
             verl.agg_loss(batch["log_prob"], batch["response_mask"].float(), mode)
 
 
-def test_a_zero_rollout_is_weight_does_not_drop_the_sequence_in_the_off_policy_mask(verl):
-    """verl's IcePop ("lower_upper" threshold) zeroes rollout_is_weights of tokens outside its band; the wrapper
-    passes the sampler log-prob old - log(w), +inf there, and the off-policy mask's drift of that sequence became
-    +inf: one such token dropped a whole A < 0 sequence (its gradient went to 0). A token without a finite sampler
-    log-prob is no evidence (as TRL treats one vLLM could not score): the mask keeps the sequence, and the zero
-    weight still removes that token's own term."""
-    g = torch.Generator().manual_seed(0)
-    lp = -torch.rand(2, 5, generator=g, dtype=F64)
-    batch = PolicyBatch(logprobs=lp, old_logprobs=lp - 0.01, advantages=torch.tensor([-1.0, -0.5], dtype=F64),
-                        completion_mask=torch.ones(2, 5, dtype=torch.bool))
-    weights = torch.ones(2, 5, dtype=F64)
-    weights[0, 2] = 0.0
-    masked = register("rlzoo_opsm", rlzoo.get_loss("dapo", off_policy_mask_threshold=0.5), overwrite=True)
-    plain = register("rlzoo_no_opsm", rlzoo.get_loss("dapo"), overwrite=True)
-    loss, grad, metrics = call(masked, batch, "token-mean", actor_config(), weights)
-    want_loss, want_grad, _ = call(plain, batch, "token-mean", actor_config(), weights)
-    assert metrics["actor/off_policy_mask/dropped_mean"] == 0.0
-    torch.testing.assert_close(loss, want_loss, rtol=0, atol=0)
-    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
-    assert grad[0, 2] == 0 and (grad[0, [0, 1, 3, 4]] != 0).all()
+def test_an_off_policy_mask_with_rollout_is_weights_is_refused_and_without_them_measures_drift_from_old(verl):
+    """The off-policy sequence mask needs the sampler's log-probs. The wrapper once rebuilt them from verl's
+    ``rollout_is_weights`` as ``old - log(w)``: wrong under verl's sequence-level weights (the whole sequence's
+    log-weight at every token: a drift of 0.05 per token read as 0.5, dropping an A < 0 sequence a true sampler
+    keeps) and wherever verl truncated a weight. With weights it is refused, naming both ways out; without them
+    the mask measures the drift from ``old_log_prob``, as rlzoo's own loss does without rollout_logprobs."""
+    lp = torch.full((2, 10), -1.0, dtype=F64)
+    old = lp + 0.3  # pi_theta fell by 0.3 nats per token from the old policy
+    batch = PolicyBatch(logprobs=lp, old_logprobs=old, advantages=torch.tensor([-1.0, 1.0], dtype=F64),
+                        completion_mask=torch.ones(2, 10, dtype=torch.bool))
+    loss = rlzoo.get_loss("dapo", off_policy_mask_threshold=0.1)
+    fn = register("rlzoo_opsm", loss, overwrite=True)
+    sequence_weights = torch.exp(torch.full((2, 1), -0.5, dtype=F64)).expand(2, 10)  # verl rollout_is="sequence"
+    with pytest.raises(ValueError, match=r"^loss dapo: its off-policy sequence mask \(off_policy_mask_threshold\) "
+                                         r"measures the drift from the sampler's log-probs, .* turn "
+                                         r"algorithm\.rollout_correction\.rollout_is off"):
+        call(fn, batch, "token-mean", actor_config(), sequence_weights.contiguous())
+    got, got_grad, metrics = call(fn, batch, "token-mean", actor_config())
+    out = loss(batch)
+    assert metrics["actor/off_policy_mask/dropped_mean"] == 0.5  # drift old - lp = 0.3 > 0.1: the A < 0 row drops
+    torch.testing.assert_close(got, out.loss.detach(), rtol=0, atol=0)
+    assert (got_grad[0] == 0).all() and (got_grad[1] != 0).all()
 
 
 def test_kl_cov_reports_ppo_kl_as_verls_kl_cov(verl):
