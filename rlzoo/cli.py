@@ -581,7 +581,8 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     parser.add_argument("--output-dir", type=Path, help="where NAME.png (or --all's pictures: docs/pictures for the "
                         "docs) go (default: the current directory)")
     parser.add_argument("--advantage-magnitude", type=float, default=1.0, help="|A| (default 1)")
-    parser.add_argument("--old-prob", type=float, default=0.2, help="p_old of the token (default 0.2)")
+    parser.add_argument("--old-prob", type=float, default=0.2,
+                        help="p_old of the token (default 0.2; lowered to 1/r_max where r_max needs it, noted)")
     parser.add_argument("--r-max", type=float, help="largest ratio drawn (default 3 or beyond the loss's caps)")
     parser.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100; docs/pictures uses 72)")
     rest, overrides = _loss_options(argv, "rlzoo plot")

@@ -23,6 +23,7 @@ import numbers
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -32,7 +33,7 @@ else:  # pragma: no cover
     from typing_extensions import dataclass_transform
 
 __all__ = ["Component", "Registry", "UnknownNameError", "WrongTypeError", "check_choice", "check_number", "choice",
-           "close_names"]
+           "close_names", "warn_caller"]
 
 T = TypeVar("T")
 
@@ -204,6 +205,20 @@ def check_number(owner: str, name: str, value: Any, *, low: float | None = None,
         raise ValueError(f"{owner}: {name} must be {'>' if low_open else '>='} {low}, got {value}")
     if high is not None and value > high:
         raise ValueError(f"{owner}: {name} must be <= {high}, got {value}")
+
+
+_NOT_THE_CALLER = frozenset({"rlzoo", "dataclasses", "jaxtyping", "beartype", "typeguard"})  # and runtime type checks
+
+
+def warn_caller(message: str) -> None:
+    """A ``UserWarning`` attributed to the first frame outside rlzoo: the user's line that built the loss, however
+    deep inside rlzoo (presets, ``with_options``, ``dataclasses.replace``, a ``__post_init__``) the check ran."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_THE_CALLER:
+        frame, level = frame.f_back, level + 1
+    if frame is None or frame.f_globals.get("__name__") == "runpy":  # python -m rlzoo: no user line
+        level = 2
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:

@@ -7,7 +7,6 @@ them.
 """
 
 import dataclasses
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection
 from rlzoo.losses.penalty import KLPenalty, Penalty
 from rlzoo.losses.surrogate import RatioLevel, Surrogate
 from rlzoo.losses.weights import TokenWeight
-from rlzoo.registry import Component, UnknownNameError, check_choice, close_names
+from rlzoo.registry import Component, UnknownNameError, check_choice, close_names, warn_caller
 
 if TYPE_CHECKING:  # pragma: no cover - the loss imports this module
     from rlzoo.losses.policy_loss import PolicyLoss
@@ -110,7 +109,9 @@ def resolve(loss: "PolicyLoss") -> None:
             resolved: Any = tuple(_resolve(p, slot) for p in value)
             kinds = [type(p) for p in resolved]
             if len(kinds) != len(set(kinds)):
-                raise ValueError(f"PolicyLoss.{slot.field} holds two parts of the same kind: {kinds}")
+                twice = next(k for k in kinds if kinds.count(k) > 1)
+                raise ValueError(f"PolicyLoss.{slot.field} holds two {twice.label()!r} parts ("
+                                 f"{', '.join(p.describe() for p in resolved if type(p) is twice)}); give one")
         else:
             resolved = None if value is None and slot.optional else _resolve(value, slot)
         object.__setattr__(loss, slot.field, resolved)
@@ -123,8 +124,8 @@ def resolve(loss: "PolicyLoss") -> None:
         )
     level = loss.ratio.label()  # an unregistered level (a user's class without name=) has its class name
     if level != "token" and not _reads_ratio_level(loss):
-        warnings.warn(f"surrogate {loss.surrogate.label()!r} does not read the ratio level: importance_sampling_level="
-                      f"{level!r} changes nothing but the ratio/* metrics (leave it 'token')", stacklevel=2)
+        warn_caller(f"surrogate {loss.surrogate.label()!r} does not read the ratio level: importance_sampling_level="
+                    f"{level!r} changes nothing but the ratio/* metrics (leave it 'token')")
     mcl = loss.max_completion_length
     if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
         raise ValueError(f"max_completion_length must be a positive int, got {mcl!r}")
@@ -156,12 +157,11 @@ def _warn_shared_options(built: "PolicyLoss", overrides: Mapping[str, Any]) -> N
         return
     parts = list({id(part): (field, part) for option in shared for field, part in holders[option]}.values())
     field, part = parts[0]
-    warnings.warn(
+    warn_caller(
         f"{', '.join(shared)} set{'s' if len(shared) == 1 else ''} both "
         f"{' and '.join(f'{_SLOT_WORDS[f]} {p.describe()}' for f, p in parts)}, each part with its own meaning; to "
         f"set one, replace that part: dataclasses.replace(loss, {field}={type(part).__module__}."
-        f"{type(part).__qualname__}({shared[0]}=...))",
-        stacklevel=3,
+        f"{type(part).__qualname__}({shared[0]}=...))"
     )
 
 
@@ -180,11 +180,10 @@ def _warn_dropped_options(loss: "PolicyLoss", built: "PolicyLoss", overrides: Ma
         swapped = slot.swap_option in overrides and type(getattr(built, slot.field)) is not type(old) and old.active
         swapped = swapped and (slot.field != "ratio" or _reads_ratio_level(loss))  # else it applied nothing
         if swapped and (dropped := [option for option in old.option_names() if option not in kept]):
-            warnings.warn(
+            warn_caller(
                 f"{slot.swap_option}={overrides[slot.swap_option]!r} replaces {_SLOT_WORDS[slot.field]} "
                 f"{old.describe()} of loss {loss.name or type(loss.surrogate).__name__!r}, and no part of the new "
-                f"loss has {', '.join(dropped)}: the loss no longer applies them",
-                stacklevel=3,
+                f"loss has {', '.join(dropped)}: the loss no longer applies them"
             )
 
 

@@ -293,7 +293,9 @@ def objective_curves(
     r_max = _ratio_range(built) if r_max is None else float(r_max)
     if not (math.isfinite(r_max) and r_max > max(1.0, r_min)):
         raise ValueError(f"objective_curves: r_max must be finite and > max(1, r_min), got {r_max!r}")
-    old_prob = min(old_prob, 1.0 / r_max)
+    if old_prob > 1.0 / r_max:  # r * p_old is a probability
+        old_prob = 1.0 / r_max
+        notes.append(f"p_old = 1/r_max = {old_prob:.3g}")
     grid = sorted({*torch.linspace(r_min, r_max, num, dtype=torch.float64).tolist(),
                    *torch.logspace(math.log10(r_min), math.log10(r_max), num, dtype=torch.float64).tolist(), 1.0})
     penalised = any(p.active for p in built.penalties)

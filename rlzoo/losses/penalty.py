@@ -169,8 +169,9 @@ class EntropyBonus(Penalty, name="entropy"):
     r"""Entropy bonus :math:`-c\,H_t` added per token (maximises entropy for ``c > 0``).
 
     Needs ``PolicyBatch.entropies`` that carry a gradient (rlzoo's kernels return one).
-    Aggregated like the policy term (verl's ``entropy_coeff``). TRL instead always takes a token mean
-    of it; the two coincide under "token-mean".
+    Aggregated like the policy term (verl's ``entropy_coeff``). TRL instead takes a token mean of it over the
+    tokens its entropy mask keeps (:class:`rlzoo.compat.trl.TRLGRPOLoss` reproduces that); the two coincide under
+    "token-mean" without ``top_entropy_quantile``.
 
     Args:
         entropy_coef: the coefficient c, any finite value (default 0.0: disabled; negative values penalise

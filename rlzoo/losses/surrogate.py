@@ -19,7 +19,6 @@ surrogates that only one algorithm uses live in that algorithm's file under :mod
 import abc
 import enum
 import math
-import warnings
 from typing import ClassVar
 
 import torch
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from rlzoo.losses.base import LossInputs, Metrics, Part, PartOutput
 from rlzoo.losses.functional import masked_max, masked_min
-from rlzoo.registry import Registry, check_number
+from rlzoo.registry import Registry, check_number, warn_caller
 
 __all__ = [
     "OnPolicy",
@@ -189,9 +188,9 @@ def _warn_low_delta(delta: float | None, epsilon_high: float) -> None:
     ratio then bounds A > 0 tokens below the upper clip, with no gradient above ``delta`` (none at all at ``delta <
     1``, even on-policy). TRL 1.16 takes such values and recommends ``delta > 1 + epsilon``; the loss is unchanged."""
     if delta is not None and (delta <= 1 or delta <= 1 + epsilon_high < math.inf):
-        warnings.warn(f"ppo_clip: delta={delta} <= 1 + epsilon_high = {1.0 + epsilon_high:g} caps the ratio of A > 0 "
-                      "tokens below the upper clip (no gradient above delta; at delta < 1 none even on-policy): "
-                      "delta is meant to be > 1 + epsilon_high", stacklevel=4)
+        warn_caller(f"ppo_clip: delta={delta} <= 1 + epsilon_high = {1.0 + epsilon_high:g} caps the ratio of A > 0 "
+                    "tokens below the upper clip (no gradient above delta; at delta < 1 none even on-policy): "
+                    "delta is meant to be > 1 + epsilon_high")
 
 
 class PPOClip(Surrogate, name="ppo_clip"):

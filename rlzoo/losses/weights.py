@@ -54,9 +54,7 @@ class OffPolicySequenceMask(TokenWeight, name="off_policy_mask"):
     with :math:`\pi_s` the sampler (``rollout_logprobs`` when given, else ``old_logprobs``) and
     :math:`\pi_\theta` detached. The advantage is compared per token (equal to per sequence for
     sequence advantages). A token whose sampler log-prob is NaN or +inf adds 0 to the sum and still counts in
-    :math:`|o_i|` (no evidence, as TRL counts a token vLLM could not score, NaN): the verl integration passes
-    +inf for a token verl's IS weight zeroed (IcePop), which dropped the whole sequence. IcePop zeroes the tokens
-    that drifted most, so such a sequence can be kept where the drift its true sampler log-probs show would drop it.
+    :math:`|o_i|` (no evidence, as TRL counts a token vLLM could not score, NaN).
 
     Args:
         off_policy_mask_threshold: delta, in nats per token: any number but NaN (inf keeps every sequence,

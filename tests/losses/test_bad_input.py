@@ -122,8 +122,9 @@ def test_a_swap_that_drops_gmpos_clip_warns(level):
     with pytest.warns(UserWarning, match=rf"^importance_sampling_level='{level}' replaces ratio level "
                                          r"geometric\(epsilon_low=0.4, epsilon_high=0.4\) of loss 'gmpo', and no part "
                                          r"of the new loss has epsilon_low, epsilon_high: the loss no longer applies "
-                                         r"them$"):
+                                         r"them$") as record:
         loss = rlzoo.get_loss("gmpo", importance_sampling_level=level)
+    assert record[0].filename == __file__  # the user's line, not rlzoo's (it said rlzoo/losses/policy_loss.py)
     batch = _batch()
     far = dataclasses.replace(batch, old_logprobs=batch.logprobs.detach() - 1.0)  # log-ratios 1 > 0.4: clipped
     assert not torch.equal(loss(far).loss, rlzoo.get_loss("gmpo")(far).loss)  # what the warning says
@@ -200,8 +201,9 @@ def test_a_delta_at_or_below_the_upper_clip_warns():
         for delta in (None, 1.21, 4.0, math.inf):
             rlzoo.get_loss("two_sided", delta=delta)
         rlzoo.get_loss("ppo", epsilon_high=math.inf, delta=2.0)  # delta the only upper bound: meant
-    with pytest.warns(UserWarning, match="delta=1.25"):
+    with pytest.warns(UserWarning, match="delta=1.25") as record:
         rlzoo.get_loss("dapo", delta=1.25)  # epsilon_high 0.28
+    assert record[0].filename == __file__  # the user's line (it was dataclasses.py's)
 
 
 def test_unknown_is_correction_mode_lists_the_modes():
@@ -444,8 +446,9 @@ def test_a_ratio_level_the_surrogate_does_not_read_warns(name, level):
                                          r"metrics \(leave it 'token'\)$"):
         other = rlzoo.get_loss(name, importance_sampling_level=level)
     assert torch.equal(other(batch).loss, token.loss)  # what the warning says
-    with pytest.warns(UserWarning, match="does not read the ratio level"):
+    with pytest.warns(UserWarning, match="does not read the ratio level") as record:
         rlzoo.get_loss(name, beta=0.1, importance_sampling_level=level)  # a KL penalty that does not read it
+    assert record[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         corrected = rlzoo.get_loss(name, beta=0.1, use_bias_correction_kl=True, importance_sampling_level=level)
@@ -471,7 +474,8 @@ def test_two_parts_of_the_same_kind_are_rejected():
     """PolicyLoss(penalties=(KL, KL)) is ambiguous: a ValueError."""
     from rlzoo.losses import KLPenalty
 
-    with pytest.raises(ValueError, match="penalties"):
+    with pytest.raises(ValueError, match=r"^PolicyLoss\.penalties holds two 'kl' parts \(kl\(beta=0\.1, .*\), "
+                                         r"kl\(beta=0\.2, .*\)\); give one$"):
         PolicyLoss(surrogate="ppo_clip", penalties=(KLPenalty(beta=0.1), KLPenalty(beta=0.2)))
 
 

@@ -158,6 +158,8 @@ def test_custom_loss_and_conventions():
         objective_curves(loss, epsilon_high=0.3)
     with pytest.raises(ValueError, match="old_prob"):
         objective_curves("ppo", old_prob=1.5)
+    lowered = objective_curves("ppo", old_prob=0.5, r_max=4.0, num=11)  # r * p_old <= 1: lowered, and said so
+    assert lowered.old_prob == 0.25 and "p_old = 1/r_max = 0.25" in lowered.notes
     with pytest.raises(ValueError, match="r_max"):
         objective_curves("ppo", r_max=0.5)
     with pytest.raises(rlzoo.UnknownNameError, match="dapo"):
