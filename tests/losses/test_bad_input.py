@@ -164,6 +164,19 @@ def test_a_keyword_option_of_two_parts_warns(name):
                                       if k != "importance_sampling_level"})
 
 
+def test_a_token_an_is_weight_drops_adds_zero_even_where_its_loss_overflowed():
+    """decoupled_ppo masks a token whose behaviour weight exceeds its cap (weight 0); a proximal log-ratio of 95
+    nats overflows that token's surrogate to inf, and 0 * inf made the loss NaN. The token adds exactly 0: the
+    loss is the other token's alone."""
+    lp = torch.tensor([[-0.01, -1.0]], requires_grad=True)
+    batch = PolicyBatch(logprobs=lp, old_logprobs=torch.tensor([[-95.0, -1.0]]),
+                        rollout_logprobs=torch.tensor([[-100.0, -1.0]]), advantages=torch.tensor([-2.0]),
+                        completion_mask=torch.ones(1, 2, dtype=torch.bool))
+    out = rlzoo.get_loss("decoupled_ppo")(batch)
+    out.loss.backward()
+    assert out.loss.item() == 1.0 and lp.grad.tolist() == [[0.0, 1.0]]  # token 2: -ratio * A / 2 tokens, ratio 1
+
+
 @pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_truncate"])
 @pytest.mark.parametrize("is_max", [None, math.inf])
 def test_an_unbounded_is_weight_stays_finite(mode, is_max):
