@@ -131,7 +131,7 @@ class TaskConfig(Section):
     answer_extraction: str = "last_number"
     """How a completion becomes an answer for the scorer: last_number, first_number, full, first_line, tag."""
     system_prompt: str | None = None
-    """System message for the chat template, added to prompts that have none (None: the template's default)."""
+    """System message of built-in tasks' prompts and of data sets' conversational ones (None: template default)."""
     eval_size: int = 200
     """Held-out evaluation problems (fixed seed, disjoint from training)."""
     exclude_eval_questions: bool = False

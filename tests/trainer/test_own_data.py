@@ -667,6 +667,19 @@ def test_a_class_label_answer_is_compared_by_its_name():
         DatasetTask(name="reviews", dataset=data, eval_dataset=other, eval_size=1)
 
 
+def test_a_float32_answer_is_its_own_shortest_text():
+    """A parquet file's float32 answer column reads as Python floats (float64): 0.9 became "0.8999999761581421",
+    so the completion "0.9" scored 0. The answer is the text the column's dtype writes; float64 stays as it is."""
+    features = datasets.Features({"prompt": datasets.Value("string"), "answer": datasets.Value("float32")})
+    data = datasets.Dataset.from_dict({"prompt": [f"q{i}" for i in range(12)], "answer": [0.9, 1.5, 2.1, 0.1] * 3},
+                                      features=features)
+    items = DatasetTask(name="floats", dataset=data, eval_size=4).eval_items()
+    assert items and {item.answer for item in items} <= {"0.1", "0.9", "1.5", "2.1"}
+    wide = datasets.Dataset.from_dict({"prompt": [f"q{i}" for i in range(12)], "answer": [0.1 + 0.2] * 12})
+    assert {item.answer for item in DatasetTask(name="f64", dataset=wide, eval_size=4).eval_items()} == {
+        "0.30000000000000004"}  # float64: Python's own text
+
+
 def test_reward_functions_score_the_held_out_set_as_trls_eval_reward(tmp_path):
     """A held-out set given to a task without an answer column was dropped with a warning, and reward functions never
     scored any held-out set (TRL 1.16 logs eval_reward and eval_rewards/NAME/mean). Now the run's reward functions
@@ -776,6 +789,21 @@ def test_a_chat_template_failure_is_one_line_saying_a_list_content_is_the_cause(
     with pytest.raises(ValueError, match=r"^the model's chat template failed on a conversational prompt \(TypeError: "
                                          r".*\); a message's content is not a string \(a list of parts"):
         render_prompt(tok, parts)
+
+
+def test_a_template_without_a_system_role_and_system_prompt_is_one_line():
+    """--system-prompt with a template that refuses a system role (Gemma's raise_exception) ended in a Jinja
+    traceback on the built-in tasks' path (the data sets' path already said it in one line)."""
+    from rlzoo.trainer.tasks.prompts import format_prompt
+
+    _, tok = build_tiny_random()
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                         "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert format_prompt(tok, "2 + 2?") == "2 + 2?"
+    with pytest.raises(ValueError, match=r"^the model's chat template failed on the task's prompt \(TemplateError: "
+                                         r"System role not supported\); --system-prompt adds a system message, which "
+                                         r"this template may not take$"):
+        format_prompt(tok, "2 + 2?", system_prompt="be brief")
 
 
 def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not_the_run(tmp_path, caplog):

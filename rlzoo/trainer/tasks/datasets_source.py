@@ -241,16 +241,23 @@ class DatasetTask(Task):
             feature = (getattr(data, "features", None) or {}).get(self.answer_column) if data is not None else None
             if isinstance(feature, datasets.ClassLabel):
                 found.append(list(feature.names))
+            if isinstance(feature, datasets.Value) and feature.dtype in ("float16", "float32"):
+                object.__setattr__(self, "_answer_dtype", feature.dtype)  # its shortest text, not float64's
         if len(found) == 2 and found[0] != found[1]:
             raise ValueError(f"task {self.name!r}: the answer column {self.answer_column!r} has different class "
                              f"labels in the training data ({found[0]}) and the held-out data ({found[1]})")
         return found[0] if found else None
 
     def _answer(self, row: Mapping[str, Any]) -> str:
-        """The reference answer of a row as text (a class label's name for a ``ClassLabel`` column's id)."""
+        """The reference answer of a row as text (a class label's name for a ``ClassLabel`` column's id; a float16 /
+        float32 column's value as that dtype writes it, ``0.9``, not as the float64 it is read as)."""
         value, names = row[self.answer_column], self.__dict__["_label_names"]
         if names is not None and isinstance(value, int) and 0 <= value < len(names):
             return names[value]
+        if isinstance(value, float) and self.__dict__.get("_answer_dtype"):  # a float32 0.9 is 0.8999999761581421
+            import numpy as np
+
+            return str(np.dtype(self.__dict__["_answer_dtype"]).type(value))
         return str(value)
 
     def _check_rows(self, data: Any, origin: RowOrigin, limit: int | None = None) -> None:

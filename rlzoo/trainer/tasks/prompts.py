@@ -26,15 +26,21 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, question: str, system_prom
     Without a chat template the question is returned unchanged (TRL's standard, non-conversational format).
 
     Raises:
-        ValueError: ``system_prompt`` given for a tokenizer without a chat template.
+        ValueError: ``system_prompt`` given for a tokenizer without a chat template, or a template that fails on
+            the messages (one line: e.g. a template that takes no system role, with ``system_prompt``).
     """
     if getattr(tokenizer, "chat_template", None) is None:
         if system_prompt is not None:
             raise ValueError("system_prompt needs a tokenizer with a chat_template; this tokenizer has none")
         return question
-    text = tokenizer.apply_chat_template(
-        prompt_messages(question, system_prompt), tokenize=False, add_generation_prompt=True
-    )
+    try:
+        text = tokenizer.apply_chat_template(
+            prompt_messages(question, system_prompt), tokenize=False, add_generation_prompt=True
+        )
+    except Exception as err:  # the template's own error (jinja2's raise_exception): one line
+        hint = "; --system-prompt adds a system message, which this template may not take" if system_prompt else ""
+        raise ValueError(f"the model's chat template failed on the task's prompt ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}){hint}") from err
     assert isinstance(text, str)
     return text
 
