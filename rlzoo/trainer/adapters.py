@@ -32,7 +32,7 @@ from rlzoo.trainer.io import save_pretrained_atomic
 
 __all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "built_adapter", "causal_lm",
            "checkpoint_state_dict", "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config",
-           "peft_options", "recorded_peft", "scoring_model"]
+           "nonzero_update", "peft_options", "recorded_peft", "scoring_model"]
 
 
 def is_peft_model(model: Any) -> bool:
@@ -195,11 +195,9 @@ def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option
     reference is the model with the adapter disabled (as TRL), which is then not the initial policy (a user trial:
     KL 0.005 at step 1 with PiSSA, where it is exactly 0). Without ``model`` (before it loads), by name: PiSSA,
     OLoRA, CorDA, LoftQ (:data:`REWRITE_BASE`) rewrite the base weights to a residual and start ``B A`` at the
-    difference. With ``model`` (the adapter just made), by value, for any other start (``init_lora_weights=False``
-    is random): ``||B A||_F^2`` is ``sum((B^T B) * (A A^T))`` of two ``r x r`` matrices (conv weights flattened),
-    "zero" relative to ``||B||_F ||A||_F`` within 4 ulps of the weights' or the base layer's dtype (an orthogonal
-    initialisation's ``B A`` is zero up to rounding, in bf16 too). Only ``peft.LoraConfig`` adapters (AdaLoRA
-    starts its update at zero through its own ``E``).
+    difference. With ``model`` (the adapter just made), by value (:func:`nonzero_update`), for any other start
+    (``init_lora_weights=False`` is random). Only ``peft.LoraConfig`` adapters (AdaLoRA starts its update at zero
+    through its own ``E``).
 
     Raises:
         ValueError: names ``option`` (and the first layer whose update is not zero) and what to do instead.
@@ -212,7 +210,22 @@ def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option
     layer = None
     if isinstance(init, str) and init.lower().startswith(REWRITE_BASE):
         layer = "every adapted layer"
-    for name, module in (model.named_modules() if model is not None and layer is None else ()):
+    elif model is not None:
+        layer = nonzero_update(model)
+    if layer is not None:
+        raise ValueError(
+            f"{option}={init!r}: the adapter starts with a non-zero update ({layer}; PiSSA, OLoRA, CorDA and LoftQ "
+            "rewrite the base weights, init_lora_weights=False is random), so the model with the adapter disabled, "
+            "which is the reference (ref_logprobs, as TRL), is not the initial policy: use the default "
+            "init_lora_weights, or train without a reference (--loss.beta 0, no --use-kl-in-reward)")
+
+
+def nonzero_update(model: Any) -> str | None:
+    """``"layer NAME"`` of the first LoRA layer of ``model`` whose update ``B A`` is not zero, else None (an adapter
+    just made, or a model without LoRA layers). ``||B A||_F^2`` is ``sum((B^T B) * (A A^T))`` of two ``r x r``
+    matrices (conv weights flattened), "zero" relative to ``||B||_F ||A||_F`` within 4 ulps of the weights' or the
+    base layer's dtype (an orthogonal initialisation's ``B A`` is zero up to rounding, in bf16 too)."""
+    for name, module in model.named_modules():
         for a_dict, b_dict in ((getattr(module, "lora_A", {}), getattr(module, "lora_B", {})),
                                (getattr(module, "lora_embedding_A", {}), getattr(module, "lora_embedding_B", {}))):
             for key in a_dict.keys() & b_dict.keys():
@@ -221,13 +234,8 @@ def _check_adapter_starts_at_zero(peft_config: Any, model: Any = None, *, option
                 tol = max(1e-6, 4 * torch.finfo(a.dtype).eps, 4 * torch.finfo(base.dtype).eps)
                 a, b = a.detach().double().flatten(1), b.detach().double().flatten(1)  # (r, in...), (out, r)
                 if float(((b.T @ b) * (a @ a.T)).sum().clamp(min=0).sqrt()) > tol * float(a.norm() * b.norm()):
-                    layer = layer or f"layer {name}"
-    if layer is not None:
-        raise ValueError(
-            f"{option}={init!r}: the adapter starts with a non-zero update ({layer}; PiSSA, OLoRA, CorDA and LoftQ "
-            "rewrite the base weights, init_lora_weights=False is random), so the model with the adapter disabled, "
-            "which is the reference (ref_logprobs, as TRL), is not the initial policy: use the default "
-            "init_lora_weights, or train without a reference (--loss.beta 0, no --use-kl-in-reward)")
+                    return f"layer {name}"
+    return None
 
 
 def adapter_save_options(model: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.losses import PolicyLoss, Rejection
-from rlzoo.trainer.adapters import AdapterDisabled, is_peft_model
+from rlzoo.trainer.adapters import AdapterDisabled, is_peft_model, nonzero_update
 from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import (
     AdapterConfig,
@@ -127,7 +127,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         needs_reference="ref_logprobs" in loss_fn.required_fields() or config.use_kl_in_reward,
         tokenizer=tokenizer, peft_config=peft_config)
     trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
-    if trained and isinstance(reference, AdapterDisabled) and config.resume in (None, "auto") and dist.is_main:
+    if trained and isinstance(reference, AdapterDisabled) and config.resume in (None, "auto") and dist.is_main \
+            and not _fresh_lora(policy_model):  # a get_peft_model(...) just made: its base is the starting policy
         log.warning("model %s carries an adapter trained already: the reference is the model with the adapter "
                     "disabled, its base model, not this starting policy, so the KL starts above 0 (TRL 1.16 copies "
                     "the adapter as the reference instead); for a reference equal to it, merge it first (rlzoo export "
@@ -151,6 +152,15 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
                      vocab_size=policy_model.get_output_embeddings().weight.shape[0]),
         dist=dist, config=parallel, precision=precision, trainable=False)
     return Models(model=policy_model, tokenizer=tokenizer, policy=policy, reference=reference, teacher=teacher)
+
+
+def _fresh_lora(model: Any) -> bool:
+    """Whether every adapter of a PEFT ``model`` is LoRA with its update ``B A`` still zero (as ``get_peft_model``
+    makes one): the model with it disabled is then the starting policy."""
+    from peft import LoraConfig
+
+    configs = list(getattr(model, "peft_config", {}).values())
+    return bool(configs) and all(isinstance(c, LoraConfig) for c in configs) and nonzero_update(model) is None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -543,6 +543,8 @@ def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base
     reference, nor on a resume."""
     import logging
 
+    import peft
+
     run = tmp_path / "run"
     Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), reward_funcs=[digit_fraction]).train()
     adapter = str(run / "checkpoints" / "step-000001" / "model")
@@ -557,6 +559,14 @@ def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base
     caplog.clear()
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=2, output_dir=str(tmp_path / "on1"),
                         resume="latest"), reward_funcs=[digit_fraction])
+    assert "trained already" not in caplog.text
+    # a LoRA adapter just made (TRL users' get_peft_model(model, config)) starts at its base: no warning
+    from rlzoo.trainer.models import build_tiny_random
+
+    base, tokenizer = build_tiny_random()
+    fresh = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "fresh")), model=fresh,
+            tokenizer=tokenizer, reward_funcs=[digit_fraction])
     assert "trained already" not in caplog.text
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
                         output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
