@@ -62,6 +62,7 @@ DEPENDENT_OPTIONS: tuple[Dependent, ...] = (
     Dependent("vllm_gpu_memory_utilization", (VLLM,)),
     Dependent("fsdp_cpu_offload", (FSDP,)),
     Dependent("run_name", (TRACKERS,), "it names the run in the trackers"),
+    Dependent("project", (TRACKERS,), "the trackio / wandb project"),
     Dependent("eval_steps", (HELD_OUT,)),
     Dependent("exclude_eval_questions", (HELD_OUT,)),
 )

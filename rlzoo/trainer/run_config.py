@@ -92,6 +92,8 @@ class TrackingConfig(Section):
     """Trackers, comma-separated: tensorboard, trackio, wandb, all or none."""
     run_name: str | None = None
     """The run's name in the trackers (None: the output directory with its parent, e.g. exp1/seed0)."""
+    project: str | None = None
+    """The trackio / wandb project (TRL's project; None: $WANDB_PROJECT for wandb, as transformers, else rlzoo)."""
     log_completions: bool = False
     """Write each generation batch's prompts, completions, rewards and advantages (run dir and trackers)."""
 
@@ -99,7 +101,13 @@ class TrackingConfig(Section):
         names = [n.strip() for n in self.report_to.split(",") if n.strip()]
         ok = bool(names) and all(n in (*REPORT_TO, "none", "all") for n in names)
         return [("report_to", ok, f"a comma-separated list of {', '.join(REPORT_TO)}, all or none"),
+                ("project", self.project is None or bool(self.project.strip()), "a non-empty name or None"),
                 *super().checks()]
+
+    def project_of(self, tracker: str) -> str:
+        """The project ``tracker`` logs to: :attr:`project`, else ``$WANDB_PROJECT`` for wandb, else ``rlzoo``."""
+        fallback = os.environ.get("WANDB_PROJECT") if tracker == "wandb" else None
+        return self.project or fallback or "rlzoo"
 
     @property
     def trackers(self) -> tuple[str, ...]:

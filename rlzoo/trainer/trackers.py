@@ -8,9 +8,11 @@ dashboards carry over) at the row's optimizer step:
 - ``tensorboard``: ``torch.utils.tensorboard.SummaryWriter`` (the ``tensorboard`` package) into
   ``OUTPUT_DIR/tensorboard/`` (``tensorboard --logdir OUTPUT_DIR/tensorboard``);
 - ``trackio``: ``trackio.init`` / ``log`` / ``finish``, local (``TRACKIO_DIR``, default
-  ``~/.cache/huggingface/trackio``; ``trackio show`` opens the dashboard), project ``rlzoo``;
+  ``~/.cache/huggingface/trackio``; ``trackio show`` opens the dashboard);
 - ``wandb``: ``wandb.init`` / ``log`` / ``finish``, files under ``OUTPUT_DIR/wandb``; ``WANDB_MODE=offline``
   works without an account (``wandb sync`` uploads later).
+
+The project is ``--project`` (TRL's ``project``), else for wandb ``$WANDB_PROJECT`` (as transformers), else ``rlzoo``.
 
 Each timeline of a run is one tracker run (:class:`Trackers`): a resume continues it, a fresh start, ``--overwrite``
 or a resume from before the trackers' last step starts a new one.
@@ -41,8 +43,6 @@ __all__ = ["CompletionLog", "Trackers"]
 
 log = logging.getLogger("rlzoo.train")
 
-PROJECT = "rlzoo"
-"""The trackio / wandb project of rlzoo's runs."""
 
 
 class Trackers:
@@ -85,6 +85,7 @@ class Trackers:
 
     def __init__(self, config: TrackingConfig, *, output_dir: str | Path, settings: Mapping[str, Any]) -> None:
         self.names = config.trackers
+        self.projects = {name: config.project_of(name) for name in ("trackio", "wandb")}
         self.output_dir = Path(output_dir)
         where = self.output_dir.absolute()
         self.run_name = config.run_name or f"{where.parent.name}/{where.name}".lstrip("/")
@@ -183,7 +184,7 @@ class Trackers:
         import trackio
 
         def start(name: str, resume: str) -> Any:
-            return trackio.init(project=PROJECT, name=name, group=self.run_name, config=self.settings,
+            return trackio.init(project=self.projects["trackio"], name=name, group=self.run_name, config=self.settings,
                                 resume=resume, auto_log_gpu=False, auto_log_cpu=False, embed=False)
 
         recorded = self._record.get("trackio_id")
@@ -212,7 +213,7 @@ class Trackers:
         import wandb
 
         try:
-            self._wandb = wandb.init(project=PROJECT, name=self.run_name, group=self.run_name, id=self.run_id,
+            self._wandb = wandb.init(project=self.projects["wandb"], name=self.run_name, group=self.run_name, id=self.run_id,
                                      resume="allow" if step > 0 else None, config=self.settings,
                                      dir=str(self.output_dir))
         except wandb.errors.UsageError as err:

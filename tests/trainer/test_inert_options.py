@@ -13,7 +13,8 @@ from rlzoo.trainer.inert_options import DEPENDENT_OPTIONS, inert_options
 FIELDS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 SET = {"kl_ctrl": "adaptive", "kl_coef": 0.5, "kl_penalty": "abs", "target_kl": 3.0, "kl_horizon": 1,
        "max_sampling_rounds": 9, "overlong_penalty": 3.0, "vllm_gpu_memory_utilization": 0.5,
-       "fsdp_cpu_offload": True, "run_name": "exp1", "eval_steps": 5, "exclude_eval_questions": True}
+       "fsdp_cpu_offload": True, "run_name": "exp1", "project": "grpo-sweep", "eval_steps": 5,
+       "exclude_eval_questions": True}
 """A value away from the default for each option of the table."""
 OFF = {"eval_size": 0}  # the switches whose default is on
 

@@ -43,6 +43,7 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
     import trackio.sqlite_storage
 
     run = tmp_path / "run"
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")  # transformers' variable: wandb's project, not trackio's
     config = TrainConfig(model="tiny-random", num_generations=4, per_device_train_batch_size=8,
                          max_completion_length=4, eval_size=2, eval_batch_size=2, progress=False, max_steps=1,
                          output_dir=str(run), report_to="trackio,wandb", run_name="own-data-test", log_completions=True)
@@ -58,7 +59,9 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
     (offline,) = (run / "wandb").glob("offline-run-*")
     (log,) = offline.glob("*.wandb")  # wandb's offline log (wandb sync uploads it)
     history: dict[str, list] = {}
-    for record in _wandb_records(log):
+    records = _wandb_records(log)
+    assert {r.run.project for r in records if r.WhichOneof("record_type") == "run"} == {"from-env"}
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             for item in record.history.item:
                 history.setdefault(item.key or "/".join(item.nested_key), []).append(json.loads(item.value_json))
@@ -69,6 +72,19 @@ def test_trackio_and_wandb_offline_log_the_same_metrics(tmp_path, monkeypatch):
     (table,) = (offline / "files" / "media" / "table").glob("completions_*.table.json")
     table = json.loads(table.read_text())
     assert table["columns"] == ["step", "prompt", "completion", "accuracy", "advantage"] and len(table["data"]) == 8
+
+
+def test_the_project_is_the_flag_else_wandb_project_for_wandb_else_rlzoo(monkeypatch):
+    """WANDB_PROJECT was ignored (the project was always rlzoo) and no flag set it; --project is TRL's project."""
+    from rlzoo.trainer.config import TrackingConfig
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    assert TrackingConfig().project_of("wandb") == TrackingConfig().project_of("trackio") == "rlzoo"
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    assert (TrackingConfig().project_of("wandb"), TrackingConfig().project_of("trackio")) == ("from-env", "rlzoo")
+    assert {TrackingConfig(project="mine").project_of(t) for t in ("wandb", "trackio")} == {"mine"}
+    with pytest.raises(ValueError, match="project"):
+        TrainConfig(project=" ")
 
 
 def _wandb_records(path) -> list:
