@@ -756,6 +756,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     """``rlzoo export SOURCE OUTPUT``: a checkpoint as a plain Hugging Face model, a LoRA adapter merged."""
     from rlzoo.trainer.adapters import export_model
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would write OUTPUT at once
+        raise ValueError("rlzoo export runs in one process: run it without torchrun (python -m rlzoo export ...)")
     path = export_model(args.source, args.output, overwrite=args.overwrite)
     print(f"rlzoo export: wrote {path}")
     return 0

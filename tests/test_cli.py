@@ -1063,6 +1063,8 @@ def test_eval_checks_what_it_evaluates_and_where_it_writes_before_evaluating(tmp
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun every rank evaluated the whole set and printed it
     with pytest.raises(ValueError, match=r"^rlzoo eval runs in one process: run it without torchrun"):
         main(["eval", "--model", "tiny-random"])
+    with pytest.raises(ValueError, match=r"^rlzoo export runs in one process: run it without torchrun"):
+        main(["export", str(tmp_path / "ckpt"), str(tmp_path / "out")])  # every rank wrote OUTPUT at once
 
 
 def _no_nan(text: str) -> object:

@@ -106,16 +106,16 @@ class ParallelConfig(Section):
     """Data parallelism under torchrun (``torchrun --nproc_per_node N -m rlzoo train ...``); ignored in one process."""
 
     parallelism: Literal["ddp", "fsdp"] = "ddp"
-    """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: parameters, gradients and optimizer
-    state sharded across ranks (FSDP2 fully_shard), for models that do not fit one device."""
+    """ddp: each rank holds the whole model (DDP); fsdp: parameters, gradients, optimizer state sharded (FSDP2)."""
     fsdp_cpu_offload: bool = False
     """fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory (FSDP2 CPUOffloadPolicy)."""
     distributed_timeout: int = 600
-    """Seconds a collective may wait for the other ranks before the job fails (a dead or stuck rank); one process
-    without torchrun has no collectives (a warning says so when it is set)."""
+    """Seconds a collective may wait for the other ranks (a dead or stuck rank fails the job; it must outlast rank 0's
+    own writes); one process without torchrun has no collectives (a warning says so when it is set)."""
 
     def checks(self) -> list[tuple[str, bool, str]]:
-        return [("distributed_timeout", self.distributed_timeout >= 1, ">= 1"), *super().checks()]
+        ok = 1 <= self.distributed_timeout <= 86_400_000  # timedelta and the store's timeout overflow beyond
+        return [("distributed_timeout", ok, "in [1, 86400000] (1000 days)"), *super().checks()]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

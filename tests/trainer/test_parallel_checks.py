@@ -51,3 +51,12 @@ def test_fsdp_without_torchrun_is_said_to_have_no_effect(caplog):
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         check_parallelism(ParallelConfig(distributed_timeout=60), dist=TWO, device=CPU, backend="hf")
     assert not caplog.text
+
+
+@pytest.mark.parametrize("seconds", [0, 86_400_001, 86_400_000_000_000])
+def test_a_distributed_timeout_out_of_range_is_one_line(seconds):
+    """86400000000000 s crashed in datetime.timedelta (OverflowError), 10**10 s failed the rendezvous at once
+    (the store's timeout in ms overflowed); at most 1000 days is taken (86400000 s ran)."""
+    with pytest.raises(ValueError, match=rf"distributed_timeout must be in \[1, 86400000\] \(1000 days\), got {seconds}"):
+        ParallelConfig(distributed_timeout=seconds)
+    assert ParallelConfig(distributed_timeout=86_400_000).distributed_timeout == 86_400_000
