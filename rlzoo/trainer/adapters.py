@@ -309,6 +309,9 @@ def export_model(source: str | Path, output: str | Path, *, model: Any = None, t
     else:
         model, tokenizer = _adapter_on(model, source, tokenizer=tokenizer, dtype=dtype)
     if is_peft_model(model):
+        from rlzoo.trainer.model_digest import check_digest
+
+        check_digest(source.parent, model, model_name=_adapter_base(source), doing="the adapter is merged")
         model = model.merge_and_unload()
     return save_pretrained_atomic(model, tokenizer, Path(output).resolve())
 

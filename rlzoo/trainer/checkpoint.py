@@ -125,11 +125,15 @@ class Checkpointer:
     Args:
         config: the checkpoint section (``save_steps``, ``save_total_limit``, ``resume``).
         directory: ``OUTPUT_DIR/checkpoints``.
+        model_digest: :func:`~rlzoo.trainer.model_digest.weights_digest` of the model the run started from,
+            recorded in each checkpoint's ``trainer_state.json`` (a resume or an export onto a changed base warns).
     """
 
-    def __init__(self, config: CheckpointConfig, directory: str | Path) -> None:
+    def __init__(self, config: CheckpointConfig, directory: str | Path, *,
+                 model_digest: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.directory = Path(directory)
+        self.model_digest = model_digest  # of the model the run started from (rlzoo.trainer.model_digest)
 
     def path(self, step: int) -> Path:
         """The directory of the checkpoint of ``step``."""
@@ -220,7 +224,8 @@ class Checkpointer:
                 with disk_full_is_os_error(path / name), open(tmp / name, "wb") as fh:
                     torch.save(value, fh)
             if dist.is_main:
-                trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings)}
+                trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings),
+                                 "model_digest": self.model_digest}
                 if row is not None:
                     trainer_state["row"] = json_row(dict(row))  # as metrics.jsonl writes it
                 with disk_full_is_os_error(path / "trainer_state.json"):

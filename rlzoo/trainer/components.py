@@ -34,11 +34,14 @@ from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.evaluation import Evaluator
 from rlzoo.trainer.generation import HFGenerator, build_generator
 from rlzoo.trainer.metrics import MetricsLogger
+from rlzoo.trainer.model_digest import check_digest, weights_digest
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.resume import find_checkpoint
 from rlzoo.trainer.reward_shaping import KLRewardShaping
 from rlzoo.trainer.rollouts import RolloutSource
+from rlzoo.trainer.run_dir import RunDirectory
 from rlzoo.trainer.scorer import Scorer, enable_activation_checkpointing
 from rlzoo.trainer.tasks import TaskStream
 from rlzoo.trainer.trackers import CompletionLog, Trackers
@@ -101,6 +104,7 @@ class Models:
         reference: the frozen reference (a ``ParallelModel``, :class:`~rlzoo.trainer.adapters.AdapterDisabled` for
             an adapter run), or None when nothing needs it.
         teacher: the ``--teacher`` model (a ``ParallelModel``), or None.
+        digest: :func:`~rlzoo.trainer.model_digest.weights_digest` of the policy as loaded (before training).
     """
 
     model: Any
@@ -108,6 +112,7 @@ class Models:
     policy: ParallelModel
     reference: Any
     teacher: ParallelModel | None
+    digest: dict[str, str] | None = None
 
 
 def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed, precision: Precision,
@@ -126,6 +131,15 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         device=precision.device, model=model,
         needs_reference="ref_logprobs" in loss_fn.required_fields() or config.use_kl_in_reward,
         tokenizer=tokenizer, peft_config=peft_config)
+    digest = weights_digest(policy_model)  # the base as loaded: a resume onto a changed --model is said
+    if config.resume is not None and config.output_dir is not None:
+        try:
+            found = find_checkpoint(Checkpointer(CheckpointConfig(), RunDirectory(config.output_dir).checkpoints),
+                                    config.resume)
+        except FileNotFoundError:
+            found = None  # the trainer says so
+        if found is not None and dist.is_main:
+            check_digest(found, policy_model, model_name=config.model, doing="the run goes on")
     trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
     if trained and isinstance(reference, AdapterDisabled) and config.resume in (None, "auto") and dist.is_main \
             and not _fresh_lora(policy_model):  # a get_peft_model(...) just made: its base is the starting policy
@@ -151,7 +165,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         load_teacher(config.teacher, tokenizer=tokenizer, dtype=precision.param_dtype, device=precision.device,
                      vocab_size=policy_model.get_output_embeddings().weight.shape[0]),
         dist=dist, config=parallel, precision=precision, trainable=False)
-    return Models(model=policy_model, tokenizer=tokenizer, policy=policy, reference=reference, teacher=teacher)
+    return Models(model=policy_model, tokenizer=tokenizer, policy=policy, reference=reference, teacher=teacher,
+                  digest=digest)
 
 
 def _fresh_lora(model: Any) -> bool:
@@ -240,7 +255,8 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
                            trackers=trackers, title=plot_title(config, loss_fn, task.task.name,
                                                                adapter=is_peft_model(models.model)))
     return Components(scorer=scorer, rollouts=rollouts, evaluator=evaluator, optimizer=optimizer,
-                      checkpointer=Checkpointer(config.section(CheckpointConfig), checkpoints), logger=logger,
+                      checkpointer=Checkpointer(config.section(CheckpointConfig), checkpoints,
+                                                model_digest=models.digest), logger=logger,
                       python_rewards=list(rewards.names[len(config.reward_funcs):]),
                       reward_names=list(rewards.names))
 

@@ -2,6 +2,7 @@
 the fused log-prob path works through the PEFT wrapper, checkpoints hold the adapter and resume exactly, the
 adapter reloads onto its base and merges into a plain model. Tiny random model."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -571,3 +572,34 @@ def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
                         output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
     assert "is an adapter trained already" not in caplog.text
+
+
+def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
+    """A LoRA checkpoint holds only the adapter: a resume rebuilds the base from --model and an export merges onto
+    the base adapter_config.json names. With that folder overwritten by another model both went on in silence
+    (helper trial). The checkpoint records a digest of the base (trainer_state.json model_digest); a resume and an
+    export onto a changed base warn, and onto the same base (or an older checkpoint without a digest) say nothing."""
+    import logging
+
+    from rlzoo.trainer.builtin_models import TinyRandomSpec
+
+    base = tmp_path / "base"
+    for model_or_tokenizer in build_tiny_random():
+        model_or_tokenizer.save_pretrained(base)
+    run = tmp_path / "run"
+    config = TrainConfig(**{**TINY, "model": str(base)}, max_steps=1, output_dir=str(run))
+    Trainer(config, reward_funcs=[digit_fraction]).train()
+    checkpoint = run / "checkpoints" / "step-000001"
+    recorded = json.loads((checkpoint / "trainer_state.json").read_text())["model_digest"]
+    assert recorded["dtype"] == "float32" and len(recorded["sha256"]) == 16
+    caplog.set_level(logging.WARNING, logger="rlzoo.train")
+    export_model(checkpoint, tmp_path / "same")  # the same base: nothing said
+    Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction])
+    assert "is not the one checkpoint" not in caplog.text
+    build_tiny_random(TinyRandomSpec(seed=7))[0].save_pretrained(base)  # the folder now holds another model
+    export_model(checkpoint, tmp_path / "other")
+    assert f"the model {base} is not the one checkpoint {checkpoint} started from (its weights differ" in caplog.text
+    assert "the adapter is merged over the model as it is now" in caplog.text
+    caplog.clear()
+    Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction])
+    assert f"checkpoint {checkpoint} started from" in caplog.text and "the run goes on over the model" in caplog.text
