@@ -234,9 +234,17 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
             _check_python_parts(path, argv)
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
+    no_peft = False
     i = 0
     while i < len(argv):
         match = _DOTTED.match(argv[i])
+        if train and (argv[i] == "--peft" or argv[i].startswith("--peft=")):  # over a config file's LoRA options
+            value = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value.lower() not in ("none", "null"):
+                raise CommandLineError(f"--peft takes none (no LoRA: train the whole model), got {value!r}; LoRA's "
+                                       "options are --peft.NAME VALUE (e.g. --peft.r 16)")
+            no_peft, i = True, i + (1 if "=" in argv[i] else 2)
+            continue
         if match:
             kind, key, value = match.group(1), match.group(2).replace("-", "_"), match.group(3)
             if value is None:
@@ -257,7 +265,12 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
     if under:  # a resume: the checkpoint's loss options are those of its preset (and estimator)
         under = settings_for_algorithm(under, algorithm or base.get("algorithm"), advantage or base.get("advantage"),
                                        source="the checkpoint's settings")
-    return lay_over(lay_over(under or {}, base), dotted), rest
+    settings = lay_over(lay_over(under or {}, base), dotted)
+    if no_peft:
+        if "peft" in dotted:
+            raise CommandLineError("--peft none turns LoRA off: give it or --peft.NAME options, not both")
+        settings["peft"] = None
+    return settings, rest
 
 
 def _config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:

@@ -207,6 +207,21 @@ def test_config_file_then_flags(tmp_path, suffix):
     assert dict(config.loss) == {"epsilon_high": 3.0, "beta": 0.5}
 
 
+def test_peft_none_turns_a_config_files_lora_off(tmp_path):
+    """A config file's LoRA options could be turned off only in a file (`peft: null`): --peft none was an unknown
+    option and --peft.r null a type error. --peft none (or null) sets peft None; anything else, or with
+    --peft.NAME options, is one line."""
+    path = tmp_path / "lora.yaml"
+    path.write_text("peft:\n  r: 4\n  lora_alpha: 8\n")
+    assert parse_train_args(["--config", str(path)]).peft == {"r": 4, "lora_alpha": 8}
+    for flags in (["--peft", "none"], ["--peft=null"], ["--peft", "None"]):
+        assert parse_train_args(["--config", str(path), *flags]).peft is None
+    with pytest.raises(CommandLineError, match=r"^--peft takes none \(no LoRA: train the whole model\), got 'yes'"):
+        parse_train_args(["--peft", "yes"])
+    with pytest.raises(CommandLineError, match=r"^--peft none turns LoRA off: give it or --peft.NAME options"):
+        parse_train_args(["--peft", "none", "--peft.r", "4"])
+
+
 def test_unknown_config_key_is_named(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("max_step = 3\n")
