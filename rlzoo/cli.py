@@ -756,7 +756,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
         for option in options(args.name, defaults=True):
             print(f"  --task.{option.replace('=', ' ', 1)}")
         return 0
-    print("data sets (--task FILE.jsonl|.json|.csv|.parquet, a save_to_disk or hub-style directory, or a hub id):")
+    print("data sets (--task FILE.jsonl|.json|.csv|.tsv|.parquet, a save_to_disk or hub-style directory, or a hub id):")
     for name, meaning in DATASET_OPTIONS.items():
         print(f"  --task.{name:<14} {meaning}")
     print("\nreasoning-gym tasks (--task NAME; options --task.OPTION VALUE; rlzoo tasks NAME for defaults):")

@@ -123,8 +123,8 @@ class TaskConfig(Section):
     """The problems: training stream, held-out set, prompts and answer extraction."""
 
     task: str = DEFAULT_TASK
-    """Task: a reasoning-gym data set name, a .jsonl/.json/.csv/.parquet file, a save_to_disk directory or a hub
-    data set id (see rlzoo tasks)."""
+    """Task: a reasoning-gym data set name, a .jsonl/.json/.csv/.tsv/.parquet file, a save_to_disk directory or a
+    hub data set id (see rlzoo tasks)."""
     task_kwargs: OptionalDottedOptions = None
     """Data set options, e.g. --task.max_terms 3 (reasoning-gym), --task.split test or --task.answer_column
     solution (files and hub data sets); for chain_sum laid over the built-in job's (2 one-digit terms)."""

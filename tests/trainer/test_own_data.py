@@ -104,9 +104,15 @@ def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path, caplog):
     assert trainer.train()[-1]["step"] == 2
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "disk"))
     (tmp_path / "rows.csv").write_text("question,answer\n" + "".join(f"{r['question']},{r['answer']}\n" for r in rows))
-    for spec in (tmp_path / "disk", tmp_path / "rows.csv"):
+    (tmp_path / "rows.tsv").write_text("question\tanswer\n" + "".join(f"{r['question']}\t{r['answer']}\n" for r in rows))
+    for spec in (tmp_path / "disk", tmp_path / "rows.csv", tmp_path / "rows.tsv"):
         task = load_task(str(spec), kwargs={"prompt_column": "question"}, eval_size=0)
         assert sorted(task.dataset["question"]) == sorted(r["question"] for r in rows)
+    (tmp_path / "semi.csv").write_text("question;answer\n1 + 1 =;2\n")  # another separator: said, with the way out
+    with pytest.raises(ValueError, match=r"no column 'question'; its columns: 'question;answer'; choose one with "
+                                         r"--task.prompt_column; a \.csv file is read comma-separated: write it with "
+                                         r"commas, or tab-separated as \.tsv$"):
+        load_task(str(tmp_path / "semi.csv"), kwargs={"prompt_column": "question"}, eval_size=0)
     with pytest.raises(ValueError, match="has no split 'validation'; its splits: train"):
         load_task(str(tmp_path / "disk"), kwargs={"prompt_column": "question", "split": "validation"})
     import logging

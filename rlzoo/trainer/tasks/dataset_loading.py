@@ -1,7 +1,7 @@
 """Loading a data set task's rows with ``datasets``: the training and held-out data sets that ``--task`` names, and
 where their rows come from (for errors).
 
-Sources (:func:`load_dataset_source`): a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a directory
+Sources (:func:`load_dataset_source`): a local ``.jsonl`` / ``.json`` / ``.csv`` / ``.tsv`` / ``.parquet`` file, a directory
 written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, a directory laid out as a hub data set
 repository (``data/train-*.parquet``, ...), or a hub data set id (``org/name``), which ``datasets`` downloads when
 online and reads from its cache when ``HF_HUB_OFFLINE=1``. Splits are split names or ``datasets``' split syntax
@@ -21,8 +21,9 @@ __all__ = ["FILE_BUILDERS", "is_dataset_spec", "load_dataset_rows", "load_datase
 
 log = logging.getLogger("rlzoo.train")
 
-FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-"""File suffix (any case) -> the ``datasets`` builder that reads it."""
+FILE_BUILDERS: Mapping[str, str] = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv",
+                                     ".parquet": "parquet"}
+"""File suffix (any case) -> the ``datasets`` builder that reads it (``.tsv``: the csv builder, tab-separated)."""
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 """Compressed text files ``datasets`` decompresses as it reads them (``d.jsonl.gz``)."""
 
@@ -116,7 +117,8 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
     try:
         if path.is_file():
-            loaded = datasets.load_dataset(builder, data_files=str(path))
+            tabs = {"sep": "\t"} if ".tsv" in [x.lower() for x in path.suffixes[-2:]] else {}
+            loaded = datasets.load_dataset(builder, data_files=str(path), **tabs)
         elif not path.exists() and (builder is not None or spec.startswith(("./", "../", "/", "~"))):  # no hub id
             raise FileNotFoundError(f"task {'file' if builder else 'path'} {spec!r} does not exist")
         elif path.is_dir() and _is_saved_to_disk(path):
@@ -265,7 +267,7 @@ def _file_error(path: Path, err: BaseException) -> BaseException:
                     return ValueError(f"{path}:{lineno}: invalid JSON: {bad.msg} (column {bad.colno})")
                 if not isinstance(row, dict):
                     return ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-    if path.suffix.lower() == ".csv" and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
+    if path.suffix.lower() in (".csv", ".tsv") and len([x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]) <= 1:
         return ValueError(f"task file {path} has no rows (a header at most)")
     cause = err.__cause__ or err.__context__ or err
     return ValueError(f"cannot read task file {path}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")

@@ -217,6 +217,8 @@ class DatasetTask(Task):
         if missing:
             column, option = missing[0]
             extra = " (or --task.answer_column null for none)" if option == "answer_column" else ""
+            if len(columns) == 1 and any(sep in columns[0] for sep in ";|\t"):  # a CSV separated by another char
+                extra += ("; a .csv file is read comma-separated: write it with commas, or tab-separated as .tsv")
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
         from rlzoo.trainer.reward_functions import REWARD_ARGUMENTS

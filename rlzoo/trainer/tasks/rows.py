@@ -86,8 +86,8 @@ class RowOrigin:
         suffix = path.suffix.lower()
         try:
             text = path.read_text(encoding="utf-8")
-            if suffix == ".csv":
-                return _csv_record(text, row)
+            if suffix in (".csv", ".tsv"):
+                return _csv_record(text, row, "\t" if suffix == ".tsv" else ",")
             if suffix == ".json":
                 try:
                     whole = json.loads(text)
@@ -106,8 +106,8 @@ class RowOrigin:
         return None, None
 
 
-def _csv_record(text: str, row: int) -> tuple[int | None, Any]:
-    reader = csv.reader(text.splitlines(keepends=True))
+def _csv_record(text: str, row: int, delimiter: str = ",") -> tuple[int | None, Any]:
+    reader = csv.reader(text.splitlines(keepends=True), delimiter=delimiter)
     header: list[str] | None = None
     seen = 0
     for cells in reader:
