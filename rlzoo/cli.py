@@ -71,7 +71,8 @@ peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null; inf for -
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
 and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE, and
---config FILE: a config file's evaluation settings (its training settings are checked, not used), under the flags."""
+--config FILE: a config file's evaluation settings (its training settings are checked, not used), under the flags.
+A flag left at None takes the run's setting (--run), else rlzoo train's default."""
 
 
 def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):

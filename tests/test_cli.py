@@ -701,11 +701,16 @@ def test_tasks_unknown_name_has_a_did_you_mean_and_the_names():
         main(["tasks", "split"])
 
 
-def test_help_is_plain_text(capsys):
+def test_help_is_plain_text(capsys, monkeypatch):
+    """No reST markup; a field docstring wrapped over lines reads as one paragraph (tyro kept each indented
+    continuation line's break: "a .gguf" / "file, 'smollm2-135m'")."""
+    monkeypatch.setenv("COLUMNS", "400")  # wide: any line break left is the docstring's
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
     assert "``" not in text and ":class:" not in text and "`" not in text
+    assert "a .gguf file, 'smollm2-135m' or 'tiny-random'" in text
+    assert "mse or k2, low_var_kl or k3 (both clamped" in text
 
 
 def test_inf_and_nan_flag_values_are_floats_as_python_reads_them(capsys):

@@ -41,6 +41,7 @@ def tyro_cli(cls: type, *, args: Sequence[str], prog: str, description: str, def
     """
     import tyro
 
+    _join_docstring_lines()
     empty = _list_without_values(cls, list(args))
     if empty is not None:
         raise CommandLineError(empty)
@@ -64,6 +65,28 @@ def tyro_cli(cls: type, *, args: Sequence[str], prog: str, description: str, def
 
     with on_parse_error(hook):
         return tyro.cli(cls, **options)
+
+
+def _join_docstring_lines() -> None:
+    """Make tyro join a field docstring's wrapped lines into one paragraph of help. tyro keeps a line break before
+    a line that does not start with a letter, and it sees the docstring's continuation lines still indented (it
+    dedents afterwards), so every wrapped field's help broke mid-sentence (``a .gguf`` / ``file, ...``)."""
+    import textwrap
+
+    try:
+        from tyro import _strings
+    except ImportError:  # pragma: no cover - the private module moved: tyro's own wrapping
+        return
+    original = getattr(_strings, "remove_single_line_breaks", None)
+    if original is None or getattr(original, "rlzoo_dedents", False):
+        return
+
+    def remove_single_line_breaks(helptext: str) -> str:
+        first, _, rest = helptext.partition("\n")
+        return original(first + ("\n" + textwrap.dedent(rest) if rest else ""))
+
+    remove_single_line_breaks.rlzoo_dedents = True  # type: ignore[attr-defined]
+    _strings.remove_single_line_breaks = remove_single_line_breaks
 
 
 def flag_name(arg: str) -> str:
