@@ -44,8 +44,9 @@ class RunInterrupted(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint} (continue with --resume latest; "
-                         f"if step {step} was the run's last, with a larger --max-steps)")
+        run = os.path.dirname(os.path.dirname(checkpoint))  # RUN/checkpoints/step-N
+        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint} (continue with --output-dir "
+                         f"{run} --resume latest; if step {step} was the run's last, with a larger --max-steps)")
 
 
 class GracefulInterrupt:

@@ -232,6 +232,7 @@ def test_two_sigterms_exit_143_after_checkpointing_the_step(tmp_path):
     done, run = _train_cli(tmp_path, "SIGTERM SIGTERM", "--save-steps", "100")
     assert done.returncode == 143, done.stderr[-3000:]
     assert "stopped by SIGTERM after step 2" in done.stderr and "SIGTERM received again" in done.stderr
+    assert f"(continue with --output-dir {run} --resume latest;" in done.stderr  # the run's directory named too
     assert _checkpoints(run) == ["step-000002"]  # the step in progress finished and was checkpointed
     assert [r["step"] for r in _rows(run)] == [1, 2]
     assert [p.name for p in run.iterdir() if p.name.startswith(".") and p.name != ".rlzoo.lock"] == []
