@@ -4,17 +4,16 @@ merging it into a plain model.
 With LoRA (``--peft.r 16 ...`` or ``Trainer(config, peft_config=LoraConfig(...))``), ``peft.get_peft_model`` wraps
 the model: its weights are frozen and only the adapter's train. The reference policy is the same model with its
 adapter disabled (``PeftModel.disable_adapter()``), so ``beta > 0`` costs no second copy of the model, as in TRL
-1.16 (``GRPOTrainer``: "If PEFT is used, the reference model is not needed since the adapter can be disabled").
+1.16 (``GRPOTrainer``: "If PEFT is used, the reference model is not needed since the adapter can be disabled");
+an adapter trained already is copied, frozen, as the reference instead (:mod:`rlzoo.trainer.reference_adapter`).
 A checkpoint's ``model/`` then holds the adapter (``adapter_model.safetensors``, ``adapter_config.json`` naming the
 base model) and the tokenizer; :func:`rlzoo.trainer.models.load_model` loads such a directory onto its base, and
 :func:`export_model` writes it merged into a plain Hugging Face checkpoint. The ``--peft`` options (checked, recorded
 and compared on a resume) are in :mod:`rlzoo.trainer.adapter_options`.
 """
 
-import contextlib
-import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from rlzoo.trainer.adapter_options import (
 )
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
+from rlzoo.trainer.reference_adapter import AdapterDisabled, adapter_reference, scoring_model
 
 __all__ = ["AdapterDisabled", "adapter_save_options", "build_policy", "built_adapter", "causal_lm",
            "checkpoint_state_dict", "export_model", "is_peft_model", "load_checkpoint_weights", "lora_config",
@@ -48,37 +48,6 @@ def causal_lm(model: Any) -> Any:
     """The Hugging Face ``*ForCausalLM`` under a PEFT wrapper (its adapter layers are in place, so calling it
     applies the adapter), or ``model`` itself. The scorer and the sampler take the body and the head from it."""
     return model.get_base_model() if is_peft_model(model) else model
-
-
-@dataclasses.dataclass(frozen=True)
-class AdapterDisabled:
-    """The reference policy of an adapter run: the policy with its adapter disabled (no second copy).
-
-    Attributes:
-        policy: the ``PeftModel`` being trained.
-        module: what the policy is scored through (its :class:`~rlzoo.trainer.scorer.LogProbModule`, possibly
-            wrapped by DDP / FSDP2), or None for the ``PeftModel`` itself.
-    """
-
-    policy: Any
-    module: Any = None
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[Any]:
-        """What to score with, the adapter disabled for the duration of the block (``PeftModel.disable_adapter``)."""
-        with self.policy.disable_adapter():
-            yield self.policy if self.module is None else self.module
-
-
-@contextlib.contextmanager
-def scoring_model(model: Any) -> Iterator[Any]:
-    """The module to score with: an :class:`AdapterDisabled` reference's base model while the block runs, or
-    ``model`` itself."""
-    if isinstance(model, AdapterDisabled):
-        with model.active() as base:
-            yield base
-    else:
-        yield model
 
 
 def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dtype: torch.dtype,
@@ -159,8 +128,10 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model.eval()
     if not needs_reference:
         return model, tokenizer, None
-    reference = AdapterDisabled(model) if is_peft_model(model) else copy.deepcopy(model).requires_grad_(False)
-    return model, tokenizer, reference
+    if not is_peft_model(model):
+        return model, tokenizer, copy.deepcopy(model).requires_grad_(False)
+    # an adapter made here starts at a zero update (checked above): disabled, it is the starting policy
+    return model, tokenizer, AdapterDisabled(model) if peft_config is not None else adapter_reference(model)
 
 
 def _check_no_tied_embedding_adapter(model: Any, *, option: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo.losses import PolicyLoss, Rejection
-from rlzoo.trainer.adapters import AdapterDisabled, is_peft_model, nonzero_update
+from rlzoo.trainer.adapters import AdapterDisabled, is_peft_model
 from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import (
     AdapterConfig,
@@ -38,6 +38,7 @@ from rlzoo.trainer.model_digest import check_digest, weights_digest
 from rlzoo.trainer.optim import OptimizerStep
 from rlzoo.trainer.parallel import ParallelModel, check_parallelism
 from rlzoo.trainer.precision import Precision
+from rlzoo.trainer.reference_adapter import fresh_lora
 from rlzoo.trainer.resume import find_checkpoint
 from rlzoo.trainer.reward_shaping import KLRewardShaping
 from rlzoo.trainer.rollouts import RolloutSource
@@ -141,12 +142,12 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         if found is not None and dist.is_main:
             check_digest(found, policy_model, model_name=config.model, doing="the run goes on")
     trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
-    if trained and isinstance(reference, AdapterDisabled) and config.resume in (None, "auto") and dist.is_main \
-            and not _fresh_lora(policy_model):  # a get_peft_model(...) just made: its base is the starting policy
-        log.warning("model %s carries an adapter trained already: the reference is the model with the adapter "
-                    "disabled, its base model, not this starting policy, so the KL starts above 0 (TRL 1.16 copies "
-                    "the adapter as the reference instead); for a reference equal to it, merge it first (rlzoo export "
-                    "CHECKPOINT OUTPUT) and train on OUTPUT", config.model)
+    if (trained and isinstance(reference, AdapterDisabled) and reference.adapter is None  # not LoRA: not copied
+            and config.resume in (None, "auto") and dist.is_main and not fresh_lora(policy_model)):
+        log.warning("model %s carries an adapter trained already, which is not LoRA (or is AdaLoRA): the reference "
+                    "is the model with the adapter disabled, its base model, not this starting policy, so the KL starts "
+                    "above 0 (a LoRA adapter is copied as the reference, as TRL 1.16 does); for a reference equal to "
+                    "it, merge it first (rlzoo export CHECKPOINT OUTPUT) and train on OUTPUT", config.model)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(policy_model)
     if loss_fn.batch_coupled and dist.is_main and (dist.enabled or config.gradient_accumulation_steps > 1):
@@ -156,8 +157,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
                     loss_fn.name or "custom", ", ".join(p.describe() for p in loss_fn.coupled_parts()),
                     ", on each rank," if dist.enabled else "")
     policy = ParallelModel(policy_model, dist=dist, config=parallel, precision=precision)
-    if isinstance(reference, AdapterDisabled):  # the policy with its adapter off: no second model
-        reference = AdapterDisabled(policy_model, module=policy.module)
+    if isinstance(reference, AdapterDisabled):  # the policy with its adapter off (or a copy on): no second model
+        reference = dataclasses.replace(reference, module=policy.module)
     else:
         reference = reference and ParallelModel(reference, dist=dist, config=parallel, precision=precision,
                                                 trainable=False)
@@ -167,15 +168,6 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         dist=dist, config=parallel, precision=precision, trainable=False)
     return Models(model=policy_model, tokenizer=tokenizer, policy=policy, reference=reference, teacher=teacher,
                   digest=digest)
-
-
-def _fresh_lora(model: Any) -> bool:
-    """Whether every adapter of a PEFT ``model`` is LoRA with its update ``B A`` still zero (as ``get_peft_model``
-    makes one): the model with it disabled is then the starting policy."""
-    from peft import LoraConfig
-
-    configs = list(getattr(model, "peft_config", {}).values())
-    return bool(configs) and all(isinstance(c, LoraConfig) for c in configs) and nonzero_update(model) is None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -201,11 +201,13 @@ def save_pretrained_atomic(model: Any, tokenizer: Any, path: str | os.PathLike[s
         tokenizer = copy.deepcopy(tokenizer)
         tokenizer.backend_tokenizer.no_padding()
         tokenizer.backend_tokenizer.no_truncation()
-    from rlzoo.trainer.adapters import adapter_save_options
+    from rlzoo.trainer.adapters import adapter_save_options, is_peft_model
+    from rlzoo.trainer.reference_adapter import REFERENCE_ADAPTER
 
+    adapters = [a for a in model.peft_config if a != REFERENCE_ADAPTER] if is_peft_model(model) else []  # not its copy
     with atomic_dir(path) as tmp:
         model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}),
-                              **adapter_save_options(model))
+                              **adapter_save_options(model), **({"selected_adapters": adapters} if adapters else {}))
         tokenizer.save_pretrained(tmp)
     return path
 

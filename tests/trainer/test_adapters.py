@@ -536,39 +536,58 @@ def test_target_modules_given_as_names_in_a_string_are_a_list():
     assert adapted == {"q_proj"}
 
 
-def test_training_on_from_a_trained_adapter_warns_that_the_reference_is_its_base(tmp_path, caplog):
-    """--model RUN/checkpoints/step-N/model (or the checkpoint, an adapter trained already) trains that adapter on;
-    its reference is the model with the adapter disabled, the base, so the KL starts above 0 (0.00115 in a helper's
-    trial) where rlzoo refuses a new adapter that starts away from its base (TRL 1.16 copies the adapter as the
-    reference). Said at start, with the way to a reference equal to the starting policy; not for a loss without a
-    reference, nor on a resume."""
+def test_training_on_from_a_trained_adapter_keeps_a_frozen_copy_of_it_as_the_reference(tmp_path, caplog):
+    """--model RUN/checkpoints/step-N/model (or the checkpoint: an adapter trained already) trains that adapter on.
+    Its reference was the model with the adapter disabled, the base, so the KL started above 0 (0.00115 in a
+    helper's trial; only warned). As TRL 1.16 does, the adapter is copied, frozen, as a second adapter that scores
+    the reference: the KL at step 1 is exactly 0, only the trained adapter trains, a resume keeps the starting
+    adapter as the reference (its steps equal the uninterrupted run's), checkpoints and exports hold the trained
+    adapter only."""
     import logging
 
     import peft
+
+    from rlzoo.trainer.reference_adapter import REFERENCE_ADAPTER
 
     run = tmp_path / "run"
     Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(run)), reward_funcs=[digit_fraction]).train()
     adapter = str(run / "checkpoints" / "step-000001" / "model")
     caplog.set_level(logging.WARNING, logger="rlzoo.train")
+    on = {**TINY, "peft": None, "model": adapter, "max_steps": 3, "save_steps": 1}
     for i, model in enumerate((adapter, str(run / "checkpoints" / "step-000001"))):
-        Trainer(TrainConfig(**{**TINY, "peft": None, "model": model}, max_steps=1, output_dir=str(tmp_path / f"on{i}")),
-                reward_funcs=[digit_fraction])
-        assert f"model {model} carries an adapter trained already: the reference" in caplog.text
-        caplog.clear()
-    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=1, output_dir=str(tmp_path / "on1"),
-                        save_steps=1), reward_funcs=[digit_fraction]).train()
-    caplog.clear()
-    Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter}, max_steps=2, output_dir=str(tmp_path / "on1"),
-                        resume="latest"), reward_funcs=[digit_fraction])
-    assert "trained already" not in caplog.text
+        trainer = Trainer(TrainConfig(**on, output_dir=str(tmp_path / f"on{i}")), reward_funcs=[digit_fraction])
+        assert trainer.reference.adapter == REFERENCE_ADAPTER and "trained already" not in caplog.text
+        copies = {k: p for k, p in trainer.model.named_parameters() if f".{REFERENCE_ADAPTER}." in k}
+        assert copies and not any(p.requires_grad for p in copies.values())
+        assert all(torch.equal(p, dict(trainer.model.named_parameters())[k.replace(f".{REFERENCE_ADAPTER}.",
+                                                                                    ".default.")])
+                   for k, p in copies.items())
+        if i:
+            break
+        want = trainer.train()
+        first = next(r for r in want if r["step"] == 1)
+        assert first["kl"] == 0.0 and want[-1]["kl"] > 0.0  # the reference is the starting adapter, then it moves
+        assert all(not p.requires_grad for p in copies.values())
+        assert all(torch.equal(p, c) for p, c in zip(copies.values(), (dict(
+            Trainer(TrainConfig(**on, output_dir=str(tmp_path / "x")), reward_funcs=[digit_fraction])
+            .model.named_parameters())[k] for k in copies), strict=True))  # frozen: still the starting adapter
+    saved = tmp_path / "on0" / "checkpoints" / "step-000002" / "model"
+    assert not (saved / REFERENCE_ADAPTER).exists()  # the checkpoint holds the trained adapter only
+    resumed = Trainer(TrainConfig(**on, output_dir=str(tmp_path / "resumed"), resume=str(saved.parent)),
+                      reward_funcs=[digit_fraction]).train()
+    timing = ("step_time", "generation_time", "train_time", "tokens_per_second")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed if r["step"] == 3] == [
+        {k: v for k, v in r.items() if k not in timing} for r in want if r["step"] == 3]
+    export_model(saved.parent, tmp_path / "merged")
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
     # a LoRA adapter just made (TRL users' get_peft_model(model, config)) starts at its base: no warning
     from rlzoo.trainer.models import build_tiny_random
 
     base, tokenizer = build_tiny_random()
     fresh = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "fresh")), model=fresh,
-            tokenizer=tokenizer, reward_funcs=[digit_fraction])
-    assert "trained already" not in caplog.text
+    trainer = Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "fresh")),
+                      model=fresh, tokenizer=tokenizer, reward_funcs=[digit_fraction])
+    assert "trained already" not in caplog.text and trainer.reference.adapter is None  # disabled: no copy needed
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
                         output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
     assert "is an adapter trained already" not in caplog.text
