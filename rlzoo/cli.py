@@ -67,7 +67,8 @@ _TRAIN_HELP = """Train a causal LM with any loss of the zoo (flags = TrainConfig
 Besides the flags below: --config FILE (TOML, YAML or JSON with the same field names, or a run's config.json;
 flags override it), and the dotted options --loss.NAME VALUE (see rlzoo explain ALGORITHM), --advantage.NAME
 VALUE, --task.NAME VALUE (the data set's options, see rlzoo tasks) and --peft.NAME VALUE (LoRA: the fields of
-peft.LoraConfig), values read as YAML scalars (0.28, 1e-3, true, null; inf for --loss / --advantage)."""
+peft.LoraConfig; --peft none turns a config file's LoRA off), values read as YAML scalars (0.28, 1e-3, true, null;
+inf for --loss / --advantage)."""
 
 _EVAL_HELP = """Greedy held-out accuracy and reward of a run's checkpoint (--run RUN: its task, prompts, answer extraction
 and reward functions) or of any model (--model), printed as JSON. Also the dotted options --task.NAME VALUE, and

@@ -214,11 +214,10 @@ def warn_caller(message: str) -> None:
     """A ``UserWarning`` attributed to the first frame outside rlzoo: the user's line that built the loss, however
     deep inside rlzoo (presets, ``with_options``, ``dataclasses.replace``, a ``__post_init__``) the check ran."""
     frame, level = sys._getframe(1), 2
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_THE_CALLER:
-        frame, level = frame.f_back, level + 1
-    if frame is None or frame.f_globals.get("__name__") == "runpy":  # python -m rlzoo: no user line
-        level = 2
-    warnings.warn(message, UserWarning, stacklevel=level)
+    while frame is not None and (frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_THE_CALLER
+                                 or frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__"):
+        frame, level = frame.f_back, level + 1  # (a dataclass's generated __init__ runs in its class's module)
+    warnings.warn(message, UserWarning, stacklevel=level if frame is not None else 2)
 
 
 def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:

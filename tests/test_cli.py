@@ -711,6 +711,8 @@ def test_help_is_plain_text(capsys, monkeypatch):
     assert "``" not in text and ":class:" not in text and "`" not in text
     assert "a .gguf file, 'smollm2-135m' or 'tiny-random'" in text
     assert "mse or k2, low_var_kl or k3 (both clamped" in text
+    assert "'pkg.module.function', 'module:function'" in text  # a continuation line starting with a quote
+    assert "--peft none turns a config file's LoRA off" in text
 
 
 def test_inf_and_nan_flag_values_are_floats_as_python_reads_them(capsys):

@@ -161,7 +161,8 @@ class VerlPolicyLoss:
             weights = rollout_is_weights.detach().to(work)
             sampler = old_log_prob.detach().to(work) - torch.log(weights)  # exp(old - sampler) == weights
             batch = dataclasses.replace(batch, rollout_logprobs=sampler, check_values=False)  # checked above
-        out = loss_fn(batch, _normalizer(info, aggregation, mask, dp_size))
+        local = Normalizer.from_masks(mask)
+        out = loss_fn(batch, _normalizer(info, aggregation, local, dp_size))
 
         with torch.no_grad():
             metrics = {f"actor/{k}": v for k, v in out.metrics.items() if not k.startswith("sampling/")}
@@ -177,28 +178,29 @@ class VerlPolicyLoss:
             if rollout_is_weights is not None:
                 bad = ((~torch.isfinite(weights) | (weights < 0)) & mask).any()
             names = sorted(metrics)
-            values = torch.stack([metrics[k].to(torch.float64).reshape(()) for k in names] + [bad.double()])
+            counts = [torch.as_tensor(c, dtype=torch.float64, device=mask.device)  # checked against verl's, below
+                      for c in (local.num_tokens, local.num_sequences)]
+            values = torch.stack([metrics[k].to(torch.float64).reshape(()) for k in names] + counts + [bad.double()])
             values = values.tolist()  # the one device sync
+        for key, mine in zip(("batch_num_tokens", "global_batch_size"), values[-3:-1], strict=True):
+            if info.get(key) is not None and info[key] < mine:  # a global count covers the micro-batch (0 read as 1)
+                raise ValueError(f"config.global_batch_info[{key!r}] is {info[key]}, fewer than this micro-batch's "
+                                 f"own {int(mine)}: it must count the whole mini-batch on all data-parallel ranks")
         if values[-1]:
             raise BatchError("rollout_is_weights holds a NaN/inf or negative value at a counted position")
-        return out.loss * dp_size, dict(zip(names, values[:-1], strict=True))
+        return out.loss * dp_size, dict(zip(names, values[:-3], strict=True))
 
 
-def _normalizer(info: dict[str, Any], aggregation: str, mask: Tensor, dp_size: int) -> Normalizer:
-    """verl's global counts (``batch_num_tokens``, ``global_batch_size``) or, without them, the micro-batch's."""
+def _normalizer(info: dict[str, Any], aggregation: str, local: Normalizer, dp_size: int) -> Normalizer:
+    """verl's global counts (``batch_num_tokens``, ``global_batch_size``) or, without them, the micro-batch's
+    (``local``)."""
     needed = _AGG_COUNT.get(aggregation)
     if dp_size > 1 and needed is not None and info.get(needed) is None:
         raise ValueError(
             f"config.global_batch_info[{needed!r}] is required when dp_size > 1 (loss_agg_mode={aggregation!r}), as "
             "in verl's agg_loss"
         )
-    local = Normalizer.from_masks(mask)
     tokens, sequences = info.get("batch_num_tokens"), info.get("global_batch_size")
-    for key, count, mine in (("batch_num_tokens", tokens, local.num_tokens),
-                             ("global_batch_size", sequences, local.num_sequences)):
-        if count is not None and count < mine:  # a global count covers this micro-batch (0 made a sum of a mean)
-            raise ValueError(f"config.global_batch_info[{key!r}] is {count}, fewer than this micro-batch's own "
-                             f"{int(mine)}: it must count the whole mini-batch on all data-parallel ranks")
     return Normalizer(
         num_tokens=local.num_tokens if tokens is None else tokens,
         num_sequences=local.num_sequences if sequences is None else sequences,

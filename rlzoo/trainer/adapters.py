@@ -201,6 +201,8 @@ def nonzero_update(model: Any) -> str | None:
                                (getattr(module, "lora_embedding_A", {}), getattr(module, "lora_embedding_B", {}))):
             for key in a_dict.keys() & b_dict.keys():
                 a, b = (getattr(x, "weight", x) for x in (a_dict[key], b_dict[key]))  # Linear / Conv, or a Parameter
+                if key in getattr(module, "lora_E", {}):  # AdaLoRA: B (A * E), zero while E is
+                    a = a * module.lora_E[key].reshape(-1, *[1] * (a.dim() - 1))
                 base = getattr(getattr(module, "get_base_layer", lambda: None)(), "weight", a)  # made in its dtype
                 tol = max(1e-6, 4 * torch.finfo(a.dtype).eps, 4 * torch.finfo(base.dtype).eps)
                 a, b = a.detach().double().flatten(1), b.detach().double().flatten(1)  # (r, in...), (out, r)

@@ -132,7 +132,8 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         device=precision.device, model=model,
         needs_reference="ref_logprobs" in loss_fn.required_fields() or config.use_kl_in_reward,
         tokenizer=tokenizer, peft_config=peft_config)
-    digest = weights_digest(policy_model)  # the base as loaded: a resume onto a changed --model is said
+    copied = isinstance(reference, AdapterDisabled) and reference.adapter is not None  # the reference: a copy
+    digest = weights_digest(policy_model, adapter=copied)  # the base as loaded: a resume onto a changed one is said
     if config.resume is not None and config.output_dir is not None:
         try:
             found = find_checkpoint(Checkpointer(CheckpointConfig(), RunDirectory(config.output_dir).checkpoints),
@@ -140,7 +141,7 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
         except FileNotFoundError:
             found = None  # the trainer says so
         if found is not None and dist.is_main:
-            check_digest(found, policy_model, model_name=config.model, doing="the run goes on")
+            check_digest(found, policy_model, model_name=config.model, doing="the run goes on", reference_copy=copied)
     trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
     if (trained and isinstance(reference, AdapterDisabled) and reference.adapter is None  # not LoRA: not copied
             and config.resume in (None, "auto") and dist.is_main and not fresh_lora(policy_model)):

@@ -68,9 +68,10 @@ def tyro_cli(cls: type, *, args: Sequence[str], prog: str, description: str, def
 
 
 def _join_docstring_lines() -> None:
-    """Make tyro join a field docstring's wrapped lines into one paragraph of help. tyro keeps a line break before
-    a line that does not start with a letter, and it sees the docstring's continuation lines still indented (it
-    dedents afterwards), so every wrapped field's help broke mid-sentence (``a .gguf`` / ``file, ...``)."""
+    """Make tyro join a field docstring's wrapped lines into one paragraph of help (blank lines and ``- `` items
+    kept). tyro keeps a line break before a line that does not start with a letter, and it sees the continuation
+    lines still indented (it dedents afterwards), so every wrapped field's help broke mid-sentence (``a .gguf`` /
+    ``file, ...``). The patch is tyro's, for the process: rlzoo's command line is its only tyro user here."""
     import textwrap
 
     try:
@@ -83,7 +84,8 @@ def _join_docstring_lines() -> None:
 
     def remove_single_line_breaks(helptext: str) -> str:
         first, _, rest = helptext.partition("\n")
-        return original(first + ("\n" + textwrap.dedent(rest) if rest else ""))
+        text = first + ("\n" + textwrap.dedent(rest) if rest else "")
+        return original(re.sub(r"(?<!\n)\n(?![\n\-*] )(?!\n)", " ", text))  # keep paragraphs and "- " items
 
     remove_single_line_breaks.rlzoo_dedents = True  # type: ignore[attr-defined]
     _strings.remove_single_line_breaks = remove_single_line_breaks

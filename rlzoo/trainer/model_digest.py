@@ -27,40 +27,64 @@ __all__ = ["check_digest", "weights_digest"]
 log = logging.getLogger("rlzoo.train")
 
 _SAMPLES = 256
+_NARROW = (torch.bfloat16, torch.float16)  # a base loaded in either compares with one loaded wider, rounded alike
 
 
-def weights_digest(model: Any) -> dict[str, str]:
-    """``{"dtype": ..., "sha256": ...}`` of ``model``'s base weights (adapter weights left out; see the module
-    docstring). ``model``: a Hugging Face model or a ``PeftModel``, its parameters whole (not yet sharded)."""
+def weights_digest(model: Any, *, adapter: bool = False) -> dict[str, str]:
+    """The digest of ``model``'s base weights (adapter weights left out; see the module docstring):
+    ``{"dtype": ..., "sha256": ...}`` of the samples as loaded, and ``"bfloat16"`` / ``"float16"``: of the samples
+    rounded to that dtype (what a load in it reads from a wider file), so that a base loaded in another dtype than
+    the run's is compared too. ``adapter``: also ``"adapter"``, the digest of the active adapter's weights (the
+    reference copy of an adapter trained already is made from it). ``model``: its parameters whole (not sharded)."""
     adapters = tuple(getattr(model, "peft_config", None) or ())
-    digest, dtypes = hashlib.sha256(), set()
+    active = getattr(model, "active_adapter", None) if adapters else None
+    digests = {key: hashlib.sha256() for key in ("sha256", *(str(d).removeprefix("torch.") for d in _NARROW))}
+    own, dtypes = hashlib.sha256(), set()
     for name, param in model.named_parameters():
-        if any(f".{adapter}." in f"{name}." for adapter in adapters):
-            continue  # lora_A.default.weight, ...: the adapter, not the base
+        sample = param.detach().reshape(-1)
+        sample = sample[:: max(1, sample.numel() // _SAMPLES)][:_SAMPLES].cpu().contiguous()
+        if any(f".{a}." in f"{name}." for a in adapters):  # lora_A.default.weight, ...: an adapter, not the base
+            if f".{active}." in f"{name}.":
+                own.update(name.encode() + sample.view(torch.uint8).numpy().tobytes())
+            continue
         name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        flat = param.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES].cpu().contiguous()
-        digest.update(f"{name}{tuple(param.shape)}".encode())
-        digest.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
         dtypes.add(str(param.dtype).removeprefix("torch."))
-    return {"dtype": ",".join(sorted(dtypes)), "sha256": digest.hexdigest()[:16]}
+        for key, digest in digests.items():
+            cast = sample if key == "sha256" else sample.to(getattr(torch, key))
+            digest.update(f"{name}{tuple(param.shape)}".encode() + cast.view(torch.uint8).numpy().tobytes())
+    out = {"dtype": ",".join(sorted(dtypes)), **{key: d.hexdigest()[:16] for key, d in digests.items()}}
+    return {**out, "adapter": own.hexdigest()[:16]} if adapter else out
 
 
-def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: str, doing: str) -> None:
+def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: str, doing: str,
+                 reference_copy: bool = False) -> None:
     """Warn when ``model`` (loaded now from ``model_name``) is not the base that ``checkpoint`` (a directory with a
-    ``trainer_state.json``) recorded as its ``model_digest``. Nothing is said for a checkpoint of an older rlzoo
-    (no digest) or a model loaded in another dtype than the run's.
+    ``trainer_state.json``) recorded as its ``model_digest``, or (when both recorded one) its starting adapter is
+    not the one recorded. Compared as loaded when the dtypes agree, else rounded to the narrower of the two (bfloat16
+    or float16); nothing is said for a checkpoint of an older rlzoo (no digest).
 
     Args:
         doing: what goes on over the changed base, for the message (e.g. "the run goes on").
+        reference_copy: the run's reference is a copy of its starting adapter (:mod:`rlzoo.trainer.reference_adapter`):
+            a checkpoint of an older rlzoo, whose reference for it was the base, is said to change the KL term.
     """
     try:
         recorded = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("model_digest")
     except (OSError, ValueError, AttributeError):
         return
+    if recorded is None and reference_copy:
+        log.warning("checkpoint %s was written by an older rlzoo, whose reference for an adapter trained already was "
+                    "its base model: from here on the reference is a frozen copy of the starting adapter (as TRL's), so "
+                    "the KL term is not the one the run had so far", checkpoint)
     if not isinstance(recorded, dict):
         return
-    now = weights_digest(model)
-    if now["dtype"] == recorded.get("dtype") and now["sha256"] != recorded.get("sha256"):
+    now = weights_digest(model, adapter="adapter" in recorded)
+    mine, theirs = now["dtype"], recorded.get("dtype")
+    key = "sha256" if mine == theirs else next((k for k in ("bfloat16", "float16") if k in (mine, theirs)), None)
+    if key is not None and key in recorded and now[key] != recorded[key]:
         log.warning("the model %s is not the one checkpoint %s started from (its weights differ: the folder or the "
                     "hub revision changed since); %s over the model as it is now", model_name, checkpoint, doing)
+    if "adapter" in recorded and mine == theirs and now.get("adapter") != recorded["adapter"]:
+        log.warning("the adapter of %s is not the one checkpoint %s started from (its reference is a frozen copy of "
+                    "it, made again at each start): the reference is now a copy of the adapter as it is now",
+                    model_name, checkpoint)

@@ -48,11 +48,14 @@ class AdapterDisabled:
                 yield scored
             return
         trained = self.policy.active_adapter
+        flags = [(p, p.requires_grad) for p in self.policy.parameters()]  # set_adapter makes a whole adapter trainable
         self.policy.set_adapter(self.adapter)
         try:
             yield scored
         finally:
-            self.policy.set_adapter(trained)  # peft's set_adapter: the active adapter trainable, the others frozen
+            self.policy.set_adapter(trained)
+            for param, flag in flags:  # exactly as before (a part of the adapter frozen by the user stays frozen)
+                param.requires_grad_(flag)
 
 
 @contextlib.contextmanager
@@ -81,15 +84,19 @@ def adapter_reference(model: Any) -> AdapterDisabled:
     """The reference of the PEFT ``model`` given trained (not made by the run): disabled for a new LoRA adapter
     (:func:`fresh_lora`) or one that is not LoRA (prefix tuning, IA3, AdaLoRA, which takes one adapter: the trainer
     warns when it is trained already); else a frozen copy of its adapter added as :data:`REFERENCE_ADAPTER` (the
-    copy's weights equal the adapter's bit for bit)."""
+    copy's weights equal the adapter's bit for bit). A model object given from Python keeps the copy after the run
+    (as TRL's keeps its ``ref`` adapter); a second run of it copies its adapter into it again."""
     from peft import AdaLoraConfig, LoraConfig
 
     name = model.active_adapter
     config = model.peft_config[name]
-    if (fresh_lora(model) or not isinstance(config, LoraConfig) or isinstance(config, AdaLoraConfig)  # one adapter
-            or REFERENCE_ADAPTER in model.peft_config):
+    if fresh_lora(model) or not isinstance(config, LoraConfig) or isinstance(config, AdaLoraConfig):  # one adapter
         return AdapterDisabled(model)
-    model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(config))
+    if REFERENCE_ADAPTER not in model.peft_config:  # else a model object trained before: its copy is made again
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        model.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(config))
+        for param, flag in flags:
+            param.requires_grad_(flag)
     params = dict(model.named_parameters())
     for key, param in params.items():
         if f".{name}." in key:

@@ -92,6 +92,7 @@ class Trackers:
         self.settings = dict(settings)
         self.run_id: str | None = None
         self._continues = False  # this start continues the recorded timeline
+        self._moved: set[str] = set()  # trackers whose project changed since the recorded timeline's last segment
         self._record: dict[str, Any] = {}
         self._tensorboard: Any = None
         self._trackio: Any = None
@@ -156,6 +157,12 @@ class Trackers:
         if self._continues:
             self._record = dict(record)
             log.info("trackers: continuing tracker run %s at step %d", record["id"], step)
+            moved = {t: (record["projects"].get(t), p) for t, p in self.projects.items()
+                     if isinstance(record.get("projects"), dict) and record["projects"].get(t) not in (None, p)}
+            self._moved = set(moved)
+            for tracker, (before, now) in moved.items():  # --project or $WANDB_PROJECT changed since the last segment
+                log.warning("trackers: the %s project is now %r, not %r as before: this timeline goes on in a new %s "
+                            "run of project %r", tracker, now, before, tracker, now)
         else:
             if step > 0 and isinstance(last, int):
                 log.warning("trackers: resumed at step %d, but tracker run %s already holds steps up to %d; this "
@@ -163,6 +170,7 @@ class Trackers:
                             step, record.get("id"), last)
             self._record = {"id": uuid.uuid4().hex[:8], "start_step": step, "step": step}
         self.run_id = self._record["id"]
+        self._record["projects"] = {t: p for t, p in self.projects.items() if t in self.names}
         self._write_record()
 
     def _write_record(self) -> None:
@@ -189,7 +197,9 @@ class Trackers:
 
         recorded = self._record.get("trackio_id")
         name = self._record.get("trackio_name") or self.run_name
-        if self._continues and not recorded:  # recorded before trackio runs had ids: the run is named NAME-ID
+        if "trackio" in self._moved:  # another project (said): a new trackio run there
+            self._trackio = start(self.run_name, "never")
+        elif self._continues and not recorded:  # recorded before trackio runs had ids: the run is named NAME-ID
             name = f"{self.run_name}-{self.run_id}"
             try:
                 self._trackio = start(name, "must")
@@ -199,7 +209,7 @@ class Trackers:
                 self._trackio = start(self.run_name, "never")
         else:
             self._trackio = start(name, "allow" if self._continues else "never")
-        if self._continues and recorded and self._trackio.id != recorded:  # the newest run of the name is not ours
+        if self._continues and recorded and self._trackio.id != recorded and "trackio" not in self._moved:
             log.warning("trackers: the newest trackio run named %r is not this timeline's (%s): another run uses the "
                         "same --run-name, or the trackio store moved; this timeline goes on in a new trackio run",
                         name, recorded)

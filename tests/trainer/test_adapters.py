@@ -588,9 +588,29 @@ def test_training_on_from_a_trained_adapter_keeps_a_frozen_copy_of_it_as_the_ref
     trainer = Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "fresh")),
                       model=fresh, tokenizer=tokenizer, reward_funcs=[digit_fraction])
     assert "trained already" not in caplog.text and trainer.reference.adapter is None  # disabled: no copy needed
+    ada = peft.get_peft_model(build_tiny_random()[0], peft.AdaLoraConfig(total_step=10, target_modules=["q_proj"]))
+    Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "ada")), model=ada,
+            tokenizer=tokenizer, reward_funcs=[digit_fraction])
+    assert "trained already" not in caplog.text  # AdaLoRA's update B (A E) starts at zero through E
+    # a trained adapter given from Python with its lora_A frozen by the user: the copy's scoring leaves it frozen
+    # (peft's set_adapter made the whole active adapter trainable); a second run of the object copies it again
+    given = peft.get_peft_model(build_tiny_random()[0], peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for key, param in given.named_parameters():
+            if "lora_B" in key:
+                param.normal_(std=0.1)  # trained: its update is not zero
+            param.requires_grad_(param.requires_grad and "lora_A" not in key)
+    trainable = {k for k, p in given.named_parameters() if p.requires_grad}
+    for i in range(2):
+        trainer = Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=2, output_dir=str(tmp_path / f"given{i}")),
+                          model=given, tokenizer=tokenizer, reward_funcs=[digit_fraction])
+        assert trainer.reference.adapter == REFERENCE_ADAPTER
+        rows = trainer.train()
+        assert rows[0]["kl"] == 0.0 and {k for k, p in given.named_parameters() if p.requires_grad} == trainable
+    assert "trained already" not in caplog.text
     Trainer(TrainConfig(**{**TINY, "peft": None, "model": adapter, "loss": {"beta": 0.0}}, max_steps=1,
                         output_dir=str(tmp_path / "nokl")), reward_funcs=[digit_fraction])
-    assert "is an adapter trained already" not in caplog.text
+    assert "trained already" not in caplog.text
 
 
 def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
@@ -603,8 +623,9 @@ def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
     from rlzoo.trainer.builtin_models import TinyRandomSpec
 
     base = tmp_path / "base"
-    for model_or_tokenizer in build_tiny_random():
-        model_or_tokenizer.save_pretrained(base)
+    model, tokenizer = build_tiny_random()
+    model.to(torch.bfloat16).save_pretrained(base)  # as hub models are: the run loads it in float32, export in bf16
+    tokenizer.save_pretrained(base)
     run = tmp_path / "run"
     config = TrainConfig(**{**TINY, "model": str(base)}, max_steps=1, output_dir=str(run))
     Trainer(config, reward_funcs=[digit_fraction]).train()
@@ -615,7 +636,7 @@ def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
     export_model(checkpoint, tmp_path / "same")  # the same base: nothing said
     Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction])
     assert "is not the one checkpoint" not in caplog.text
-    build_tiny_random(TinyRandomSpec(seed=7))[0].save_pretrained(base)  # the folder now holds another model
+    build_tiny_random(TinyRandomSpec(seed=7))[0].to(torch.bfloat16).save_pretrained(base)  # now another model
     export_model(checkpoint, tmp_path / "other")
     assert f"the model {base} is not the one checkpoint {checkpoint} started from (its weights differ" in caplog.text
     assert "the adapter is merged over the model as it is now" in caplog.text

@@ -681,6 +681,13 @@ def test_a_float32_answer_is_its_own_shortest_text():
                                       features=features)
     items = DatasetTask(name="floats", dataset=data, eval_size=4).eval_items()
     assert items and {item.answer for item in items} <= {"0.1", "0.9", "1.5", "2.1"}
+    big = datasets.Dataset.from_dict({"prompt": [f"q{i}" for i in range(12)], "answer": [1234567.0] * 12},
+                                     features=features)
+    assert {i.answer for i in DatasetTask(name="big", dataset=big, eval_size=2).eval_items()} == {"1234567.0"}
+    # a float64 training split beside a float32 held-out one keeps its own text (123456789 is no float32)
+    wide64 = datasets.Dataset.from_dict({"prompt": [f"t{i}" for i in range(8)], "answer": [123456789.0] * 8})
+    mixed = DatasetTask(name="mixed", dataset=wide64, eval_dataset=big, eval_size=2)
+    assert next(mixed.train_items()).answer == "123456789.0"
     wide = datasets.Dataset.from_dict({"prompt": [f"q{i}" for i in range(12)], "answer": [0.1 + 0.2] * 12})
     assert {item.answer for item in DatasetTask(name="f64", dataset=wide, eval_size=4).eval_items()} == {
         "0.30000000000000004"}  # float64: Python's own text

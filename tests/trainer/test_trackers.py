@@ -116,13 +116,13 @@ def _wandb_records(path) -> list:
     return records
 
 
-def _trackio_runs(name: str) -> list[list[int]]:
-    """The steps of each trackio run (project rlzoo) named ``name``, in the order created."""
+def _trackio_runs(name: str, project: str = "rlzoo") -> list[list[int]]:
+    """The steps of each trackio run of ``project`` named ``name``, in the order created."""
     from trackio.sqlite_storage import SQLiteStorage
 
-    records = sorted((r for r in SQLiteStorage.get_run_records("rlzoo") if r["name"] == name),
+    records = sorted((r for r in SQLiteStorage.get_run_records(project) if r["name"] == name),
                      key=lambda r: r["created_at"])
-    return [[entry["step"] for entry in SQLiteStorage.get_logs(project="rlzoo", run_id=r["id"])
+    return [[entry["step"] for entry in SQLiteStorage.get_logs(project=project, run_id=r["id"])
              if "x" in entry or "loss" in entry] for r in records]
 
 
@@ -195,6 +195,28 @@ def test_a_timeline_whose_run_name_another_run_took_goes_on_in_a_new_trackio_run
     assert again.run_id == a.run_id and "is not this timeline's" in caplog.text
     assert _trackio_runs(f"{tmp_path.name}-shared") == [[0, 1], [0], [2, 3]]  # b's run holds b's step only
     assert record("a")["trackio_id"] not in (first, record("b")["trackio_id"])
+
+
+def test_a_resume_into_another_project_says_so_and_starts_one_run_there(tmp_path, caplog):
+    """--project changed on resume: the timeline went on in the other project with a warning that another run took
+    its --run-name, and trackio made two runs there. It says the project moved and starts one run in it."""
+    import logging
+
+    def segment(project: str, start: int, steps: range) -> None:
+        trackers = Trackers(TrackingConfig(report_to="trackio", run_name=f"{tmp_path.name}-p", project=project),
+                            output_dir=tmp_path / "a", settings={})
+        trackers.open(start)
+        for step in steps:
+            trackers.log({"step": step, "x": float(step)})
+        trackers.close()
+
+    segment(f"{tmp_path.name}-one", 0, range(2))
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        segment(f"{tmp_path.name}-two", 1, range(2, 4))
+    assert (f"trackers: the trackio project is now '{tmp_path.name}-two', not '{tmp_path.name}-one' as before"
+            in caplog.text) and "is not this timeline's" not in caplog.text
+    assert _trackio_runs(f"{tmp_path.name}-p", f"{tmp_path.name}-one") == [[0, 1]]
+    assert _trackio_runs(f"{tmp_path.name}-p", f"{tmp_path.name}-two") == [[2, 3]]
 
 
 def test_a_run_recorded_before_trackio_ids_resumes_its_trackio_run(tmp_path, caplog):

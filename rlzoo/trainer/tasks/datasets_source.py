@@ -18,6 +18,7 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
@@ -217,7 +218,8 @@ class DatasetTask(Task):
         if missing:
             column, option = missing[0]
             extra = " (or --task.answer_column null for none)" if option == "answer_column" else ""
-            if len(columns) == 1 and any(sep in columns[0] for sep in ";|\t"):  # a CSV separated by another char
+            csv_file = ".csv" in [x.lower() for x in Path(self.name).suffixes[-2:]]
+            if csv_file and len(columns) == 1 and any(sep in columns[0] for sep in ";|\t"):  # another separator
                 extra += ("; a .csv file is read comma-separated: write it with commas, or tab-separated as .tsv")
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
@@ -256,10 +258,13 @@ class DatasetTask(Task):
         value, names = row[self.answer_column], self.__dict__["_label_names"]
         if names is not None and isinstance(value, int) and 0 <= value < len(names):
             return names[value]
-        if isinstance(value, float) and self.__dict__.get("_answer_dtype"):  # a float32 0.9 is 0.8999999761581421
+        kind = self.__dict__.get("_answer_dtype")
+        if isinstance(value, float) and kind:  # a float32 0.9 reads as 0.8999999761581421
             import numpy as np
 
-            return str(np.dtype(self.__dict__["_answer_dtype"]).type(value))
+            narrow = np.dtype(kind).type(value)
+            if float(narrow) == value:  # a value of that dtype (not a float64 one of another split): its own text
+                return np.format_float_positional(narrow, unique=True, trim="0")
         return str(value)
 
     def _check_rows(self, data: Any, origin: RowOrigin, limit: int | None = None) -> None:
