@@ -65,8 +65,9 @@ def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: 
 
     Args:
         doing: what goes on over the changed base, for the message (e.g. "the run goes on").
-        reference_copy: the run's reference is a copy of its starting adapter (:mod:`rlzoo.trainer.reference_adapter`):
-            a checkpoint of an older rlzoo, whose reference for it was the base, is said to change the KL term.
+        reference_copy: ``model`` is a resumed run's policy as rebuilt from ``--model``, whose reference is a copy
+            of its starting adapter (:mod:`rlzoo.trainer.reference_adapter`): that adapter is compared too, and a
+            checkpoint of an older rlzoo (whose reference for it was the base) is said to change the KL term.
     """
     try:
         recorded = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("model_digest")
@@ -78,13 +79,13 @@ def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: 
                     "the KL term is not the one the run had so far", checkpoint)
     if not isinstance(recorded, dict):
         return
-    now = weights_digest(model, adapter="adapter" in recorded)
+    now = weights_digest(model, adapter=reference_copy and "adapter" in recorded)
     mine, theirs = now["dtype"], recorded.get("dtype")
     key = "sha256" if mine == theirs else next((k for k in ("bfloat16", "float16") if k in (mine, theirs)), None)
     if key is not None and key in recorded and now[key] != recorded[key]:
         log.warning("the model %s is not the one checkpoint %s started from (its weights differ: the folder or the "
                     "hub revision changed since); %s over the model as it is now", model_name, checkpoint, doing)
-    if "adapter" in recorded and mine == theirs and now.get("adapter") != recorded["adapter"]:
+    if "adapter" in now and mine == theirs and now["adapter"] != recorded["adapter"]:
         log.warning("the adapter of %s is not the one checkpoint %s started from (its reference is a frozen copy of "
                     "it, made again at each start): the reference is now a copy of the adapter as it is now",
                     model_name, checkpoint)

@@ -580,6 +580,18 @@ def test_training_on_from_a_trained_adapter_keeps_a_frozen_copy_of_it_as_the_ref
         {k: v for k, v in r.items() if k not in timing} for r in want if r["step"] == 3]
     export_model(saved.parent, tmp_path / "merged")
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert "is not the one checkpoint" not in caplog.text  # nothing changed: nothing said
+    state = saved.parent / "trainer_state.json"  # a checkpoint of an older rlzoo (no digest): its reference was the base
+    recorded = json.loads(state.read_text())
+    state.write_text(json.dumps({k: v for k, v in recorded.items() if k != "model_digest"}))
+    Trainer(TrainConfig(**on, output_dir=str(tmp_path / "old"), resume=str(saved.parent)), reward_funcs=[digit_fraction])
+    assert f"checkpoint {saved.parent} was written by an older rlzoo, whose reference" in caplog.text
+    state.write_text(json.dumps(recorded))
+    shutil.copytree(saved, adapter, dirs_exist_ok=True)  # the --model adapter itself changed since the run started
+    Trainer(TrainConfig(**on, output_dir=str(tmp_path / "moved"), resume=str(saved.parent)),
+            reward_funcs=[digit_fraction])
+    assert f"the adapter of {adapter} is not the one checkpoint {saved.parent} started from" in caplog.text
+    caplog.clear()
     # a LoRA adapter just made (TRL users' get_peft_model(model, config)) starts at its base: no warning
     from rlzoo.trainer.models import build_tiny_random
 
