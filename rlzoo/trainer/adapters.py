@@ -68,7 +68,7 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
             an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`), a new adapter
             that does not start at a zero update when a reference is needed (:func:`_check_adapter_starts_at_zero`:
-            PiSSA, OLoRA, ...); and
+            PiSSA, OLoRA, ...); a PEFT model given whose adapter is not named "default" or is frozen; and
             the errors of :func:`rlzoo.trainer.models.load_model` and :func:`lora_config`.
     """
     import copy
@@ -120,6 +120,14 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         model.peft_config["default"].base_model_name_or_path = model_config.model
     if is_peft_model(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if peft_config is None and model.active_adapter != "default":  # peft saves another name in a subfolder
+            raise ValueError(f"the model's adapter is named {model.active_adapter!r}: name it 'default' (peft writes "
+                             "another adapter into a subfolder, which checkpoints, rlzoo eval and export do not read)")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("the model's adapter is frozen, so nothing would train (PeftModel.from_pretrained loads "
+                             "one with is_trainable=False): load it with PeftModel.from_pretrained(..., "
+                             "is_trainable=True), or give its directory as --model")
 
         if isinstance(model.get_output_embeddings(), BaseTunerLayer):
             raise ValueError("an adapter on the output layer (lm_head) would not train: the log-probs read "

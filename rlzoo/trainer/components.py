@@ -140,8 +140,9 @@ def build_models(config: TrainConfig, loss_fn: PolicyLoss, *, dist: Distributed,
                                     config.resume)
         except FileNotFoundError:
             found = None  # the trainer says so
-        if found is not None and dist.is_main:
-            check_digest(found, policy_model, model_name=config.model, doing="the run goes on", reference_copy=copied)
+        if found is not None:  # its digest goes on into this segment's checkpoints: the model the run started from
+            digest = check_digest(found, policy_model, model_name=config.model, doing="the run goes on",
+                                  reference_copy=copied, warn=dist.is_main) or digest
     trained = is_peft_model(policy_model) and peft_config is None and config.peft is None  # its own adapter trains on
     if (trained and isinstance(reference, AdapterDisabled) and reference.adapter is None  # not LoRA: not copied
             and config.resume in (None, "auto") and dist.is_main and not fresh_lora(policy_model)):

@@ -49,6 +49,8 @@ VLLM = Switch("backend", lambda value: value == "vllm", "--backend vllm")
 FSDP = Switch("parallelism", lambda value: value == "fsdp", "--parallelism fsdp")
 TRACKERS = Switch("report_to", lambda value: any(n.strip() not in ("", "none") for n in value.split(",")),
                   "--report-to TRACKERS")
+PROJECT_TRACKERS = Switch("report_to", lambda value: bool({"trackio", "wandb", "all"} & {n.strip() for n in value.split(",")}),
+                          "--report-to trackio or wandb")
 HELD_OUT = Switch("eval_size", lambda value: value > 0, "--eval-size N (N > 0)")
 
 DEPENDENT_OPTIONS: tuple[Dependent, ...] = (
@@ -62,7 +64,7 @@ DEPENDENT_OPTIONS: tuple[Dependent, ...] = (
     Dependent("vllm_gpu_memory_utilization", (VLLM,)),
     Dependent("fsdp_cpu_offload", (FSDP,)),
     Dependent("run_name", (TRACKERS,), "it names the run in the trackers"),
-    Dependent("project", (TRACKERS,), "the trackio / wandb project"),
+    Dependent("project", (PROJECT_TRACKERS,), "the trackio / wandb project"),
     Dependent("eval_steps", (HELD_OUT,)),
     Dependent("exclude_eval_questions", (HELD_OUT,)),
 )

@@ -57,14 +57,16 @@ def weights_digest(model: Any, *, adapter: bool = False) -> dict[str, str]:
 
 
 def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: str, doing: str,
-                 reference_copy: bool = False) -> None:
+                 reference_copy: bool = False, warn: bool = True) -> dict[str, str] | None:
     """Warn when ``model`` (loaded now from ``model_name``) is not the base that ``checkpoint`` (a directory with a
     ``trainer_state.json``) recorded as its ``model_digest``, or (when both recorded one) its starting adapter is
     not the one recorded. Compared as loaded when the dtypes agree, else rounded to the narrower of the two (bfloat16
-    or float16); nothing is said for a checkpoint of an older rlzoo (no digest).
+    or float16); nothing is said for a checkpoint of an older rlzoo (no digest). Returns the recorded digest (None
+    without one): a resumed run records it in its own checkpoints, so each names the model the run started from.
 
     Args:
         doing: what goes on over the changed base, for the message (e.g. "the run goes on").
+        warn: False: only return the recorded digest (a rank other than the first).
         reference_copy: ``model`` is a resumed run's policy as rebuilt from ``--model``, whose reference is a copy
             of its starting adapter (:mod:`rlzoo.trainer.reference_adapter`): that adapter is compared too, and a
             checkpoint of an older rlzoo (whose reference for it was the base) is said to change the KL term.
@@ -72,13 +74,15 @@ def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: 
     try:
         recorded = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("model_digest")
     except (OSError, ValueError, AttributeError):
-        return
+        return None
+    if not warn:
+        return recorded if isinstance(recorded, dict) else None
     if recorded is None and reference_copy:
         log.warning("checkpoint %s was written by an older rlzoo, whose reference for an adapter trained already was "
                     "its base model: from here on the reference is a frozen copy of the starting adapter (as TRL's), so "
                     "the KL term is not the one the run had so far", checkpoint)
     if not isinstance(recorded, dict):
-        return
+        return None
     now = weights_digest(model, adapter=reference_copy and "adapter" in recorded)
     mine, theirs = now["dtype"], recorded.get("dtype")
     key = "sha256" if mine == theirs else next((k for k in ("bfloat16", "float16") if k in (mine, theirs)), None)
@@ -89,3 +93,4 @@ def check_digest(checkpoint: str | os.PathLike[str], model: Any, *, model_name: 
         log.warning("the adapter of %s is not the one checkpoint %s started from (its reference is a frozen copy of "
                     "it, made again at each start): the reference is now a copy of the adapter as it is now",
                     model_name, checkpoint)
+    return recorded

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["REFERENCE_ADAPTER", "AdapterDisabled", "adapter_reference", "fresh_lora", "scoring_model"]
 
-REFERENCE_ADAPTER = "reference"
+REFERENCE_ADAPTER = "rlzoo_reference"
 """The name of the frozen copy of a trained adapter that scores the reference."""
 
 

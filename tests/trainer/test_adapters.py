@@ -653,5 +653,21 @@ def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
     assert f"the model {base} is not the one checkpoint {checkpoint} started from (its weights differ" in caplog.text
     assert "the adapter is merged over the model as it is now" in caplog.text
     caplog.clear()
-    Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction])
+    Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction]).train()
     assert f"checkpoint {checkpoint} started from" in caplog.text and "the run goes on over the model" in caplog.text
+    later = json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["model_digest"]
+    assert later == recorded  # the model the run started from, not the one this segment loaded: still checked
+
+
+def test_a_peft_model_given_with_another_adapter_name_or_frozen_is_refused():
+    """A PeftModel whose adapter is named otherwise than 'default' wrote checkpoints that rlzoo eval and export could
+    not load (peft saves it in a subfolder); one loaded with is_trainable=False failed with torch's "optimizer got an
+    empty parameter list". Both are refused at start, saying what to do."""
+    base, tokenizer = build_tiny_random()
+    named = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]), adapter_name="pol")
+    with pytest.raises(ValueError, match=r"^the model's adapter is named 'pol': name it 'default'"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1), model=named, tokenizer=tokenizer)
+    frozen = get_peft_model(build_tiny_random()[0], LoraConfig(r=4, target_modules=["q_proj"])).requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^the model's adapter is frozen, so nothing would train .* "
+                                         r"is_trainable=True"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1), model=frozen, tokenizer=tokenizer)

@@ -19,6 +19,13 @@ SET = {"kl_ctrl": "adaptive", "kl_coef": 0.5, "kl_penalty": "abs", "target_kl": 
 OFF = {"eval_size": 0}  # the switches whose default is on
 
 
+def test_a_project_without_a_tracker_that_has_projects_is_inert():
+    """--project with --report-to tensorboard (no projects there) was taken silently."""
+    assert inert_options(TrainConfig(project="sweep", report_to="tensorboard")) == [
+        "--project sweep has no effect without --report-to trackio or wandb (the trackio / wandb project)"]
+    assert inert_options(TrainConfig(project="sweep", report_to="tensorboard,wandb")) == []
+
+
 def test_the_reported_options_each_get_one_line_naming_the_switch():
     lines = inert_options(TrainConfig(kl_coef=0.5, kl_penalty="abs", target_kl=3, max_sampling_rounds=9,
                                       overlong_penalty=3))

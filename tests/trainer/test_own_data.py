@@ -108,6 +108,8 @@ def test_hub_style_directory_and_save_to_disk_and_csv(tmp_path, caplog):
     for spec in (tmp_path / "disk", tmp_path / "rows.csv", tmp_path / "rows.tsv"):
         task = load_task(str(spec), kwargs={"prompt_column": "question"}, eval_size=0)
         assert sorted(task.dataset["question"]) == sorted(r["question"] for r in rows)
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "rows.tsv.parquet"))  # parquet, whatever its stem
+    assert len(load_task(str(tmp_path / "rows.tsv.parquet"), kwargs={"prompt_column": "question"}, eval_size=0).dataset) == 30
     (tmp_path / "semi.csv").write_text("question;answer\n1 + 1 =;2\n")  # another separator: said, with the way out
     with pytest.raises(ValueError, match=r"no column 'question'; its columns: 'question;answer'; choose one with "
                                          r"--task.prompt_column; a \.csv file is read comma-separated: write it with "
@@ -817,6 +819,9 @@ def test_a_template_without_a_system_role_and_system_prompt_is_one_line():
                                          r"System role not supported\); --system-prompt adds a system message, which "
                                          r"this template may not take$"):
         format_prompt(tok, "2 + 2?", system_prompt="be brief")
+    with pytest.raises(ValueError, match=r"failed on a conversational prompt \(TemplateError: System role not "
+                                         r"supported\); --system-prompt added a system message"):
+        render_prompt(tok, [{"role": "user", "content": "2 + 2?"}], "be brief")  # a data set's prompt, the same
 
 
 def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not_the_run(tmp_path, caplog):

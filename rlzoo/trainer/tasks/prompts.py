@@ -73,7 +73,8 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
         assert isinstance(prompt, str)
         return prompt
     messages = [dict(m) for m in prompt]
-    if system_prompt is not None and not any(m["role"] == "system" for m in messages):
+    added = system_prompt is not None and not any(m["role"] == "system" for m in messages)
+    if added:
         messages.insert(0, {"role": "system", "content": system_prompt})
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("conversational prompts need a tokenizer with a chat_template; this tokenizer has none")
@@ -87,6 +88,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[st
         parts = any(not isinstance(m.get("content"), str) for m in messages)
         hint = ("; a message's content is not a string (a list of parts, the multimodal format), which a text "
                 "model's template does not take: give each content as a string") if parts else ""
+        hint += "; --system-prompt added a system message, which this template may not take" if added else ""
         raise ValueError(f"the model's chat template failed on a conversational prompt ({type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}){hint}") from err
     assert isinstance(text, str)
