@@ -24,19 +24,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from rlzoo.batch import LossOutput, Normalizer, PolicyBatch
-from rlzoo.losses import composition, off_policy
+from rlzoo.losses import composition, functional, off_policy
 from rlzoo.losses.base import Aggregation, LossInputs, Metrics, Part
 from rlzoo.losses.composition import SLOTS  # re-exported: rlzoo.losses.policy_loss.SLOTS
 from rlzoo.losses.correction import Correction
-from rlzoo.losses.functional import (
-    finite_exp,
-    masked_max,
-    masked_mean,
-    masked_min,
-    one_per_token,
-    require,
-    weighted,
-)
+from rlzoo.losses.functional import finite_exp, masked_max, masked_mean, masked_min, one_per_token, require
 from rlzoo.losses.off_policy import PROX_LOGP_METHODS, Rejection, loglinear_proximal_logprobs
 from rlzoo.losses.penalty import Penalty
 from rlzoo.losses.surrogate import RatioLevel, Surrogate
@@ -195,11 +187,11 @@ class PolicyLoss:
         per_token = one_per_token(per_token, x.mask, f"surrogate {self.surrogate.label()!r}")
         metrics = dict(metrics)
         if is_weight is not None and not self.surrogate.folds_is_weight:
-            per_token = weighted(per_token, is_weight)
+            per_token = functional.weighted(per_token, is_weight)
         for part in self.weights:
             if part.active:
                 weight, part_metrics = part(x)
-                per_token = weighted(per_token, one_per_token(weight, x.mask, f"token weight {part.label()!r}"))
+                per_token = functional.weighted(per_token, one_per_token(weight, x.mask, f"token weight {part.label()!r}"))
                 metrics.update(part_metrics)
         return per_token, metrics
 
