@@ -8,9 +8,11 @@ adapter went on over another base. The checkpoint records :func:`weights_digest`
 
 The digest samples each tensor (at most 256 evenly spaced values, their bytes in the loaded dtype) with its name
 and shape: a re-initialised, retrained or other model changes it; reading it costs a few milliseconds whatever the
-model's size. It is compared only between loads in the same dtype (a ``--dtype`` change on resume is not a
-different model). Adapter weights are left out, and a PEFT model's parameter names are read as its base model's,
-so the base of a LoRA run and the plain model it was loaded from have one digest.
+model's size. Loads in two dtypes are compared rounded to the narrower one (bfloat16 or float16, as a load in it
+rounds a wider file), so a ``--dtype`` change or an export in the file's dtype is no different model. Adapter
+weights are left out, and a PEFT model's parameter names are read as its base model's, so the base of a LoRA run
+and the plain model it was loaded from have one digest; a reference copied from a trained adapter
+(:mod:`rlzoo.trainer.reference_adapter`) also records that starting adapter's digest, checked on resume.
 """
 
 import hashlib
