@@ -330,7 +330,8 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: 
     problem is, for a task with answers, left out with a warning (accuracy is still evaluated), as the trainer's
     :meth:`Evaluator.check_rewards` does; so are, when ``inherited_rewards`` (a run's, not asked for), reward
     functions that cannot be loaded (a moved file, a package not installed). ``global_step``: the functions'
-    ``trainer_state.global_step`` (a checkpoint's step; the epoch is not restored).
+    ``trainer_state.global_step`` (a checkpoint's step; the epoch is not restored). A checkpoint's adapter loaded
+    onto a base that changed since its run started is warned about (:func:`~rlzoo.trainer.model_digest.check_digest`).
 
     Raises:
         ValueError: ``eval_size`` < 1; a task without reference answers and without reward functions (names
@@ -339,7 +340,11 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: 
             (of inherited reward functions: for a task without answers only).
         RewardFunctionError: a reward function fails on the held-out set of a task without answers.
     """
+    from pathlib import Path
+
+    from rlzoo.trainer.adapters import is_peft_model
     from rlzoo.trainer.config import RewardConfig
+    from rlzoo.trainer.model_digest import check_digest
     from rlzoo.trainer.models import load_model
     from rlzoo.trainer.rewards import build_rewards
 
@@ -373,6 +378,10 @@ def evaluate(config: TrainConfig, *, evaluation_only: bool = True, global_step: 
             rewards.trainer_state.global_step = global_step
     model, tokenizer = load_model(config.model, dtype=precision.inference_dtype, device=precision.device)
     model.eval()
+    if is_peft_model(model):  # a checkpoint's adapter (CKPT or CKPT/model) on the base it names: the run's own?
+        source = Path(config.model)
+        check_digest(source if (source / "trainer_state.json").is_file() else source.parent, model,
+                     model_name=model.peft_config["default"].base_model_name_or_path, doing="the adapter is evaluated")
     rollout = config.section(RolloutConfig)
     generator = HFGenerator(tokenizer, max_completion_length=rollout.max_completion_length,
                             max_prompt_length=rollout.max_prompt_length, share_prefix=False)

@@ -645,13 +645,18 @@ def test_a_lora_resume_or_export_onto_a_changed_base_warns(tmp_path, caplog):
     recorded = json.loads((checkpoint / "trainer_state.json").read_text())["model_digest"]
     assert recorded["dtype"] == "float32" and len(recorded["sha256"]) == 16
     caplog.set_level(logging.WARNING, logger="rlzoo.train")
+    from rlzoo.trainer.eval_run import EvalArgs, eval_result
+
     export_model(checkpoint, tmp_path / "same")  # the same base: nothing said
     Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction])
+    eval_result(EvalArgs(model=str(checkpoint), eval_size=2))
     assert "is not the one checkpoint" not in caplog.text
     build_tiny_random(TinyRandomSpec(seed=7))[0].to(torch.bfloat16).save_pretrained(base)  # now another model
     export_model(checkpoint, tmp_path / "other")
     assert f"the model {base} is not the one checkpoint {checkpoint} started from (its weights differ" in caplog.text
     assert "the adapter is merged over the model as it is now" in caplog.text
+    eval_result(EvalArgs(model=str(checkpoint), eval_size=2))  # rlzoo eval of the checkpoint: said too
+    assert "the adapter is evaluated over the model as it is now" in caplog.text
     caplog.clear()
     Trainer(dataclasses.replace(config, max_steps=2, resume="latest"), reward_funcs=[digit_fraction]).train()
     assert f"checkpoint {checkpoint} started from" in caplog.text and "the run goes on over the model" in caplog.text
