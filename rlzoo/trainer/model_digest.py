@@ -1,4 +1,4 @@
-"""A digest of the model a run starts from, so that a resume or an export onto a changed ``--model`` is said.
+"""A digest of the model a run starts from: a resume, export or evaluation onto a changed ``--model`` is said.
 
 A LoRA checkpoint holds only the adapter: a resume rebuilds the base from ``--model``, and ``rlzoo export`` merges
 the adapter onto the base its ``adapter_config.json`` names; a full fine-tune's reference model (``beta > 0``) is
