@@ -17,7 +17,7 @@ from typing import Any
 
 from rlzoo.trainer.tasks.rows import RowOrigin
 
-__all__ = ["FILE_BUILDERS", "is_dataset_spec", "load_dataset_rows", "load_dataset_source"]
+__all__ = ["FILE_BUILDERS", "data_suffix", "is_dataset_spec", "load_dataset_rows", "load_dataset_source"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -28,7 +28,7 @@ COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 """Compressed text files ``datasets`` decompresses as it reads them (``d.jsonl.gz``)."""
 
 
-def _data_suffix(path: Path) -> str | None:
+def data_suffix(path: Path) -> str | None:
     """The suffix that names a data file's type, lower case (``.csv`` of ``d.CSV.gz``), or None."""
     suffixes = [s.lower() for s in path.suffixes[-2:]]
     if len(suffixes) == 2 and suffixes[1] in COMPRESSIONS and suffixes[0] != ".parquet":
@@ -38,7 +38,7 @@ def _data_suffix(path: Path) -> str | None:
 
 def file_builder(path: Path) -> str | None:
     """The ``datasets`` builder of a data file's name (``.jsonl``, ``.JSONL``, ``.csv.gz``...), or None."""
-    suffix = _data_suffix(path)
+    suffix = data_suffix(path)
     return FILE_BUILDERS.get(suffix) if suffix else None
 
 
@@ -123,7 +123,7 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
     try:
         if path.is_file():
-            tabs = {"sep": "\t"} if _data_suffix(path) == ".tsv" else {}
+            tabs = {"sep": "\t"} if data_suffix(path) == ".tsv" else {}
             loaded = datasets.load_dataset(builder, data_files=str(path), **tabs)
         elif not path.exists() and (builder is not None or spec.startswith(("./", "../", "/", "~"))):  # no hub id
             raise FileNotFoundError(f"task {'file' if builder else 'path'} {spec!r} does not exist")

@@ -24,6 +24,7 @@ from typing import Any
 from rlzoo.trainer.tasks.base import Task, TaskItem, derive_seed
 from rlzoo.trainer.tasks.dataset_loading import (
     FILE_BUILDERS,
+    data_suffix,
     is_dataset_spec,
     load_dataset_rows,
     load_dataset_source,
@@ -218,9 +219,9 @@ class DatasetTask(Task):
         if missing:
             column, option = missing[0]
             extra = " (or --task.answer_column null for none)" if option == "answer_column" else ""
-            csv_file = ".csv" in [x.lower() for x in Path(self.name).suffixes[-2:]]
-            if csv_file and len(columns) == 1 and any(sep in columns[0] for sep in ";|\t"):  # another separator
-                extra += ("; a .csv file is read comma-separated: write it with commas, or tab-separated as .tsv")
+            one = columns[0] if len(columns) == 1 else ""
+            if data_suffix(Path(self.name)) == ".csv" and any(sep in one for sep in ";|\t"):  # another separator
+                extra += "; a .csv file is read comma-separated: write it with commas, or tab-separated as .tsv"
             raise ValueError(f"task {self.name!r}: the {what} data has no column {column!r}; its columns: "
                              f"{', '.join(map(repr, columns))}; choose one with --task.{option}{extra}")
         from rlzoo.trainer.reward_functions import REWARD_ARGUMENTS
