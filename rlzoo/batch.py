@@ -340,8 +340,10 @@ class Normalizer:
             >= 0. Used by "token-mean". It is the divisor as given: at least the batch's own counted tokens for a
             loss that is the batch's share (not checked, which would synchronise the device on every call); 0
             is clamped to 1, so a batch without a counted token gives a loss of 0.
-        num_sequences: sequences with at least one counted token in the whole optimizer-step batch, finite
-            and >= 0 (fully masked rows are inert, as in verl). Used by the "seq-mean-*" aggregations.
+        num_sequences: the sequences of the whole optimizer-step batch, finite and >= 0; the divisor of the
+            "seq-mean-*" aggregations. :meth:`from_masks` counts those with at least one counted token (a fully
+            masked row is inert, as in verl's ``agg_loss`` without ``global_batch_info``); TRL's and verl's
+            trainers, and ``rlzoo train``, count every row (a fully masked row adds 0 to the sum).
         group_num_tokens: ``Int[G]`` (or ``Float[G]``) or None; the counted tokens of each group (prompt) of the optimizer-step
             batch, indexed by :attr:`PolicyBatch.group_index`. Used by "prompt-mean"; groups with 0 counted
             tokens are inert (see :attr:`num_groups`).

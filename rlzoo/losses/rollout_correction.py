@@ -345,11 +345,12 @@ class RolloutRejection(Rejection, name="rollout_rs"):
             invalid threshold.
         BatchError: when called with ``PolicyBatch.rollout_logprobs`` None while rollout_rs is set.
 
-    A sequence whose every token is rejected leaves the counts altogether, ``num_sequences`` included (fully masked
-    rows are inert, rlzoo's convention for every aggregation). verl's ``agg_loss`` does the same when it counts
-    the sequences itself; its engine-based trainer (``ray_trainer``, 0.9.1) passes ``global_batch_size`` = every
-    row of the mini-batch instead, so with a ``seq_*`` criterion and a ``seq-mean-*`` aggregation verl divides by
-    more sequences there (the token-mean aggregations agree).
+    A sequence whose every token is rejected leaves the loss-level counts altogether (``Normalizer.from_batch``,
+    a call without a normalizer), ``num_sequences`` included, as verl's ``agg_loss`` does when it counts the
+    sequences itself. verl's engine-based trainer (``ray_trainer``, 0.9.1) passes ``global_batch_size`` = every
+    row of the mini-batch instead, and so does ``rlzoo train`` (its ``num_sequences`` is every row): with a
+    ``seq_*`` criterion and a ``seq-mean-*`` aggregation both divide by the rejected rows too (the token-mean
+    aggregations agree either way).
 
     References:
         Matches verl 0.9.1 ``rollout_corr_helper.compute_rollout_rejection_mask`` (verl's mean divides by

@@ -91,11 +91,18 @@ class OptimizerStepBatch:
         """This rank's counts of the step (:meth:`rlzoo.Normalizer.from_masks` over ``masks``, the
         :meth:`counted_masks`, with the group and positive-reward counts when ``fields`` (:meth:`loss_fields`)
         hold their inputs, and :attr:`is_weight_sums`); sum them over the ranks
-        (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`)."""
+        (:meth:`~rlzoo.trainer.distributed.Distributed.normalizer`).
+
+        ``num_sequences`` is every row, a row without a counted token (truncated under
+        ``mask_truncated_completions``, rejected whole by a rollout rejection) included as 0: the seq-mean
+        aggregations divide by the batch's rows as TRL 1.16's grpo / dr_grpo (``.mean()`` over the micro-batch)
+        and verl 0.9.1's trainer (``global_batch_size`` = ``ppo_mini_batch_size * rollout.n``) do."""
         groups = [f["group_index"] for f in fields] if fields and "group_index" in fields[0] else None
         rewards = [f["rewards"] for f in fields] if fields and "rewards" in fields[0] else None
         normalizer = Normalizer.from_masks(*masks, group_index=groups, rewards=rewards,
                                            num_groups=self.num_groups * world_size if groups is not None else None)
+        rows = torch.tensor(sum(m.shape[0] for m in masks), device=masks[0].device)
+        normalizer = dataclasses.replace(normalizer, num_sequences=rows)
         if self.is_weight_sums is None:
             return normalizer
         total, number = self.is_weight_sums.to(masks[0].device).unbind()

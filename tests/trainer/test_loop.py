@@ -525,16 +525,20 @@ def test_overlong_punishment_follows_dapo():
 
 
 def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path, monkeypatch):
-    """DAPO's mask_truncated_completions: truncated rows count in neither the loss nor its normalizer, while
-    the length metrics still report them (their real lengths, as TRL logs them)."""
+    """DAPO's mask_truncated_completions: truncated rows leave the loss and its token count but stay in its
+    sequence count as 0 (TRL 1.16's grpo takes the mean over every row, verl's trainer divides by every row of
+    the mini-batch), while the length metrics still report them (their real lengths, as TRL logs them)."""
     from rlzoo.losses import PolicyLoss
 
+    def varied(prompts, completions, **columns):  # rewards that differ within a group: a non-zero loss
+        return [float(sum(map(ord, c)) % 5) for c in completions]
+
     trainer = Trainer(_config(tmp_path, mask_truncated_completions=True, max_completion_length=3, eval_size=0,
-                              max_steps=1))
+                              max_steps=1, reward_funcs=()), reward_funcs=[varied])
     seen = []
     original = PolicyLoss.__call__
     monkeypatch.setattr(PolicyLoss, "__call__", lambda self, batch, normalizer=None: (
-        seen.append((batch.completion_mask.clone(), normalizer)) or original(self, batch, normalizer=normalizer)))
+        seen.append((batch, normalizer)) or original(self, batch, normalizer=normalizer)))
     rollouts = []
     generate = trainer.rollouts.generate
 
@@ -546,11 +550,18 @@ def test_mask_truncated_completions_removes_them_from_the_loss(tmp_path, monkeyp
 
     monkeypatch.setattr(trainer.rollouts, "generate", half_truncated)
     history = trainer.train()
-    (rollout,), ((mask, normalizer),) = rollouts, seen
-    truncated = rollout.is_truncated
+    (rollout,), ((batch, normalizer),) = rollouts, seen
+    mask, truncated = batch.completion_mask, rollout.is_truncated
     assert mask.shape == rollout.completion_mask.shape
     assert int(mask.sum()) == int(rollout.completion_mask[~truncated].sum()) == float(normalizer.num_tokens)
-    assert int(mask.any(-1).sum()) == int((~truncated).sum())
+    assert int(mask.any(-1).sum()) == int((~truncated).sum()) < rollout.num_completions
+    assert int(normalizer.num_sequences) == rollout.num_completions
+    kept = int((~truncated).sum())
+    # the seq-mean loss is the kept rows' own mean scaled by kept / rows: TRL's mean over every row
+    own_mean = original(trainer.loss_fn, batch).loss.detach()
+    torch.testing.assert_close(original(trainer.loss_fn, batch, normalizer=normalizer).loss.detach(),
+                               own_mean * kept / rollout.num_completions)
+    assert float(own_mean) != 0.0
     lengths = rollout.completion_mask.sum(-1).float()
     assert history[-1]["completions/mean_length"] == pytest.approx(float(lengths.mean()))
     assert history[-1]["completions/clipped_ratio"] == pytest.approx(float(truncated.float().mean()))
