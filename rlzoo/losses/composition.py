@@ -59,14 +59,16 @@ SLOTS = (
 _LOSS_OPTIONS = ("max_completion_length", "bypass_mode", "prox_logp_method")
 
 
-def _resolve(value: Any, slot: Slot) -> Part:
-    """A part for ``slot`` from a part or a registered name; a TypeError for a part of another slot."""
+def _resolve(value: Any, slot: Slot, given_as: str | None = None) -> Part:
+    """A part for ``slot`` from a part or a registered name; a TypeError naming ``given_as`` (the option it came
+    from; default the loss's field) for a part of another slot."""
     if isinstance(value, str):
         return slot.base.registry.get(value)()
     if not isinstance(value, slot.base):
         article = "an" if slot.base.__name__[0] in "AEIOU" else "a"
         raise TypeError(
-            f"PolicyLoss.{slot.field} must be {article} {slot.base.__name__} part or one of the registered names "
+            f"{given_as or f'PolicyLoss.{slot.field}'} must be {article} {slot.base.__name__} part or one of the "
+            f"registered names "
             f"{', '.join(slot.base.registry.names())}; got {type(value).__name__}"
         )
     return value
@@ -98,7 +100,8 @@ def resolve(loss: "PolicyLoss") -> None:
 
     Raises:
         UnknownNameError: an unknown part name (lists the valid ones).
-        TypeError: a part in the wrong slot.
+        TypeError: a part in the wrong slot, or a tuple slot (rejections, weights, penalties) given something
+            other than a tuple or list.
         ValueError: two parts of one class in a slot, an IS correction the surrogate cannot take, a bad
             max_completion_length, a non-bool bypass_mode, an unknown prox_logp_method, or bypass_mode with
             prox_logp_method="loglinear".
@@ -106,6 +109,11 @@ def resolve(loss: "PolicyLoss") -> None:
     for slot in SLOTS:
         value = getattr(loss, slot.field)
         if slot.many:
+            if not isinstance(value, (tuple, list)):
+                one = repr(value) if isinstance(value, str) else f"{type(value).__name__}(...)"
+                raise TypeError(f"PolicyLoss.{slot.field} takes a tuple of {slot.base.__name__} parts or registered "
+                                f"names ({', '.join(slot.base.registry.names())}), got {type(value).__name__}: write "
+                                f"{slot.field}=" + ("() for none" if value is None else f"({one},)"))
             resolved: Any = tuple(_resolve(p, slot) for p in value)
             kinds = [type(p) for p in resolved]
             if len(kinds) != len(set(kinds)):
@@ -214,7 +222,7 @@ def with_options(loss: "PolicyLoss", overrides: Mapping[str, Any]) -> "PolicyLos
     rest = dict(overrides)
     for slot in SLOTS:
         if slot.swap_option is not None and slot.swap_option in rest:
-            fields[slot.field] = _resolve(rest.pop(slot.swap_option), slot)
+            fields[slot.field] = _resolve(rest.pop(slot.swap_option), slot, given_as=slot.swap_option)
     for option in _LOSS_OPTIONS:
         if option in rest:
             fields[option] = rest.pop(option)

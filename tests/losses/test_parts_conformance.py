@@ -125,6 +125,31 @@ def test_a_part_in_the_wrong_slot_is_refused(slot, name, cls):
             PolicyLoss(**fields)
 
 
+@pytest.mark.parametrize("slot", [s for s in SLOTS if s.many], ids=lambda s: s.field)
+def test_a_tuple_slot_given_one_part_a_name_or_none_says_to_write_a_tuple(slot):
+    """A single part, a single name or None in a tuple slot is a TypeError naming the field and the tuple to
+    write (a name was read letter by letter, a part was 'not iterable')."""
+    name = slot.base.registry.names()[0]
+    part = slot.base.registry.get(name)()
+    for value, hint in ((name, f"{slot.field}=({name!r},)"), (part, f"{slot.field}=({type(part).__name__}(...),)"),
+                        (None, f"{slot.field}=() for none")):
+        with runtime_type_checker_off(), pytest.raises(TypeError) as info:
+            PolicyLoss(surrogate=PPOClip(), **{slot.field: value})
+        assert str(info.value).startswith(f"PolicyLoss.{slot.field} takes a tuple of {slot.base.__name__} parts")
+        assert str(info.value).endswith(hint)
+    with runtime_type_checker_off():  # a list is taken as the tuple it spells
+        assert getattr(PolicyLoss(surrogate=PPOClip(), **{slot.field: [name]}), slot.field) == (part,)
+
+
+@pytest.mark.parametrize("slot", [s for s in SLOTS if s.swap_option], ids=lambda s: s.swap_option)
+def test_a_bad_value_of_a_swap_option_names_the_option(slot):
+    """get_loss("grpo", importance_sampling_level=None) names the option the user wrote, not the loss's field."""
+    with runtime_type_checker_off(), pytest.raises(TypeError, match=f"^{slot.swap_option} must be an? "
+                                                   f"{slot.base.__name__} part or one of the registered names .*"
+                                                   "got NoneType$"):
+        rlzoo.get_loss("grpo", **{slot.swap_option: None})
+
+
 # ----------------------------------------------------------------------------------------------- contract
 @pytest.mark.parametrize(("slot", "name", "cls"), MEMBERS, ids=IDS)
 @FAST
