@@ -27,8 +27,8 @@ not passed. Losses that need what TRL does not compute (a teacher's log-probs fo
 ``prox_logp_method="loglinear"``) are refused at construction (:func:`resolve_loss`).
 
 Normalisation. For an optimizer step, ``N`` is the number of counted tokens and ``S`` the number of sequences of
-its ``gradient_accumulation_steps`` micro-batches on all ``P`` processes (``S`` counts every row for the default
-TRL loss, as TRL does, and the rows with a counted token for any other rlzoo loss, as rlzoo and verl do). The
+its ``gradient_accumulation_steps`` micro-batches on all ``P`` processes (``S`` counts every row, a row without a
+counted token included, for every loss: as TRL's grpo, verl's trainer and ``rlzoo train`` divide). The
 counted tokens are those of ``loss_fn.loss_mask`` (:meth:`rlzoo.losses.PolicyLoss.loss_mask`): the completion
 mask (times TRL's ``tool_mask``) minus the tokens the loss's rollout rejection drops (``rollout_rs``, M2PO),
 judged from TRL's old and sampler log-probs. Each micro-batch's loss is ``P * loss_fn(micro_batch,
@@ -111,7 +111,7 @@ _REWARDS_KEY = "rlzoo_rewards"
 # PolicyBatch fields the TRL path can fill (each under its condition, checked by resolve_loss).
 _PROVIDED_FIELDS = frozenset({"ref_logprobs", "rollout_logprobs", "entropies", "group_index", "rewards"})
 # Columns of a slice's counts before the per-prompt token counts.
-_SCALAR_COUNTS = 4  # tokens, rows, sequences (rows with a counted token), tokens of rows with reward > 0
+_SCALAR_COUNTS = 3  # tokens, rows, tokens of rows with reward > 0
 
 
 def resolve_loss(
@@ -168,51 +168,72 @@ def resolve_loss(
         resolved = resolved.with_options(max_completion_length=args.max_completion_length)
 
     policy = resolved.loss if isinstance(resolved, TRLGRPOLoss) else resolved
-    name = policy.name or "the loss"
+    name = f"loss {policy.name!r}" if policy.name else "the loss"
+
+    def fix(options: str) -> str:  # the call that gives the user's loss these options, keeping its others
+        if isinstance(loss, str):
+            return f"rlzoo.get_loss({loss!r}, {options})"
+        if isinstance(loss, TRLGRPOLoss):
+            return f"dataclasses.replace(loss, loss=loss.loss.with_options({options}))"
+        return f"loss.with_options({options})"
+
     needed = resolved.required_fields()
     ignored = {field: getattr(args, field) for field, default in GRPO_LOSS_DEFAULTS.items()
                if field not in _STILL_READ and getattr(args, field) != default}
     if loss is not None and ignored.get("use_adaptive_entropy"):  # the controller is TRL's trainer state: not run
         raise ValueError(
             "GRPOConfig.use_adaptive_entropy=True is not supported: TRL's adaptive entropy controller is trainer "
-            f"state, not a loss, and loss {name!r} does not run it; set use_adaptive_entropy=False and give the loss "
-            f"a fixed entropy_coef: rlzoo.get_loss({name!r}, entropy_coef=...)"
+            f"state, not a loss, and {name} does not run it; set use_adaptive_entropy=False and give the loss "
+            f"a fixed entropy_coef: {fix('entropy_coef=...')}"
         )
     if loss is not None and ignored and isinstance(resolved, PolicyLoss):  # a TRLGRPOLoss is built from them
         warnings.warn(
-            f"GRPOTrainer(loss={name!r}) replaces TRL's loss, so these GRPOConfig loss settings are not used: "
-            + ", ".join(f"{field}={value!r}" for field, value in ignored.items())
-            + f" (give them to the rlzoo loss, e.g. rlzoo.get_loss({name!r}, ...); `rlzoo explain {name}` lists "
-            "its options), or pass no loss to train TRL's own",
+            f"GRPOTrainer(loss={repr(policy.name) if policy.name else '...'}) replaces TRL's loss, so these GRPOConfig loss settings are "
+            "not used: " + ", ".join(f"{field}={value!r}" for field, value in ignored.items())
+            + f" (give them to the rlzoo loss, e.g. {fix('...')}; "
+            + (f"`rlzoo explain {policy.name}` lists" if policy.name else "loss.options() lists")
+            + " its options), or pass no loss to train TRL's own",
             UserWarning,
             stacklevel=3,
+        )
+    if "teacher_logprobs" in needed:
+        raise ValueError(
+            f"{name} needs a teacher's log-probs, which TRL's GRPOTrainer does not compute; use "
+            f"rlzoo train --algorithm {policy.name or 'opd'} --teacher MODEL (docs/trainer.md)"
+        )
+    missing = sorted(needed - _PROVIDED_FIELDS)  # first: no GRPOConfig setting helps
+    if missing:
+        uses = sorted({use for field in missing for use in policy.needed_by(field)})
+        raise ValueError(
+            f"{name} needs PolicyBatch.{', PolicyBatch.'.join(missing)} (for {', '.join(uses)}), which TRL's "
+            "GRPOTrainer does not provide; train it with rlzoo train, or use the loss without "
+            + ("it" if len(uses) == 1 else "them")
         )
     own_beta = policy.options().get("beta")  # the KL penalty's weight (0 / None: no KL penalty)
     if "ref_logprobs" in needed and args.beta == 0:
         if not own_beta:  # a part of the user's reads the reference, not a KL penalty
             raise ValueError(
-                f"loss {name!r} needs reference log-probs (for {', '.join(policy.needed_by('ref_logprobs'))}), but "
+                f"{name} needs reference log-probs (for {', '.join(policy.needed_by('ref_logprobs'))}), but "
                 "GRPOConfig.beta=0.0, so TRL loads no reference model: set GRPOConfig(beta=...) to any non-zero value "
                 "(TRL then computes ref_per_token_logps; the loss does not read GRPOConfig.beta)"
             )
         raise ValueError(
-            f"loss {name!r} has a KL penalty (beta={own_beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
+            f"{name} has a KL penalty (beta={own_beta}) and needs reference log-probs, but GRPOConfig.beta=0.0, "
             f"so TRL loads no reference model: set GRPOConfig(beta={own_beta}) (any non-zero value makes TRL compute "
             f"ref_per_token_logps; the loss's own beta weights the KL), or drop the penalty: "
-            f"rlzoo.get_loss({name!r}, beta=0.0)"
+            f"{fix('beta=0.0')}"
         )
     if loss is not None and own_beta and "ref_logprobs" in needed and args.beta not in (0, own_beta):
         warnings.warn(
             f"GRPOConfig.beta={args.beta} only makes TRL compute reference log-probs: the KL penalty is weighted by "
-            f"the loss's own beta={own_beta} (loss {name!r}); give it yours: rlzoo.get_loss({name!r}, "
-            f"beta={args.beta})",
+            f"the loss's own beta={own_beta} ({name}); give it yours: {fix(f'beta={args.beta}')}",
             UserWarning,
             stacklevel=3,
         )
     if loss is not None and "ref_logprobs" not in needed and args.beta != 0:
         warnings.warn(
             f"GRPOConfig.beta={args.beta} makes TRL load a reference model and compute its log-probs every generation, "
-            f"but loss {name!r} has no KL penalty, so they are unused: set GRPOConfig(beta=0.0) to save that time "
+            f"but {name} has no KL penalty, so they are unused: set GRPOConfig(beta=0.0) to save that time "
             "and memory",
             UserWarning,
             stacklevel=3,
@@ -223,9 +244,9 @@ def resolve_loss(
         bound = "" if clip_max is None else f", is_max={clip_max}"
         warnings.warn(
             f"GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True) asks for TRL's correction of the "
-            f"vLLM sampler's drift ({args.vllm_importance_sampling_mode!r}), but loss {name!r} has none, so no "
-            f"correction is applied: give the loss one, e.g. rlzoo.get_loss({name!r}, is_correction="
-            f"{args.vllm_importance_sampling_mode!r}{bound}), or set "
+            f"vLLM sampler's drift ({args.vllm_importance_sampling_mode!r}), but {name} has none, so no "
+            f"correction is applied: give the loss one, e.g. "
+            f"{fix(f'is_correction={args.vllm_importance_sampling_mode!r}{bound}')}, or set "
             "vllm_importance_sampling_correction=False",
             UserWarning,
             stacklevel=3,
@@ -233,14 +254,14 @@ def resolve_loss(
     if "rollout_logprobs" in needed and not (args.use_vllm or has_rollout_func):
         uses = policy.needed_by("rollout_logprobs")
         raise ValueError(
-            f"loss {name!r} needs the sampler's log-probs for {', '.join(uses)}, which TRL has only from vLLM: set "
+            f"{name} needs the sampler's log-probs for {', '.join(uses)}, which TRL has only from vLLM: set "
             "GRPOConfig(use_vllm=True) (or pass a rollout_func that returns logprobs), or use the loss without "
             + ("it" if len(uses) == 1 else "them")
         )
     rejections = [p.describe() for p in policy.rejections if p.active]
     if rejections and not policy.bypass_mode and not _trl_computes_old_logprobs(args):
         raise ValueError(
-            f"loss {name!r} rejects tokens ({', '.join(rejections)}) by comparing the old log-probs with the "
+            f"{name} rejects tokens ({', '.join(rejections)}) by comparing the old log-probs with the "
             "sampler's, and the optimizer step's token counts need them before the forward pass, but TRL computes "
             "no old log-probs under this GRPOConfig: set GRPOConfig(vllm_importance_sampling_correction=True) with "
             "use_vllm=True (TRL then computes them; the rlzoo loss, not TRL's IS ratio, is used), or num_iterations "
@@ -249,24 +270,11 @@ def resolve_loss(
     if "group_index" in needed and args.steps_per_generation % args.gradient_accumulation_steps != 0:
         uses = policy.needed_by("group_index")
         raise ValueError(
-            f"loss {name!r} needs each completion's prompt (group_index) for {', '.join(uses)}, known only within "
+            f"{name} needs each completion's prompt (group_index) for {', '.join(uses)}, known only within "
             f"one generation batch, but GRPOConfig.steps_per_generation="
             f"{args.steps_per_generation} is not a multiple of gradient_accumulation_steps="
             f"{args.gradient_accumulation_steps}, so an optimizer step spans two: set steps_per_generation to a "
             "multiple of it (TRL's default makes them equal)"
-        )
-    if "teacher_logprobs" in needed:
-        raise ValueError(
-            f"loss {name!r} needs a teacher's log-probs, which TRL's GRPOTrainer does not compute; use "
-            f"rlzoo train --algorithm {name} --teacher MODEL (docs/trainer.md)"
-        )
-    missing = sorted(needed - _PROVIDED_FIELDS)
-    if missing:
-        uses = sorted({use for field in missing for use in policy.needed_by(field)})
-        raise ValueError(
-            f"loss {name!r} needs PolicyBatch.{', PolicyBatch.'.join(missing)} (for {', '.join(uses)}), which TRL's "
-            "GRPOTrainer does not provide; train it with rlzoo train, or use the loss without "
-            + ("it" if len(uses) == 1 else "them")
         )
     return resolved
 
@@ -290,8 +298,7 @@ class _StepCounts:
     """Counts of an optimizer step (or a slice of one) over all processes."""
 
     tokens: float
-    rows: float
-    sequences: float  # rows with at least one counted token
+    rows: float  # every row, a row without a counted token included (the seq-mean divisor, as TRL and verl)
     positive_tokens: float  # tokens of the rows with reward > 0 (0 without rewards)
     group_tokens: Tensor | None = None  # Int[G]: counted tokens per prompt id (None without group ids)
 
@@ -357,13 +364,13 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.loss_fn: PolicyLoss | TRLGRPOLoss = (
             early if early is not None else resolve_loss(loss, self.args, has_rollout_func=has_rollout_func)
         )
-        # TRL's loss divides grpo/sapo/dr_grpo/luspo by every row; rlzoo's own losses count rows with a token.
-        self._count_every_row = isinstance(self.loss_fn, TRLGRPOLoss)
         self._counted_buffer: list | None = None
-        self._slice_totals: Tensor | None = None  # [steps_per_generation, 4 (+ prompt ids)], summed over processes
-        self._slice_scalars: list[list[float]] = []  # their first 4 columns, on the host
+        self._slice_totals: Tensor | None = None  # [steps_per_generation, 3 (+ prompt ids)], summed over processes
+        self._slice_scalars: list[list[float]] = []  # their first 3 columns, on the host
         self._rewards_per_func: Tensor | None = None
         policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+        self._sampler_needed_by = (policy.needed_by("rollout_logprobs")
+                                   if "rollout_logprobs" in self.loss_fn.required_fields() else [])
         # rollout_is_batch_normalize: the generation batch's IS weight sums, counted when TRL has old log-probs
         self._counts_is_weights = policy.counts_is_weights and _trl_computes_old_logprobs(self.args)
         self._is_weight_totals: Tensor | None = None  # Float[2], the buffered generation batch's, over processes
@@ -465,6 +472,13 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         """TRL's ``_prepare_inputs``; after a new generation, count every slice of its buffer once."""
         inputs = super()._prepare_inputs(generation_batch)
+        if inputs.get("sampling_per_token_logps") is None and self._sampler_needed_by:
+            policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
+            raise ValueError(
+                f"{f'loss {policy.name!r}' if policy.name else 'the loss'} needs the sampler's log-probs (for "
+                f"{', '.join(self._sampler_needed_by)}), but TRL's batch has none: "
+                + ("vLLM returned none" if self.args.use_vllm else "the rollout_func returned no 'logprobs' (return "
+                   "the sampler's per-token log-probs of each completion under 'logprobs')"))
         if self.model.training and self._buffered_inputs is not self._counted_buffer:
             self._slice_totals = self._count_slices(self._buffered_inputs)
             self._slice_scalars = self._slice_totals[:, :_SCALAR_COUNTS].tolist()  # the one device sync
@@ -489,7 +503,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         return self.accelerator.reduce(torch.stack(local).sum(0), reduction="sum")
 
     def _count_slices(self, slices: list[Mapping[str, Any]]) -> Tensor:
-        """``[len(slices), 4 + G]``: each micro-batch slice's counts (:meth:`_local_counts`) summed over processes
+        """``[len(slices), 3 + G]``: each micro-batch slice's counts (:meth:`_local_counts`) summed over processes
         (one all-reduce)."""
         num_groups = self._num_groups(slices, sum(int(s["completion_mask"].shape[0]) for s in slices))
         local = torch.stack([self._local_counts(s, num_groups) for s in slices])
@@ -504,12 +518,12 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _local_counts(self, inputs: Mapping[str, Any], num_groups: int | None) -> Tensor:
         """This process's counts of one micro-batch, over the tokens the loss counts (:meth:`_counted_mask`):
-        ``[tokens, rows, rows with a counted token, tokens of rows with reward > 0, tokens of prompt 0, ...]``."""
+        ``[tokens, rows, tokens of rows with reward > 0, tokens of prompt 0, ...]``."""
         lengths = self._counted_mask(inputs, completion_mask_from_trl_inputs(inputs)).sum(-1)
         rewards = inputs.get(_REWARDS_KEY)
         positive = lengths.new_zeros(()) if rewards is None else torch.where(rewards > 0, lengths, 0).sum()
         rows = torch.full((), lengths.shape[0], dtype=lengths.dtype, device=lengths.device)
-        scalars = torch.stack([lengths.sum(), rows, (lengths > 0).sum(), positive])
+        scalars = torch.stack([lengths.sum(), rows, positive])
         if num_groups is None:
             return scalars
         per_group = lengths.new_zeros(num_groups).index_add(0, inputs[_GROUP_INDEX_KEY].long(), lengths)
@@ -546,15 +560,15 @@ class GRPOTrainer(trl.GRPOTrainer):
     @staticmethod
     def _as_step_counts(scalars: list[float], totals: Tensor | None) -> _StepCounts:
         groups = None if totals is None or totals.shape[-1] == _SCALAR_COUNTS else totals[_SCALAR_COUNTS:]
-        tokens, rows, sequences, positive = scalars
-        return _StepCounts(tokens=tokens, rows=rows, sequences=sequences, positive_tokens=positive, group_tokens=groups)
+        tokens, rows, positive = scalars
+        return _StepCounts(tokens=tokens, rows=rows, positive_tokens=positive, group_tokens=groups)
 
     def _normalizer(self, inputs: Mapping[str, Any]) -> Normalizer:
         counts = self._step_counts(inputs)
         is_sums = self._is_weight_totals if self.model.training else self._is_weight_sums([inputs])
         return Normalizer(
             num_tokens=counts.tokens,
-            num_sequences=counts.rows if self._count_every_row else counts.sequences,
+            num_sequences=counts.rows,
             group_num_tokens=counts.group_tokens,
             num_positive_tokens=counts.positive_tokens if _REWARDS_KEY in inputs else None,
             is_weight_sum=None if is_sums is None else is_sums[0],
@@ -628,7 +642,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         weighted by each process's tokens of the metric (its completion tokens, ``mask``, or the loss's count in
         ``out.metric_tokens``: under a rollout rejection the policy term's metrics are over the kept tokens;
         ``entropy`` over every completion token, as TRL logs it), extremes over the processes that have such a
-        token (a process whose tokens were all rejected reports placeholder 0s for the policy term's)."""
+        token (a process whose tokens were all rejected reports placeholder 0s for the policy term's); an extreme
+        no process has a token for is NaN, which TRL's ``log`` leaves out of its average (as TRL's ``nanmin`` of
+        a micro-batch without a completion token)."""
         mode = "train" if self.model.training else "eval"
         metrics = {k: v for k, v in out.metrics.items() if not k.startswith(_GENERATION_METRICS)}
         # TRL's policy_loss: a micro-batch's share of the step's loss for the loss types it normalises by the
@@ -655,8 +671,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             lowest = torch.where(has, values, torch.inf).amin(0)
             reductions = torch.stack([
                 (values * weight).sum(0) / weight.sum(0).clamp(min=1),  # token-weighted mean (TRL's global mean)
-                torch.where(has.any(0), highest, 0.0),
-                torch.where(has.any(0), lowest, 0.0),
+                torch.where(has.any(0), highest, torch.nan),
+                torch.where(has.any(0), lowest, torch.nan),
                 values.sum(0) * share,  # policy_loss as TRL logs it for the loss type
                 values.mean(0),  # aux_loss, as TRL
             ]).tolist()  # the one device sync

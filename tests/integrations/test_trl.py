@@ -121,6 +121,23 @@ def test_default_loss_trains_exactly_like_trl(tiny, tmp_path, case, gradient_acc
         assert any(0.0 < row[f"clip_ratio/{side}_mean"] < 1.0 for row in got_logs for side in ("low", "high"))
 
 
+def test_an_explicit_loss_divides_by_every_row_as_trl_under_mask_truncated_completions(tiny, tmp_path):
+    """mask_truncated_completions masks whole rows; TRL's grpo still divides by every row, and so does an explicit
+    rlzoo loss (rlzoo.get_loss("grpo") with TRL's default bias-corrected KL is TRL's grpo at beta 0.04): the same
+    per-step losses and final weights. It divided by the rows with a counted token, a larger loss whenever a
+    completion was truncated."""
+    args = config(tmp_path, loss_type="grpo", beta=0.04, mask_truncated_completions=True,
+                  gradient_accumulation_steps=2)
+    want_logs, want_weights, _ = train(trl.GRPOTrainer, tiny, args)
+    loss = rlzoo.get_loss("grpo", use_bias_correction_kl=True)
+    got_logs, got_weights, trainer = train(GRPOTrainer, tiny, args, loss=loss)
+    assert not isinstance(trainer.loss_fn, TRLGRPOLoss)
+    assert any(0.0 < row["completions/clipped_ratio"] < 1.0 for row in want_logs)  # some rows masked, not all
+    for got, want in zip(got_logs, want_logs, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], abs=REFERENCE_ATOL, rel=0)
+    torch.testing.assert_close(got_weights, want_weights, atol=REFERENCE_ATOL, rtol=0)
+
+
 def test_entropy_bonus_with_an_entropy_mask_trains_like_trl(tiny, tmp_path):
     """With one micro-batch per step (the case docs/integrations.md calls equal) the entropy bonus under
     top_entropy_quantile < 1 is TRL's mean over the kept tokens: it was divided by all tokens (step 0's loss
@@ -217,7 +234,7 @@ def test_gmpo_trains_and_micro_batches_sum_to_the_optimizer_step(tiny, tmp_path,
         mask = full.completion_mask
         for _, normalizer, _ in calls:
             assert normalizer.num_tokens == mask.sum().item()
-            assert normalizer.num_sequences == mask.any(-1).sum().item()
+            assert normalizer.num_sequences == mask.shape[0]
         total = sum(loss for _, _, loss in calls)
         want = recorder.loss_fn(full).loss
         assert float(total) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
@@ -336,6 +353,30 @@ def test_a_grpo_config_beta_other_than_the_losss_warns_and_adaptive_entropy_is_r
         resolve_loss("dapo", adaptive)
     with pytest.raises(ValueError, match=r"^GRPOConfig.use_adaptive_entropy=True is not supported"):
         resolve_loss(None, adaptive)
+
+
+def test_advice_for_a_loss_object_keeps_its_options_and_fields_trl_never_provides_come_first():
+    """The call a message advises keeps the user's other options: loss.with_options(...) for a loss object
+    (rlzoo.get_loss('dapo', beta=0.5) dropped kl_estimator='k1'; a composed loss was called 'the loss' in a
+    get_loss call that raised). A loss needing fields no GRPOConfig setting gives (loglinear's versions) says so
+    first, instead of advising use_vllm=True, after which it still failed."""
+    args = types.SimpleNamespace(**{**GRPO_LOSS_DEFAULTS, "steps_per_generation": 1, "gradient_accumulation_steps": 1,
+                                    "max_completion_length": 8, "use_vllm": False})
+    with pytest.warns(UserWarning, match=r"\(loss 'dapo'\); give it yours: loss.with_options\(beta=0.5\)$"):
+        resolve_loss(rlzoo.get_loss("dapo", beta=0.1, kl_estimator="k1"), types.SimpleNamespace(**{**vars(args),
+                                                                                                  "beta": 0.5}))
+    composed = rlzoo.losses.PolicyLoss(surrogate="ppo_clip", penalties=(rlzoo.losses.KLPenalty(beta=0.04),))
+    with pytest.raises(ValueError, match=r"^the loss has a KL penalty \(beta=0.04\).*drop the penalty: "
+                                         r"loss.with_options\(beta=0.0\)$"):
+        resolve_loss(composed, args)
+    with pytest.warns(UserWarning, match=r"^GRPOTrainer\(loss=...\) replaces TRL's loss.*epsilon=0.3 \(give them "
+                                         r"to the rlzoo loss, e.g. loss.with_options\(...\); loss.options\(\) lists"):
+        resolve_loss(dataclasses.replace(composed, penalties=()), types.SimpleNamespace(**{**vars(args),
+                                                                                           "epsilon": 0.3}))
+    with pytest.raises(ValueError, match=r"^loss 'dapo' needs PolicyBatch.current_version, PolicyBatch.versions "
+                                         r"\(for prox_logp_method='loglinear'\), which TRL's GRPOTrainer does not "
+                                         r"provide"):
+        resolve_loss(rlzoo.get_loss("dapo", prox_logp_method="loglinear"), args)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
@@ -508,18 +549,47 @@ def test_a_process_whose_tokens_are_all_rejected_leaves_the_metric_extremes_to_t
         k: logged[k] for k in rejected}
 
 
+def test_an_extreme_without_a_token_on_any_process_is_nan_which_trl_leaves_out_of_its_average(tiny, tmp_path):
+    """A micro-batch without a completion token (mask_truncated_completions masked every row) appends NaN for the
+    clip extremes, as TRL's nanmin / nanmax do, so TRL's log averages the other micro-batches' (0 dragged the
+    step's clip_ratio/low_min down, and logged 0 where TRL logs None)."""
+    trainer = _hand_fed(tiny, tmp_path, "dapo")
+    g = torch.Generator().manual_seed(0)
+    b, p, t = 2, 3, 4
+    inputs = {"prompt_ids": torch.randint(3, 200, (b, p), generator=g), "prompt_mask": torch.ones(b, p, dtype=torch.long),
+              "completion_ids": torch.randint(3, 200, (b, t), generator=g),
+              "completion_mask": torch.zeros(b, t, dtype=torch.long), "advantages": torch.tensor([1.0, -1.0]),
+              "old_per_token_logps": None, "num_items_in_batch": torch.tensor(0)}
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, inputs)
+    logged = trainer._metrics["eval"]
+    assert math.isnan(logged["clip_ratio/low_min"][-1]) and math.isnan(logged["clip_ratio/high_max"][-1])
+    assert logged["clip_ratio/low_mean"][-1] == 0.0  # a mean over no token is 0, as TRL's global_masked_mean
+    logged["clip_ratio/low_min"].append(0.5)  # another micro-batch's
+    trainer.log({})
+    assert trainer.state.log_history[-1]["eval_clip_ratio/low_min"] == 0.5
+
+
 # ------------------------------------------------------------- fields TRL does not return, and the counted tokens
 def _steps(calls, per_step):
     """The recorded calls, ``per_step`` (the accumulation steps) per optimizer step."""
     return [calls[i : i + per_step] for i in range(0, len(calls), per_step)]
 
 
+def _with_every_row(batch, loss_fn):
+    """``(batch, its Normalizer)`` counting every row in num_sequences, as the trainer does (and TRL's grpo, and
+    verl's trainer): a row whose every token a rejection dropped adds 0 to the seq-mean and 1 to its divisor."""
+    policy = loss_fn.loss if isinstance(loss_fn, TRLGRPOLoss) else loss_fn
+    counts = rlzoo.Normalizer.from_batch(batch, loss=policy)
+    return batch, dataclasses.replace(counts, num_sequences=batch.completion_mask.shape[0])
+
+
 def _assert_micro_batches_sum_to_the_step(calls, loss_fn, logs):
     """Each step's micro-batch losses (with the trainer's Normalizer) sum to the loss of the step's whole batch
-    (its own counts), which TRL logged."""
+    (its own counts, every row in num_sequences), which TRL logged."""
     for calls_of_step, row in zip(_steps(calls, len(calls) // len(logs)), logs, strict=True):
         total = sum(loss for _, _, loss in calls_of_step)
-        want = loss_fn(_concat([batch for batch, _, _ in calls_of_step])).loss
+        want = loss_fn(*_with_every_row(_concat([batch for batch, _, _ in calls_of_step]), loss_fn)).loss
         assert float(total) == pytest.approx(float(want), abs=REFERENCE_ATOL, rel=0)
         assert float(total) == pytest.approx(row["loss"], abs=REFERENCE_ATOL, rel=0)
 
@@ -638,6 +708,21 @@ REJECTING_LOSSES = {
 }
 
 
+def test_a_rollout_func_without_logprobs_is_named_when_the_loss_needs_them(tiny, tmp_path):
+    """Construction accepts a loss needing sampler log-probs when a rollout_func may return them; one that returns
+    "logprobs": None (which TRL accepts) is named at the first batch (it was a BatchError on rollout_logprobs)."""
+    path, tokenizer = tiny
+    inner = sampler(tokenizer)
+    trainer = GRPOTrainer(model=path, reward_funcs=vowels, args=config(tmp_path, max_steps=1), processing_class=tokenizer,
+                          loss=rlzoo.get_loss("dapo", is_correction="token_truncate", is_max=2.0),
+                          train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS * 4}),
+                          rollout_func=lambda prompts, trainer: {**inner(prompts, trainer), "logprobs": None})
+    with pytest.raises(ValueError, match=r"^loss 'dapo' needs the sampler's log-probs \(for its sampler/trainer IS "
+                                         r"correction .*\), but TRL's batch has none: the rollout_func returned no "
+                                         r"'logprobs'"):
+        trainer.train()
+
+
 def _train_sampled(tiny, tmp_path, loss, **settings):
     """(recorder of the loss's calls, per-step logs) of a run with sampler log-probs (:func:`sampler`), 2 micro-batches
     per optimizer step, 4 per generation batch, 2 passes over it (num_iterations 2: TRL computes old log-probs)."""
@@ -672,7 +757,7 @@ def test_rejected_tokens_leave_the_step_counts(tiny, tmp_path, case):
         rejected += sum(b.completion_mask.sum().item() for b in batches) - tokens
         for _, normalizer, _ in calls_of_step:
             assert normalizer.num_tokens == tokens
-            assert normalizer.num_sequences == sum(m.any(-1).sum().item() for m in counted)
+            assert normalizer.num_sequences == sum(m.shape[0] for m in counted)
     if case == "bypass":
         assert rejected == 0
     else:

@@ -209,7 +209,7 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
                                     rollout_logprobs=full.rollout_logprobs)
         for c in calls:
             assert c["num_tokens"] == counted.sum().item()
-            assert c["num_sequences"] == counted.any(-1).sum().item()
+            assert c["num_sequences"] == counted.shape[0]  # every row, as TRL's grpo and verl's trainer divide
         if name == "rollout_rs":
             assert counted.sum() < full.completion_mask.sum()  # the rejection dropped tokens
         if name == "prompt_mean":
@@ -220,7 +220,8 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
             positive = (counted & (full.rewards > 0)[:, None]).sum().item()
             assert 0 < positive < counted.sum().item()
             assert all(c["num_positive_tokens"] == positive for c in calls)
-        normalizer = None
+        normalizer = dataclasses.replace(rlzoo.Normalizer.from_batch(full, loss=loss_fn),
+                                         num_sequences=full.completion_mask.shape[0])
         if name == "rollout_is_norm":  # the generation batch's sums: every micro-batch of both ranks, once each
             whole = _step_batch([c for rank in per_rank for c in rank])
             sums = loss_fn.is_weight_sums(whole.completion_mask, old_logprobs=whole.old_logprobs,
@@ -231,8 +232,7 @@ def test_two_ranks_count_the_optimizer_step_over_both(two_ranks, name):
             for c in calls:
                 assert c["is_weight_sums"][0] == pytest.approx(float(sums[0]), rel=1e-6)
                 assert c["is_weight_sums"][1] == float(sums[1])
-            normalizer = dataclasses.replace(rlzoo.Normalizer.from_masks(counted), is_weight_sum=sums[0],
-                                             num_is_weights=sums[1])
+            normalizer = dataclasses.replace(normalizer, is_weight_sum=sums[0], num_is_weights=sums[1])
         total = sum(c["loss"] for c in calls)
         assert total == pytest.approx(float(loss_fn(full, normalizer).loss), abs=REFERENCE_ATOL, rel=0)
     if name == "prompt_mean":  # the generation batch: a prompt on both ranks, each id 4 times, zero-mean advantages

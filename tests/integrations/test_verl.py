@@ -249,6 +249,9 @@ def test_a_loss_needing_what_verl_does_not_pass_names_verls_option(verl, options
     with pytest.raises(ValueError, match=r"group_index \(for prompt-mean\(\)\)"):
         register("rlzoo_refused", prompt_mean, follow_loss_agg_mode=False)
     assert register("rlzoo_prompt_mean", prompt_mean).loss == prompt_mean  # loss_agg_mode replaces the aggregation
+    composed = rlzoo.losses.PolicyLoss(surrogate="ppo_clip", penalties=(rlzoo.losses.KLPenalty(beta=0.04),))
+    with pytest.raises(ValueError, match=r"^the loss given as 'rlzoo_refused' needs PolicyBatch.ref_logprobs \(for "):
+        register("rlzoo_refused", composed)  # a composed loss has no name: it said "loss  needs"
 
 
 def test_names_are_not_overwritten_silently(verl):
