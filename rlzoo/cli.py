@@ -937,9 +937,17 @@ def _report(err: BaseException) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlzoo`` command (raises on bad input; the console script is :func:`console_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    level = os.environ.get("RLZOO_LOG_LEVEL", "INFO" if os.environ.get("RANK", "0") == "0" else "WARNING")
-    logging.basicConfig(level=level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    rank = os.environ.get("RANK", "0")
+    level = os.environ.get("RLZOO_LOG_LEVEL", "INFO" if rank == "0" else "WARNING")
+    ranks = os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")  # under torchrun: each line says its rank
+    ours = not logging.getLogger().handlers  # basicConfig configures logging (not a caller's, e.g. a test's)
+    logging.basicConfig(level=level, datefmt="%H:%M:%S",
+                        format=f"%(asctime)s %(levelname)s %(name)s{f' [rank {rank}]' if ranks else ''}: %(message)s")
+    if ours and ranks and rank != "0" and argv[:1] == ["train"]:  # what every rank logs the same is rank 0's to show
+        from rlzoo.trainer.distributed import shown_on_every_rank
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(shown_on_every_rank)
     for noisy in ("httpx", "urllib3", "transformers", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if argv and argv[0] in ("train", "eval", "bench", "plot"):

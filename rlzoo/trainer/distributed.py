@@ -10,8 +10,10 @@ returns its input.
 
 import dataclasses
 import datetime
+import logging
 import os
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -21,7 +23,17 @@ from torch import Tensor
 
 from rlzoo.batch import Normalizer
 
-__all__ = ["ONE_PROCESS", "Distributed", "init_distributed", "leave_process_group"]
+__all__ = ["ONE_PROCESS", "RANK_LOCAL", "Distributed", "init_distributed", "leave_process_group", "shown_on_every_rank"]
+
+RANK_LOCAL = MappingProxyType({"rank_local": True})
+"""``extra=`` of a warning about what differs by rank (a signal it got, its prompts, its completions): shown by every
+rank. The others (settings, data loading: the same on every rank) are rank 0's (:func:`shown_on_every_rank`)."""
+
+
+def shown_on_every_rank(record: logging.LogRecord) -> bool:
+    """The log filter of a rank other than 0 (``rlzoo train`` under torchrun): errors and :data:`RANK_LOCAL`
+    records pass; the rest, which rank 0 logs the same, is dropped (it printed once per rank)."""
+    return record.levelno >= logging.ERROR or bool(getattr(record, "rank_local", False))
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 

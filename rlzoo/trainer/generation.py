@@ -18,6 +18,7 @@ from torch import Tensor
 
 from rlzoo.trainer.adapters import causal_lm
 from rlzoo.trainer.config import RolloutConfig
+from rlzoo.trainer.distributed import RANK_LOCAL
 from rlzoo.trainer.models import kv_cache_keyword, kv_cache_of
 from rlzoo.trainer.precision import Precision
 from rlzoo.trainer.rollout import position_ids_for
@@ -156,7 +157,7 @@ class HFGenerator:
         self._warned_length = True
         log.warning("a prompt of %d tokens + max_completion_length %d exceeds the model's %d positions "
                     "(max_position_embeddings): set --max-prompt-length (prompts are cut from the left) or shorten "
-                    "the prompts", prompt_length, self.max_completion_length, limit)
+                    "the prompts", prompt_length, self.max_completion_length, limit, extra=RANK_LOCAL)
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompts: list[str], num_generations: int, *,

@@ -26,6 +26,8 @@ import threading
 import types
 from typing import Any
 
+from rlzoo.trainer.distributed import RANK_LOCAL
+
 __all__ = ["GracefulInterrupt", "RunInterrupted"]
 
 log = logging.getLogger("rlzoo.train")
@@ -73,12 +75,13 @@ class GracefulInterrupt:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.ending:  # the run has taken its last step (and checkpointed it): nothing is left to finish
             self.requested = signum
-            log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)", name)
+            log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)", name,
+                        extra=RANK_LOCAL)
             return
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
             log.warning("%s received %s: the stop goes on (the current step finishes, then its checkpoint is "
-                        "written; Ctrl-C or SIGKILL stop at once)", name, when)
+                        "written; Ctrl-C or SIGKILL stop at once)", name, when, extra=RANK_LOCAL)
             return
         self.requested = signum
         if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun a terminal's Ctrl-C reaches its agent, not the ranks
@@ -87,7 +90,8 @@ class GracefulInterrupt:
             hint = "press Ctrl-C again to stop at once"
         else:
             hint = "Ctrl-C or SIGKILL stop at once; a repeated SIGTERM is ignored"
-        log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint)
+        log.warning("%s received: finishing the current step, then writing a checkpoint (%s)", name, hint,
+                    extra=RANK_LOCAL)
 
     def agreed(self, stop: int | None) -> int | None:
         """``stop``, the signal every rank stops on after the loop (or None); without one the run has finished its

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rlzoo.advantages import KLController, get_kl_controller, kl_in_reward
 from rlzoo.trainer.config import VERL_KL_PENALTIES, RewardConfig, SignalConfig
+from rlzoo.trainer.distributed import RANK_LOCAL
 
 __all__ = ["KLRewardShaping", "overlong_penalty", "scorable", "shape_rewards"]
 
@@ -45,7 +46,7 @@ def shape_rewards(values: Float[Tensor, "N K"], completion_mask: Bool[Tensor, "N
     unscorable = ~scorable(values)
     if bool(unscorable.any()):
         log.warning("%d completions were unscorable (every reward function returned None): advantage 0, left out "
-                    "of their group's baseline (TRL)", int(unscorable.sum()))
+                    "of their group's baseline (TRL)", int(unscorable.sum()), extra=RANK_LOCAL)
     reward = combine_rewards(values, weights=weights, mode=config.multi_reward_aggregation, group_size=group_size)
     reward = torch.nan_to_num(reward, nan=0.0)
     if config.overlong_buffer > 0:

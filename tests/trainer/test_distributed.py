@@ -244,11 +244,15 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
     """The README's ``torchrun --nproc_per_node 2 -m rlzoo train`` runs to its end (exit 0, one metrics row per
     step, written by rank 0 alone), and each rank has destroyed the process group when the interpreter starts its
     exit: an ``atexit`` probe, registered by the reward module, records ``dist.is_initialized()``. (Left to the
-    interpreter's exit, torch 2.13's gloo teardown can deadlock; NCCL warns.)"""
+    interpreter's exit, torch 2.13's gloo teardown can deadlock; NCCL warns.) Log lines name their rank, and a
+    warning every rank logs the same (the reward module's, at import) is shown once, by rank 0, while one about the
+    rank's own completions (unscorable: the reward is None for the first) is shown by each."""
     probe = tmp_path / "probe.py"
     probe.write_text(textwrap.dedent(f"""
-        import atexit, os
+        import atexit, logging, os
         import torch.distributed as dist
+
+        logging.getLogger("rlzoo.train").warning("probe: the same on every rank")
 
         def _record():
             with open({str(tmp_path)!r} + "/exit-" + os.environ["RANK"], "w") as out:
@@ -257,7 +261,7 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
         atexit.register(_record)
 
         def length(prompts, completions, **kwargs):
-            return [float(len(c)) for c in completions]
+            return [None if i == 0 else float(len(c)) for i, c in enumerate(completions)]
         """))
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -271,6 +275,9 @@ def test_rlzoo_train_under_torchrun_leaves_the_process_group_before_exit(tmp_pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
     assert [(tmp_path / f"exit-{rank}").read_text() for rank in (0, 1)] == ["False", "False"]
+    assert proc.stderr.count("probe: the same on every rank") == 1, proc.stderr[-6000:]
+    assert "WARNING rlzoo.train [rank 0]: probe: the same on every rank" in proc.stderr
+    assert all(f"WARNING rlzoo.train [rank {rank}]: 1 completions were unscorable" in proc.stderr for rank in (0, 1))
     # the same command again: refused by rank 0's check of the directory, and rank 1 stops with that refusal too
     # instead of going on into DDP's first collective and dying there with a traceback of its own
     again = subprocess.run(proc.args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
