@@ -37,13 +37,15 @@ class RunLockedError(OSError):
 @contextlib.contextmanager
 def hold_lock(directory: Path) -> Iterator[None]:
     """Hold ``directory``'s run lock for the duration of the block (the directory is created if needed); a lock
-    left by a dead process is taken over with a warning naming it. The lock file is left empty on release.
+    left by a dead process is taken over with a warning naming it. The lock file is left empty on release; a
+    directory this call created that holds nothing else then (a start refused before it wrote anything) is removed.
 
     Raises:
         RunLockedError: another live process holds it (names pid and host).
     """
     import fcntl
 
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, umask_mode(0o666))
     try:
@@ -67,6 +69,9 @@ def hold_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             os.ftruncate(fd, 0)  # an empty lock file: released cleanly
+            if created and [p.name for p in directory.iterdir()] == [LOCK_FILE]:  # still holding the lock
+                (directory / LOCK_FILE).unlink()
+                directory.rmdir()
     finally:
         os.close(fd)  # also releases the flock
 

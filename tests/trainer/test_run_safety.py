@@ -506,12 +506,31 @@ def test_one_run_per_directory_and_a_stale_lock_is_taken_over(tmp_path, caplog):
         trainer.train()
     with pytest.raises(RuntimeError, match=r"runs once"):  # a retry would skip __init__'s directory checks
         trainer.train()
+    run.mkdir()  # (the refused start left no directory)
     (run / ".rlzoo.lock").write_text(json.dumps({"pid": 999999, "host": "gone"}))  # a run killed with -9
     trainer = Trainer(_config(run, max_steps=1, eval_size=0), reward_funcs=[digit_fraction])
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         assert trainer.train()[-1]["step"] == 1
     assert "taking over the lock of a run that ended without releasing it (pid 999999, host gone)" in caplog.text
     assert (run / ".rlzoo.lock").read_text() == ""  # released cleanly
+
+
+def test_a_directory_the_lock_created_for_a_start_that_wrote_nothing_is_removed(tmp_path):
+    """A start refused under the lock (a resume of a checkpoint written mid-cycle by another world size) left a new
+    output directory holding only the lock file; a directory that existed, or that the run wrote to, stays."""
+    new = tmp_path / "fork" / "run"
+    with pytest.raises(ValueError, match="refused"), RunDirectory(new).lock():
+        assert (new / ".rlzoo.lock").is_file()
+        raise ValueError("refused")
+    assert not new.exists() and (tmp_path / "fork").is_dir()  # only the directory the lock made
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with RunDirectory(existing).lock():
+        pass
+    assert [p.name for p in existing.iterdir()] == [".rlzoo.lock"]
+    with RunDirectory(new).lock():
+        (new / "config.json").write_text("{}")
+    assert sorted(p.name for p in new.iterdir()) == [".rlzoo.lock", "config.json"]
 
 
 def test_a_live_run_is_refused_as_live_before_its_files_are_read(tmp_path, monkeypatch):
@@ -592,8 +611,9 @@ def test_a_broken_reward_fails_before_the_first_evaluation(tmp_path, monkeypatch
         trainer.train()
     assert not evaluated
     # nothing was written (a config.json and an empty metrics.jsonl made the fixed command's rerun refused as a
-    # "start that wrote no checkpoint", helper trial): the same command runs once the reward is fixed
-    assert [p.name for p in (tmp_path / "run").iterdir()] == [".rlzoo.lock"]
+    # "start that wrote no checkpoint", helper trial), nor left (the directory the start made is gone): the same
+    # command runs once the reward is fixed
+    assert not (tmp_path / "run").exists()
     assert _train(tmp_path / "run", max_steps=1, eval_size=0)[1][-1]["step"] == 1
 
 
