@@ -39,6 +39,8 @@ __all__ = ["CommandLineError", "console_main", "lay_over", "main", "parse_train_
 
 _DOTTED = re.compile(r"^--(loss|advantage|task|peft)\.([A-Za-z0-9_\-]+)(?:=(.*))?$")
 _DOTTED_FIELD = {"loss": "loss", "advantage": "advantage_options", "task": "task_kwargs", "peft": "peft"}
+_TEXT_TASK_OPTIONS = ("split", "eval_split", "prompt_column", "answer_column", "name", "data_dir", "revision")
+"""A data set's --task options (rlzoo.trainer.tasks.datasets_source.DATASET_OPTIONS): names, text or null."""
 
 
 def _scalar(text: str, *, numeric: bool = False) -> Any:
@@ -256,7 +258,10 @@ def _config_and_dotted(argv: Sequence[str], under: dict[str, Any] | None = None,
                     raise CommandLineError(f"unexpected argument {argv[i + 1]!r} after {argv[i - 1]} {value}: a dotted "
                                            f"option takes one value; a list is given comma-separated ({argv[i - 1]} "
                                            f"{value},{argv[i + 1]})")
-            dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = _scalar(value, numeric=kind in ("loss", "advantage"))
+            parsed = _scalar(value, numeric=kind in ("loss", "advantage"))
+            if kind == "task" and key in _TEXT_TASK_OPTIONS and parsed is not None and not isinstance(parsed, str):
+                parsed = value  # a column or split named 1, yes or on is that text, not YAML's 1 or true
+            dotted.setdefault(_DOTTED_FIELD[kind], {})[key] = parsed
         else:
             rest.append(argv[i])
         i += 1

@@ -12,7 +12,8 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["built_adapter", "check_adapter_options", "lora_config", "peft_options", "recorded_peft"]
+__all__ = ["built_adapter", "check_adapter_options", "lora_config", "peft_options", "recorded_peft",
+           "refuse_prompt_learning"]
 
 
 def lora_config(options: Mapping[str, Any]) -> Any:
@@ -64,6 +65,20 @@ def lora_config(options: Mapping[str, Any]) -> Any:
         raise ValueError(f"--peft: peft.LoraConfig refused {dict(options)}: {err}".splitlines()[0]) from err
 
 
+def refuse_prompt_learning(peft_config: Any, *, given_as: str) -> None:
+    """Refuse a prompt-learning method (prefix / prompt / p-tuning: virtual tokens PeftModel adds to the input):
+    the scorer runs the model's body on the completion's own tokens, so they would receive no gradient (a raw
+    autograd error at the first backward).
+
+    Raises:
+        ValueError: names ``given_as``, the config's class and the adapters that train.
+    """
+    if getattr(peft_config, "is_prompt_learning", False):
+        raise ValueError(f"{given_as}: {type(peft_config).__name__} is a prompt-learning method (virtual tokens added "
+                         "to the input), which rlzoo's log-probs do not see, so it would not train; use an adapter "
+                         "of the weights: LoraConfig (--peft.r ...; DoRA, rsLoRA), IA3Config, LoKrConfig, ...")
+
+
 def check_adapter_options(peft_config: Any, *, given_as: str, needs_reference: bool) -> None:
     """Refuse, before a model loads, adapter options a run cannot honour: dropout (the policy runs in eval mode, as in
     rlzoo's full-model runs, so it would do nothing; in train mode the first iteration's ratio would differ from 1),
@@ -78,9 +93,12 @@ def check_adapter_options(peft_config: Any, *, given_as: str, needs_reference: b
         needs_reference: the loss or the reward needs the reference policy's log-probs (``beta > 0``, the KL in
             the reward).
 
+    Also refused: a prompt-learning method (:func:`refuse_prompt_learning`).
+
     Raises:
         ValueError: names the option, why, and the value to use.
     """
+    refuse_prompt_learning(peft_config, given_as=given_as)
     dropout = getattr(peft_config, "lora_dropout", 0.0) or 0.0
     if dropout > 0:
         raise ValueError(f"{given_as}.lora_dropout must be 0, got {dropout:g}: rlzoo trains with dropout off, as in its "

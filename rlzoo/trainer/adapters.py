@@ -25,6 +25,7 @@ from rlzoo.trainer.adapter_options import (
     lora_config,
     peft_options,
     recorded_peft,
+    refuse_prompt_learning,
 )
 from rlzoo.trainer.config import AdapterConfig, ModelConfig
 from rlzoo.trainer.io import save_pretrained_atomic
@@ -121,6 +122,7 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     if is_peft_model(model):
         from peft.tuners.tuners_utils import BaseTunerLayer
 
+        refuse_prompt_learning(model.peft_config[model.active_adapter], given_as="the model's adapter")
         if peft_config is None and model.active_adapter != "default":  # peft saves another name in a subfolder
             raise ValueError(f"the model's adapter is named {model.active_adapter!r}: name it 'default' (peft writes "
                              "another adapter into a subfolder, which checkpoints, rlzoo eval and export do not read)")

@@ -102,8 +102,9 @@ def check_loadable_model(model: str) -> None:
     if model.startswith(PYTHON_MODEL):
         raise ValueError(f"model {model!r} is a model object that was given from Python (Trainer(config, model=..., "
                          "tokenizer=...)) and cannot be loaded by name: pass the model again via the Python API "
-                         "(a resume: Trainer(resume_config(RUN), model=..., tokenizer=...)), or, for a new run, "
-                         "--model a checkpoint directory or hub id")
+                         "(a resume: Trainer(resume_config(RUN), model=..., tokenizer=...)), or, for a new run or "
+                         "rlzoo eval, --model a checkpoint directory or hub id (a LoRA checkpoint of such a run: "
+                         "export_model(CKPT, OUT, model=BASE) in Python, then --model OUT)")
 
 
 def list_builtin_models() -> list[str]:

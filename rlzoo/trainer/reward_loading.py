@@ -96,7 +96,7 @@ def recorded_module_reward(spec: str) -> str:
         return spec
     module_name, sep, attr = spec.rpartition(":")
     if not sep:
-        if Path(spec).is_dir() or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):
+        if spec.endswith(".py") or Path(spec).is_dir() or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", spec):
             return spec
         module_name, _, attr = spec.rpartition(".")
     if module_name.endswith(".py") or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module_name):
@@ -217,7 +217,8 @@ def _attribute(spec: str, module_name: str, attr: str) -> Any:
                                                                       package.parent / attr / "__init__.py")):
             raise RewardFunctionError(f"reward function {spec!r}: {module.__name__}.{attr} is a module; name a "
                                       f"function in it ({module.__name__}.{attr}.FUNCTION)")
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        names = getattr(module, "__all__", None) or dir(module)  # a lazy module (trl.rewards) has an empty vars()
+        public = sorted(n for n in names if not n.startswith("_") and callable(getattr(module, n, None)))
         raise RewardFunctionError(f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}; "
                      f"its public callables: {', '.join(public) or '(none)'}")
     fn = getattr(module, attr)
@@ -308,10 +309,16 @@ class RewardModel:
                                                                                  output_loading_info=True)
             except (OSError, ValueError) as err:
                 raise OSError(f"cannot load reward model {name!r}{_offline(local)}: {_one_line(err)}") from err
+            except RuntimeError as err:  # a head of another size: transformers refuses num_labels=1
+                raise RewardFunctionError(
+                    f"reward model {name!r} cannot be loaded with one output (num_labels=1): its score head has "
+                    "another size; a reward model gives one score per sequence, as TRL reads it (logits[:, 0] of a "
+                    "1-label AutoModelForSequenceClassification)") from err
             if info["missing_keys"]:  # TRL scores with the random head transformers made; a silent wrong reward
-                raise ValueError(f"reward model {name!r} is not a sequence-classification checkpoint: "
-                                 f"{', '.join(sorted(info['missing_keys'])[:3])} would start at random (a causal LM's "
-                                 "checkpoint?); a reward model is one trained as AutoModelForSequenceClassification")
+                raise RewardFunctionError(
+                    f"reward model {name!r} is not a sequence-classification checkpoint: "
+                    f"{', '.join(sorted(info['missing_keys'])[:3])} would start at random (a causal LM's "
+                    "checkpoint?); a reward model is one trained as AutoModelForSequenceClassification")
         self.model = model
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -380,7 +380,9 @@ def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == saved["model"]
     refusal = (r"^model 'model:LlamaForCausalLM' is a model object that was given from Python .* pass the model "
                r"again via the Python API \(a resume: Trainer\(resume_config\(RUN\), model=\.\.\., "
-               r"tokenizer=\.\.\.\)\), or, for a new run, --model a checkpoint directory or hub id$")
+               r"tokenizer=\.\.\.\)\), or, for a new run or rlzoo eval, --model a checkpoint directory or hub id "
+               r"\(a LoRA checkpoint of such a run: export_model\(CKPT, OUT, model=BASE\) in Python, then --model "
+               r"OUT\)$")
     with monkeypatch.context() as patch:  # refused before any model loads
         def no_model(*args, **kwargs):
             raise AssertionError("a model loaded")
@@ -676,3 +678,24 @@ def test_a_peft_model_given_with_another_adapter_name_or_frozen_is_refused():
     with pytest.raises(ValueError, match=r"^the model's adapter is frozen, so nothing would train .* "
                                          r"is_trainable=True"):
         Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1), model=frozen, tokenizer=tokenizer)
+
+
+def test_a_prompt_learning_adapter_is_refused_naming_what_trains(tmp_path, monkeypatch):
+    """Prefix / prompt tuning add virtual tokens the scorer never feeds: training failed at the first backward with
+    torch's "element 0 of tensors does not require grad". Refused before the model loads (as peft_config) or at
+    start (a PeftModel given), naming the adapters that train."""
+    from peft import PrefixTuningConfig, PromptTuningConfig
+
+    message = r"is a prompt-learning method \(virtual tokens added to the input\).*use an adapter of the weights"
+    with monkeypatch.context() as patch:
+        patch.setattr("rlzoo.trainer.models.load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+        for config in (PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
+                       PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)):
+            with pytest.raises(ValueError, match=f"^peft_config: {type(config).__name__} {message}"):
+                Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "run")),
+                        reward_funcs=[digit_fraction], peft_config=config)
+    base, tokenizer = build_tiny_random()
+    prompted = get_peft_model(base, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    with pytest.raises(ValueError, match=f"^the model's adapter: PromptTuningConfig {message}"):
+        Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "run2")), model=prompted,
+                tokenizer=tokenizer, reward_funcs=[digit_fraction])

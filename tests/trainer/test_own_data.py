@@ -222,6 +222,12 @@ def test_a_small_stream_holds_out_at_most_a_fifth_and_an_empty_one_fails_at_once
     for held_out in (None, rows):
         with pytest.raises(ValueError, match=r"the training stream has no row left for training"):
             DatasetTask(name="s", dataset=empty, eval_dataset=held_out, eval_size=4)
+    # without features its columns are read from its first row: an empty one was "has no column 'prompt'"
+    unknown = datasets.IterableDataset.from_generator(lambda: iter(()))
+    with pytest.raises(ValueError, match=r"^task 's': the training stream has no row left for training$"):
+        DatasetTask(name="s", dataset=unknown, eval_size=4)
+    with pytest.raises(ValueError, match=r"^task 's': the held-out stream has no row$"):
+        DatasetTask(name="s", dataset=rows, eval_dataset=unknown, eval_size=4)
 
 
 def test_trl_reward_functions_run_unchanged():
@@ -594,6 +600,28 @@ def test_one_column_as_prompt_and_answer_is_refused_naming_both_options():
             DatasetTask(name="d.jsonl", dataset=data, eval_size=0, **columns)
 
 
+def test_a_column_named_1_or_yes_is_that_text_on_the_command_line_and_a_config_files_number_says_to_quote():
+    """--task.answer_column 1 (or yes, on) was read as YAML's 1 (True): 'the training data has no column 1; its
+    columns: ..., '1''. A data set's --task options are text (or null); a number from a config file is refused
+    saying to quote it."""
+    from rlzoo.cli import _TEXT_TASK_OPTIONS, parse_train_args
+    from rlzoo.trainer.tasks.datasets_source import DATASET_OPTIONS
+
+    assert set(_TEXT_TASK_OPTIONS) == set(DATASET_OPTIONS)
+    for value in ("1", "yes", "on", "1e3"):
+        assert parse_train_args(["--task.answer_column", value]).task_kwargs == {"answer_column": value}
+    assert parse_train_args(["--task.answer_column", "null"]).task_kwargs == {"answer_column": None}
+    assert parse_train_args(["--task.min_terms", "2"]).task_kwargs == {"min_terms": 2}  # a task's own options: YAML
+    data = datasets.Dataset.from_dict({"prompt": ["q", "r"], "1": ["1", "2"], "True": ["a", "b"]})
+    assert DatasetTask(name="d.csv", dataset=data, eval_size=0, answer_column="1").answer_column == "1"
+    from strategies import runtime_type_checker_off
+
+    for column in (1, True):
+        with runtime_type_checker_off(), pytest.raises(ValueError, match=rf"^task 'd.csv': --task.answer_column must be a column name \(text\), "
+                                             rf"got {type(column).__name__} {column!r}; .*quote it \('1'\)$"):
+            DatasetTask(name="d.csv", dataset=data, eval_size=0, answer_column=column)
+
+
 def test_a_missing_column_mentions_task_answer_column_only_where_it_applies():
     """--task.answer_column used to be named for any missing column: also for a reasoning-gym task (which has no
     such option), for a data set without an answer column, and for columns given from Python without a task."""
@@ -858,3 +886,25 @@ def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not
     assert not any(key.startswith("eval/reward") for r in history for key in r)
     assert caplog.text.count("the held-out reward (eval/reward) is not logged: on the held-out set") == 2  # each
     assert "reward function 'strict' raised TypeError" in caplog.text
+
+
+def test_task_kwargs_a_train_dataset_cannot_use_are_refused_naming_them():
+    """From Python, task_kwargs with train_dataset kept only the two column options and dropped the rest silently
+    (eval_split, a reasoning-gym option, a typo of answer_column, which then failed as a missing column with the
+    advice to set the option the user had set). A split at its default is no change."""
+    from rlzoo.trainer.config import TaskConfig
+    from rlzoo.trainer.tasks.stream import build_task
+
+    data = datasets.Dataset.from_dict({"prompt": [f"{i} + 1 =" for i in range(20)], "solution": [str(i + 1) for i in
+                                                                                               range(20)]})
+    for options, named in (({"eval_split": "train[:5]"}, r"\['eval_split'\]"),
+                           ({"answer_colum": "solution"}, r"\['answer_colum'\]"),
+                           ({"min_terms": 2, "answer_column": "solution"}, r"\['min_terms'\]")):
+        with pytest.raises(ValueError, match=rf"^task_kwargs {named}: a train_dataset given from Python takes only "
+                                             r"prompt_column and answer_column"):
+            build_task(TaskConfig(task_kwargs=options, eval_size=4), train_dataset=data)
+    with pytest.raises(ValueError, match=r"answer_column \(did you mean 'answer_column'\?\); split it yourself"):
+        build_task(TaskConfig(task_kwargs={"answer_colum": "solution"}, eval_size=4), train_dataset=data)
+    stream = build_task(TaskConfig(task_kwargs={"split": "train", "answer_column": "solution"}, eval_size=4),
+                        train_dataset=data)
+    assert len(stream.eval_items) == 4

@@ -646,3 +646,32 @@ def test_a_run_gives_reward_functions_its_epochs_and_refuses_a_metric_of_its_own
         _run(tmp_path / "clash", loss, max_steps=2, task="chain_sum", task_kwargs=ONE_DIGIT).train()
     metrics = tmp_path / "clash" / "run" / "metrics.jsonl"
     assert not metrics.exists() or '"loss"' not in metrics.read_text()
+
+
+def test_a_python_file_a_lazy_modules_callables_and_a_two_label_reward_model_are_named(tmp_path, monkeypatch):
+    """``--reward-funcs rewards.py`` from its directory blamed a function ``py`` (the recorded spelling turned it
+    into module ``rewards``); a misspelt ``trl.rewards`` function was told the module has no callables (a lazy
+    module's vars() is empty); a 2-label reward model was a transformers traceback."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    from rlzoo.trainer.builtin_models import build_tiny_random
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filerw.py").write_text("def fr(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    assert recorded_module_reward("filerw.py") == "filerw.py"
+    with pytest.raises(RewardFunctionError, match=r"^reward function 'filerw.py' is a Python file: name the function "
+                                                  r"in it, 'filerw.py:FUNCTION'; its public callables: fr$"):
+        RewardSet([recorded_module_reward("filerw.py")])
+    pytest.importorskip("trl")
+    with pytest.raises(RewardFunctionError, match=r"module 'trl.rewards' has no attribute 'think_format'; its public "
+                                                  r"callables: .*think_format_reward"):
+        load_reward_function("trl.rewards.think_format")
+    _, tokenizer = build_tiny_random()
+    model = LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=2,
+                                                       num_key_value_heads=2, num_labels=2, pad_token_id=0))
+    model.save_pretrained(tmp_path / "rm2")
+    tokenizer.save_pretrained(tmp_path / "rm2")
+    assert AutoTokenizer.from_pretrained(tmp_path / "rm2") is not None
+    with pytest.raises(ValueError, match=r"^reward model '.*rm2' cannot be loaded with one output \(num_labels=1\)"):
+        RewardSet([str(tmp_path / "rm2")])

@@ -112,6 +112,12 @@ class DatasetTask(Task):
     def __post_init__(self) -> None:
         if self.eval_size < 0:
             raise ValueError(f"eval_size must be >= 0, got {self.eval_size}")
+        for option in ("prompt_column", "answer_column"):
+            column = getattr(self, option)
+            if not isinstance(column, str) and (column is not None or option == "prompt_column"):
+                raise ValueError(f"task {self.name!r}: --task.{option} must be a column name (text), got "
+                                 f"{type(column).__name__} {column!r}; a config file reads 1 or yes as a number or "
+                                 "a bool: quote it ('1')")
         if self.prompt_column == self.answer_column:
             raise ValueError(f"task {self.name!r}: --task.prompt_column and --task.answer_column both name the column "
                              f"{self.prompt_column!r}; the answer is another column (or --task.answer_column null)")
@@ -213,7 +219,11 @@ class DatasetTask(Task):
     def _check_columns(self, data: Any, what: str) -> None:
         columns = data.column_names
         if columns is None:  # an IterableDataset of unknown features: look at its first row
-            columns = list(next(iter(data), {}))
+            first = next(iter(data), None)
+            if first is None:
+                raise ValueError(f"task {self.name!r}: the {what} stream has no row"
+                                 + (" left for training" if what == "training" else ""))
+            columns = list(first)
         missing = [(c, o) for c, o in ((self.prompt_column, "prompt_column"), (self.answer_column, "answer_column"))
                    if c is not None and c not in columns]
         if missing:

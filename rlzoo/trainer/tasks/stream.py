@@ -13,6 +13,7 @@ from rlzoo.registry import WrongTypeError, did_you_mean
 from rlzoo.trainer.config import DEFAULT_TASK, TaskConfig
 from rlzoo.trainer.tasks.base import Task, TaskItem
 from rlzoo.trainer.tasks.datasets_source import (
+    DATASET_DEFAULTS,
     DATASET_OPTIONS,
     DatasetTask,
     is_dataset_spec,
@@ -327,7 +328,8 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
     Raises:
         WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
             names its splits; a list or DataFrame, the conversion).
-        ValueError: ``system_prompt`` with standard-format (string) prompts; a ``config.task`` that names a data set
+        ValueError: ``system_prompt`` with standard-format (string) prompts; ``task_kwargs`` other than the columns
+            (at their defaults) with ``train_dataset``; a ``config.task`` that names a data set
             given from Python, without ``train_dataset`` (:func:`check_loadable_task`); and the errors of
             :func:`load_task`,
             :class:`DatasetTask` and :class:`TaskStream`.
@@ -342,6 +344,12 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
         _note_replaced_task(config.task)
         options = dict(config.task_kwargs or {})
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
+        ignored = sorted(k for k, v in options.items()
+                         if k not in columns and not (k in DATASET_DEFAULTS and DATASET_DEFAULTS[k] == v))
+        if ignored:  # they were dropped silently (a typo of a column option too)
+            raise ValueError(f"task_kwargs {ignored}: a train_dataset given from Python takes only prompt_column and "
+                             f"answer_column{did_you_mean(ignored, columns.keys() | {'prompt_column', 'answer_column'})}"
+                             "; split it yourself (e.g. Dataset.train_test_split) and pass eval_dataset")
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
                                  eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
                                  eval_origin=RowOrigin("eval_dataset"), evaluation_only=evaluation_only,
