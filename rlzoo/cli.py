@@ -619,6 +619,9 @@ def _cmd_plot(argv: Sequence[str]) -> int:
         return 2
     if args.output and args.output_dir:
         raise ValueError("rlzoo plot: give --output FILE or --output-dir DIR, not both")
+    if (Path(args.name) / "metrics.jsonl").is_file():  # a run directory: "unknown loss preset 'runs/x'"
+        raise ValueError(f"rlzoo plot draws a loss preset's objective; {args.name} is a run, whose plot is "
+                         f"{Path(args.name) / 'reward.png'} (written at each checkpoint)")
     from rlzoo.losses import presets
 
     # the registered spelling names the default file (rlzoo plot DAPO writes dapo.png, as docs/pictures names them)

@@ -96,3 +96,15 @@ def test_plot_writes_the_formats_matplotlib_writes(tmp_path):
     assert all((tmp_path / n).stat().st_size > 1000 for n in ("a.jpg", "a.webp", "a.tif", "a.eps"))
     for fmt in ("svg", "pdf"):  # (PostScript records its creation date)
         assert (tmp_path / f"a.{fmt}").read_bytes() == (tmp_path / f"b.{fmt}").read_bytes()
+
+
+def test_plot_of_a_run_directory_points_to_its_plot(tmp_path, capsys, monkeypatch):
+    """`rlzoo plot RUN` said "unknown loss preset 'runs/x'": it names the run's own plot now."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["rlzoo", "plot", "run"])
+    assert console_main() == 2
+    err = capsys.readouterr().err
+    assert err == "rlzoo: error: rlzoo plot draws a loss preset's objective; run is a run, whose plot is run/reward.png " \
+                  "(written at each checkpoint) (RLZOO_DEBUG=1 shows the traceback)\n"
