@@ -188,8 +188,8 @@ def resolve_loss(
         )
     if loss is not None and ignored and isinstance(resolved, PolicyLoss):  # a TRLGRPOLoss is built from them
         warnings.warn(
-            f"GRPOTrainer(loss={repr(policy.name) if policy.name else '...'}) replaces TRL's loss, so these GRPOConfig loss settings are "
-            "not used: " + ", ".join(f"{field}={value!r}" for field, value in ignored.items())
+            f"GRPOTrainer(loss={repr(policy.name) if policy.name else '...'}) replaces TRL's loss, so these "
+            "GRPOConfig loss settings are not used: " + ", ".join(f"{field}={value!r}" for field, value in ignored.items())
             + f" (give them to the rlzoo loss, e.g. {fix('...')}; "
             + (f"`rlzoo explain {policy.name}` lists" if policy.name else "loss.options() lists")
             + " its options), or pass no loss to train TRL's own",

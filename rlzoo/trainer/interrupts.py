@@ -75,8 +75,8 @@ class GracefulInterrupt:
             raise KeyboardInterrupt(f"second {name}: stopping at once")
         if self.ending:  # the run has taken its last step (and checkpointed it): nothing is left to finish
             self.requested = signum
-            log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)", name,
-                        extra=RANK_LOCAL)
+            log.warning("%s received: the run has finished its steps and is ending (nothing is left to checkpoint)",
+                        name, extra=RANK_LOCAL)
             return
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"

@@ -348,7 +348,7 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
                          if k not in columns and not (k in DATASET_DEFAULTS and DATASET_DEFAULTS[k] == v))
         if ignored:  # they were dropped silently (a typo of a column option too)
             raise ValueError(f"task_kwargs {ignored}: a train_dataset given from Python takes only prompt_column and "
-                             f"answer_column{did_you_mean(ignored, columns.keys() | {'prompt_column', 'answer_column'})}"
+                             f"answer_column{did_you_mean(ignored, ('prompt_column', 'answer_column'))}"
                              "; split it yourself (e.g. Dataset.train_test_split) and pass eval_dataset")
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
                                  eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
