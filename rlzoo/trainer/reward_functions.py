@@ -38,6 +38,8 @@ __all__ = [
 BUILTIN_REWARDS: tuple[str, ...] = ("accuracy", "format")
 """Reward names :class:`~rlzoo.trainer.rewards.RewardSet` resolves itself (others: :mod:`~rlzoo.trainer.reward_loading`)."""
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @runtime_checkable
 class RewardFunction(Protocol):
@@ -242,7 +244,8 @@ def check_reward_values(values: Any, n: int, name: str) -> list[float]:
     ``torch.tensor`` of the list takes it).
 
     Raises:
-        RewardFunctionError: not a sequence, a count other than ``n``, a non-number, NaN or inf (names the function).
+        RewardFunctionError: not a sequence, a count other than ``n``, a non-number, NaN or inf, a value beyond
+            float32's range (names the function).
     """
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         if isinstance(values, Tensor | np.ndarray) and values.ndim == 1:  # TRL iterates whatever is returned
@@ -276,6 +279,9 @@ def check_reward_values(values: Any, n: int, name: str) -> list[float]:
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value} at index {i}; return None for 'not applicable'"
             )
+        if abs(value) > _FLOAT32_MAX:  # the rewards are float32: it would be inf there, naming no function
+            raise RewardFunctionError(f"reward function {name!r} returned {value:g} at index {i}, beyond float32's "
+                                      f"range (+-{_FLOAT32_MAX:.3g}) the rewards are held in: scale it down")
         out.append(value)
     return out
 

@@ -201,12 +201,16 @@ def test_errors_name_the_function():
     def scalar(prompts, completions, **kwargs):
         return 1.0
 
+    def huge(prompts, completions, **kwargs):  # finite as a Python float, inf in float32 ("rewards holds inf")
+        return [1.0, 1e39]
+
     cases = [
         (raising, "reward function 'raising' raised KeyError"),
         (short, "'short' returned 1 rewards, but 2 were expected"),
         (text, r"'text' returned '1.0' \(str\) at index 0"),
         (nan, "'nan' returned nan at index 1; return None"),
         (scalar, "'scalar' must return a list of 2 floats"),
+        (huge, r"'huge' returned 1e\+39 at index 1, beyond float32's range \(\+-3.4e\+38\)"),
     ]
     for fn, message in cases:
         with pytest.raises(RewardFunctionError, match=message):
