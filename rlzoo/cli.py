@@ -29,7 +29,7 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,13 +208,14 @@ def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | Non
     return tuple(None if v == "None" else v for v in (known.output_dir, known.resume))  # type: ignore[return-value]
 
 
-def _refuse_trl_spellings(argv: Sequence[str]) -> None:
+def _refuse_trl_spellings(argv: Sequence[str], takes: Collection[str] | None = None) -> None:
     """Raise :class:`CommandLineError` with a pointer to rlzoo's spelling when a flag is TRL's (``--loss_type``,
-    ``--beta``, ``--lr``)."""
+    ``--beta``, ``--lr``); with ``takes`` (a command's fields: rlzoo eval's), only where its rlzoo spelling is one
+    of them (eval was told "TRL's --lr is --learning-rate", which it refuses in turn)."""
     from rlzoo.trainer.spellings import spelling_hint
 
     flags = [a for a in argv if a.startswith("--")]
-    hint = spelling_hint(flags, flags=True)
+    hint = spelling_hint(flags, flags=True, fields=takes)
     if hint:
         raise CommandLineError(f"unknown option: {hint}")
 
@@ -673,7 +674,7 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     settings, rest = _config_and_dotted(argv, train=False)
     default = None if path is None else eval_args_from_file(settings, source=path,
                                                             python_rewards=_records_python_rewards(path))
-    _refuse_trl_spellings(rest)
+    _refuse_trl_spellings(rest, takes={f.name for f in dataclasses.fields(EvalArgs)})
     rest = [("none" if a == "None" and i and flag_name(rest[i - 1]) == "--reward-funcs" else a)  # tyro: None = unset
             for i, a in enumerate(rest)]
     args = tyro_cli(EvalArgs, args=rest, prog="rlzoo eval", description=_EVAL_HELP, default=default, dotted=["task"])

@@ -822,6 +822,14 @@ def test_num_generations_0_is_a_range_error_not_a_division_by_zero(tmp_path, mon
     (["train", "--loss_type", "dapo"], "unknown option: TRL's --loss_type is --algorithm NAME"),
     (["eval", "--eval-size", "x"], "--eval-size takes an integer, or None, got 'x'"),
     (["eval", "--learning-rate", "1e-3"], "unknown option --learning-rate; rlzoo eval --help lists the options"),
+    # eval said "TRL's --lr is --learning-rate in rlzoo", which it refuses in turn
+    (["eval", "--lr", "1e-3"], "unknown option --lr"),
+    (["eval", "--beta", "0.1"], "unknown option --beta"),
+    # inf passed the ">= 0" checks: a run of non-finite weights that exited 0 (--temperature failed after step 0)
+    (["train", "--learning-rate", "inf"], "--learning-rate must be >= 0 and finite, got inf"),
+    (["train", "--weight-decay", "inf"], "--weight-decay must be >= 0 and finite, got inf"),
+    (["train", "--temperature", "inf"], "--temperature must be > 0 and finite, got inf"),
+    (["train", "--overlong-penalty", "nan"], "--overlong-penalty must be finite, got nan"),
 ])
 def test_a_bad_flag_is_one_error_line_naming_the_flag_and_what_it_takes(command, expected, monkeypatch, capsys):
     """tyro's errors used to be its boxed multi-line panel (╭─ Value error ─╮ ...), not rlzoo's one line."""

@@ -175,9 +175,9 @@ class RewardConfig(Section):
         weights_ok = self.reward_weights is None or len(self.reward_weights) >= len(self.reward_funcs)
         return [
             ("overlong_buffer", self.overlong_buffer >= 0, ">= 0"),
-            ("reward_weights", weights_ok,
-             (f"one weight per reward function ({len(self.reward_funcs)}: {list(self.reward_funcs)}, then one per "
-              "Python callable given to Trainer(reward_funcs=...))")),
+            ("overlong_penalty", math.isfinite(self.overlong_penalty), "finite"),
+            ("reward_weights", weights_ok, f"one weight per reward function ({len(self.reward_funcs)}: "
+             f"{list(self.reward_funcs)}, then one per Python callable given to Trainer(reward_funcs=...))"),
             *super().checks(),
         ]
 
@@ -226,7 +226,7 @@ class RolloutConfig(Section):
             ("per_device_train_batch_size", self.per_device_train_batch_size >= 1, ">= 1"),
             ("gradient_accumulation_steps", self.gradient_accumulation_steps >= 1, ">= 1"),
             ("num_iterations", self.num_iterations >= 1, ">= 1"),
-            ("temperature", self.temperature > 0, "> 0"),
+            ("temperature", 0 < self.temperature < math.inf, "> 0 and finite"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
             ("top_k", self.top_k >= 0, ">= 0"),
             ("max_sampling_rounds", self.max_sampling_rounds >= 1, ">= 1"),
@@ -338,9 +338,9 @@ class OptimizerConfig(Section):
 
     def checks(self) -> list[tuple[str, bool, str]]:
         return [
-            ("learning_rate", self.learning_rate >= 0, ">= 0"),
+            ("learning_rate", 0 <= self.learning_rate < math.inf, ">= 0 and finite"),
             ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
-            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("weight_decay", 0 <= self.weight_decay < math.inf, ">= 0 and finite"),
             ("adam_beta1", 0 <= self.adam_beta1 < 1, "in [0, 1)"),
             ("adam_beta2", 0 <= self.adam_beta2 < 1, "in [0, 1)"),
             ("max_grad_norm", self.max_grad_norm >= 0, ">= 0"),

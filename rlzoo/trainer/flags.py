@@ -118,7 +118,7 @@ def flag_error(event: Any, cls: type, args: list[str], *, prog: str, dotted: Seq
         tokens = list(event.tokens)
         flags = [t for t in tokens if t.startswith("-")]
         if flags:
-            hint = spelling_hint(flags, flags=True)
+            hint = spelling_hint(flags, flags=True, fields=fields)
             if hint:
                 return f"unknown option: {hint}"
             close = difflib.get_close_matches(flag_name(flags[0]), known, n=3, cutoff=0.6)

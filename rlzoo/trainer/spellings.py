@@ -9,7 +9,7 @@ Source: the field names of TRL 1.16's ``GRPOConfig`` / ``ModelConfig`` / ``Scrip
 grpo_config.py, trl/trainer/model_config.py, trl/scripts/utils.py).
 """
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 __all__ = ["TRL_SPELLINGS", "option_home", "spelling_hint"]
 
@@ -90,12 +90,14 @@ def option_home(key: str) -> tuple[str, str] | None:
     return None
 
 
-def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
+def spelling_hint(names: Iterable[str], *, flags: bool, fields: Collection[str] | None = None) -> str:
     """A sentence pointing each TRL-spelled name of ``names`` to rlzoo's spelling ("" when none is TRL's).
 
     Args:
         names: unknown option names as the user gave them (``loss_type``, ``loss-type``, ``--lr``).
         flags: word the hint for command-line flags (True) or config-file keys (False).
+        fields: the fields of the command the names were given to (None: rlzoo train's, all): a name whose rlzoo
+            spelling is not one of them gets no hint (rlzoo eval has no --learning-rate, nor loss options).
 
     Example:
         >>> spelling_hint(["--loss_type", "--beta"], flags=True)
@@ -110,6 +112,9 @@ def spelling_hint(names: Iterable[str], *, flags: bool) -> str:
     for name in names:
         key = name.lstrip("-").split("=", 1)[0].replace("-", "_")
         given = name.split("=", 1)[0]
+        home = TRL_SPELLINGS.get(key) or option_home(key)
+        if fields is not None and home is not None and home[0] and home[1].split(".")[0] not in fields:
+            continue  # the command has no such option (rlzoo eval: no --learning-rate, no loss options)
         if key in TRL_SPELLINGS:
             flag, config_key = TRL_SPELLINGS[key]
             parts.append(f"TRL's {given} has no counterpart in rlzoo ({config_key})" if not flag else
