@@ -176,8 +176,8 @@ class RewardConfig(Section):
         return [
             ("overlong_buffer", self.overlong_buffer >= 0, ">= 0"),
             ("overlong_penalty", math.isfinite(self.overlong_penalty), "finite"),
-            ("reward_weights", weights_ok, f"one weight per reward function ({len(self.reward_funcs)}: "
-             f"{list(self.reward_funcs)}, then one per Python callable given to Trainer(reward_funcs=...))"),
+            ("reward_weights", weights_ok, (f"one weight per reward function ({len(self.reward_funcs)}: "
+             f"{list(self.reward_funcs)}, then one per Python callable given to Trainer(reward_funcs=...))")),
             *super().checks(),
         ]
 
