@@ -597,7 +597,7 @@ def _cmd_plot(argv: Sequence[str]) -> int:
         "log pi, as functions of the ratio r, for A > 0 and A < 0 (the loss itself, called with autograd). "
         "Loss options: --loss.NAME VALUE, as rlzoo train takes them (values read as YAML scalars).")
     parser.add_argument("name", nargs="?", help="a preset (rlzoo list)")
-    parser.add_argument("--output", type=Path, help="the file to write (default NAME.png, NAME as registered)")
+    parser.add_argument("--output", help="the file to write (default NAME.png, NAME as registered)")
     parser.add_argument("--all", action="store_true", help="every preset, with its defaults, into --output-dir")
     parser.add_argument("--output-dir", type=Path, help="where NAME.png (or --all's pictures: docs/pictures for the "
                         "docs) go (default: the current directory)")

@@ -108,3 +108,15 @@ def test_plot_of_a_run_directory_points_to_its_plot(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert err == "rlzoo: error: rlzoo plot draws a loss preset's objective; run is a run, whose plot is run/reward.png " \
                   "(written at each checkpoint) (RLZOO_DEBUG=1 shows the traceback)\n"
+
+
+def test_plot_output_that_is_a_directory_is_refused_before_drawing(tmp_path, capsys, monkeypatch):
+    """--output DIR left '.DIR.tmp' behind with "[Errno 21] Is a directory"; --output . "has an empty name"; a
+    trailing slash wrote a file named like the directory."""
+    (tmp_path / "outd").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for output in ("outd", ".", "newd/"):
+        monkeypatch.setattr(sys, "argv", ["rlzoo", "plot", "dapo", "--output", output])
+        assert console_main() == 2
+        assert f"rlzoo: error: output {output!r} is a directory; name a file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outd"]

@@ -106,7 +106,8 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
 
     Raises:
         ImportError: matplotlib is not installed (says what to install).
-        ValueError: ``output``'s extension is no format matplotlib writes (names the ones it does).
+        ValueError: ``output`` is a directory, or its extension is no format matplotlib writes (names the ones it
+            does).
         OSError: the file cannot be written. And the errors of :func:`objective_curves`.
     """
     try:
@@ -123,6 +124,8 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
 
     if not (isinstance(dpi, int) and dpi >= 20):
         raise ValueError(f"plot_objective: dpi must be an int >= 20, got {dpi!r}")
+    if output is not None and (Path(output).is_dir() or str(output).endswith(("/", os.sep)) or not Path(output).name):
+        raise ValueError(f"output {str(output)!r} is a directory; name a file (e.g. {Path(output) / 'loss.png'})")
     pic = objective_curves(loss, **options)
     style = {"font.size": 9.5, "axes.spines.top": False, "axes.spines.right": False, "axes.titlesize": 10,
              "axes.titleweight": "bold"}

@@ -65,7 +65,7 @@ def inside_a_run(target: Path) -> tuple[str, Path] | None:
     ``config.json`` (written at its start; not by any ``metrics.jsonl`` or ``checkpoints/``)."""
     for run in target.parents:
         inside = target.relative_to(run).parts[0]
-        if inside in RUN_FILES and is_run_config(run / "config.json"):
+        if (inside in RUN_FILES or inside == LOCK_FILE) and is_run_config(run / "config.json"):
             return f"is {'' if target.parent == run else 'inside '}the {inside} of the training run {str(run)!r}", run
     checkpoint = next((d for d in (target, *target.parents)
                        if (d / "trainer_state.json").is_file() and (d / "model").is_dir()), None)

@@ -657,6 +657,9 @@ def test_an_output_dir_inside_another_runs_files_is_refused(tmp_path, monkeypatc
     (copied).rename(kept / "checkpoints" / "step-000003")
     from rlzoo.trainer.run_dir import inside_a_run
     assert inside_a_run(kept / "checkpoints" / "new-run") is None
+    # the run's lock file: an evaluation written there was emptied by the run's next start (user trial)
+    assert inside_a_run(tmp_path / "run" / ".rlzoo.lock") == (
+        f"is the .rlzoo.lock of the training run {str(tmp_path / 'run')!r}", tmp_path / "run")
 
 
 # ----------------------------------------------------------------------------------------- 10. one-line errors
