@@ -61,7 +61,7 @@ class RunConfig(Section):
     seed: int = 0
     """Seed of model sampling and shuffling."""
     output_dir: str | None = None
-    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP)."""
+    """Run directory (None: runs/ALGORITHM-TASK-TIMESTAMP-PID)."""
     overwrite: bool = False
     """Start a fresh run in an output dir that already holds one, deleting it (without it, such a start is refused)."""
     progress: bool = True

@@ -322,11 +322,12 @@ class RunDirectory:
 
 
 def default_output_dir(loss_name: str | None, task: str, *, python_dataset: bool) -> str:
-    """``runs/ALGORITHM-DATA-TIMESTAMP``, a run's directory without ``--output-dir``: ALGORITHM is the loss's name
-    (``custom`` for a loss without one), DATA the task's name or data file's stem, or ``dataset`` for a data set given
-    from Python (``python_dataset``; not the ``--task`` it replaces)."""
+    """``runs/ALGORITHM-DATA-TIMESTAMP-PID``, a run's directory without ``--output-dir``: ALGORITHM is the loss's
+    name (``custom`` for a loss without one), DATA the task's name or data file's stem, or ``dataset`` for a data set
+    given from Python (``python_dataset``; not the ``--task`` it replaces), PID this process's id (runs started in
+    the same second, a sweep's seeds, got one directory: all but one were refused, advised to --overwrite it)."""
     data = "dataset" if python_dataset else Path(task).stem or task.replace("/", "-")
-    return os.path.join("runs", f"{loss_name or 'custom'}-{data}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return os.path.join("runs", f"{loss_name or 'custom'}-{data}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
 def timeline_rows(run: Path, step: int) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ spellings, trl.rewards unchanged, reward models). Tiny random model, 2 steps."""
 import asyncio
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -392,8 +393,10 @@ def test_the_default_output_dir_is_named_after_the_data(tmp_path, monkeypatch):
     config = TrainConfig(**TINY, max_steps=1)
     names = [Trainer(config, train_dataset=datasets.Dataset.from_list(rows)).output_dir,
              Trainer(dataclasses.replace(config, task=str(path))).output_dir, Trainer(config).output_dir]
-    assert [(p.parent.name, p.name.rsplit("-", 2)[0]) for p in names] == [
+    assert [(p.parent.name, p.name.rsplit("-", 3)[0]) for p in names] == [
         ("runs", "grpo-dataset"), ("runs", "grpo-sums"), ("runs", "grpo-chain_sum")]
+    # the process id ends the name: runs started in the same second (a sweep's seeds) got one directory
+    assert {p.name.rsplit("-", 1)[1] for p in names} == {str(os.getpid())}
 
 
 def test_config_json_records_local_paths_absolute(tmp_path, monkeypatch, capsys):
