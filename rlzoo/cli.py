@@ -620,11 +620,11 @@ def _cmd_plot(argv: Sequence[str]) -> int:
         return 2
     if args.output and args.output_dir:
         raise ValueError("rlzoo plot: give --output FILE or --output-dir DIR, not both")
-    if (Path(args.name) / "metrics.jsonl").is_file():  # a run directory: "unknown loss preset 'runs/x'"
-        raise ValueError(f"rlzoo plot draws a loss preset's objective; {args.name} is a run, whose plot is "
-                         f"{Path(args.name) / 'reward.png'} (written at each checkpoint)")
     from rlzoo.losses import presets
 
+    if presets.canonical(args.name) not in presets.names() and (Path(args.name) / "config.json").is_file():
+        raise ValueError(f"rlzoo plot draws a loss preset's objective; {args.name} is a run, whose plot is "
+                         f"{Path(args.name) / 'reward.png'} (written at each checkpoint)")
     # the registered spelling names the default file (rlzoo plot DAPO writes dapo.png, as docs/pictures names them)
     default = (args.output_dir or Path(".")) / f"{presets.canonical(args.name)}.png"
     path = plot_objective(args.name, args.output or default, **options, **overrides)
@@ -952,7 +952,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = not logging.getLogger().handlers  # basicConfig configures logging (not a caller's, e.g. a test's)
     logging.basicConfig(level=level, datefmt="%H:%M:%S",
                         format=f"%(asctime)s %(levelname)s %(name)s{f' [rank {rank}]' if ranks else ''}: %(message)s")
-    if ours and ranks and rank != "0" and argv[:1] == ["train"]:  # what every rank logs the same is rank 0's to show
+    if ours and ranks and rank != "0" and argv[:1] == ["train"] and "RLZOO_LOG_LEVEL" not in os.environ:
+        # what every rank logs the same is rank 0's to show (RLZOO_LOG_LEVEL, set to debug a rank, shows it all)
         from rlzoo.trainer.distributed import shown_on_every_rank
 
         for handler in logging.getLogger().handlers:

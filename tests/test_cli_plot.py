@@ -99,10 +99,13 @@ def test_plot_writes_the_formats_matplotlib_writes(tmp_path):
 
 
 def test_plot_of_a_run_directory_points_to_its_plot(tmp_path, capsys, monkeypatch):
-    """`rlzoo plot RUN` said "unknown loss preset 'runs/x'": it names the run's own plot now."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    """`rlzoo plot RUN` said "unknown loss preset 'runs/x'": it names the run's own plot now; a preset's name wins
+    over a run directory of that name."""
+    for run in ("run", "dapo"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
+    assert main(["plot", "dapo", "--output", "d.png"]) == 0
     monkeypatch.setattr(sys, "argv", ["rlzoo", "plot", "run"])
     assert console_main() == 2
     err = capsys.readouterr().err

@@ -355,7 +355,9 @@ class Aggregation(Part, abc.ABC):
 
     The counts are those of the whole optimizer-step batch, never the micro-batch's own, so summing micro-batch
     losses gives the full-batch loss exactly. Names are verl's ``loss_agg_mode`` values. With ``l`` the per-token
-    loss, ``m`` the mask, ``n_i = sum_t m_it``, ``N = sum_i n_i`` and ``S`` the sequences with ``n_i > 0``:
+    loss, ``m`` the mask, ``n_i = sum_t m_it``, ``N = sum_i n_i`` and ``S`` the normalizer's ``num_sequences`` (the
+    sequences with ``n_i > 0`` by default, :meth:`~rlzoo.Normalizer.from_batch`; every row in ``rlzoo train`` and
+    the TRL integration, as TRL's and verl's trainers divide):
 
     =========================  ==================================================  =====================
     name                       value                                               TRL loss_type

@@ -31,9 +31,11 @@ rank. The others (settings, data loading: the same on every rank) are rank 0's (
 
 
 def shown_on_every_rank(record: logging.LogRecord) -> bool:
-    """The log filter of a rank other than 0 (``rlzoo train`` under torchrun): errors and :data:`RANK_LOCAL`
-    records pass; the rest, which rank 0 logs the same, is dropped (it printed once per rank)."""
-    return record.levelno >= logging.ERROR or bool(getattr(record, "rank_local", False))
+    """The log filter of a rank other than 0 (``rlzoo train`` under torchrun): rlzoo's records other than errors
+    and :data:`RANK_LOCAL` ones, which rank 0 logs the same, are dropped (they printed once per rank); other
+    loggers' (a reward function's own) pass."""
+    return (not record.name.startswith("rlzoo") or record.levelno >= logging.ERROR
+            or bool(getattr(record, "rank_local", False)))
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 

@@ -312,8 +312,8 @@ class RewardModel:
             except RuntimeError as err:  # a head of another size: transformers refuses num_labels=1
                 raise RewardFunctionError(
                     f"reward model {name!r} cannot be loaded with one output (num_labels=1): its score head has "
-                    "another size; a reward model gives one score per sequence, as TRL reads it (logits[:, 0] of a "
-                    "1-label AutoModelForSequenceClassification)") from err
+                    "another size? a reward model gives one score per sequence, as TRL reads it (logits[:, 0] of a "
+                    f"1-label AutoModelForSequenceClassification): {_one_line(err)}") from err
             if info["missing_keys"]:  # TRL scores with the random head transformers made; a silent wrong reward
                 raise RewardFunctionError(
                     f"reward model {name!r} is not a sequence-classification checkpoint: "

@@ -58,6 +58,12 @@ def hold_lock(directory: Path) -> Iterator[None]:
                 if not isinstance(error, RunLockedError) or attempt == 5:
                     raise error from None
                 time.sleep(0.1)
+        try:  # the file this start locked is still the directory's (not one a refused start removed meanwhile)
+            same = os.path.samestat(os.fstat(fd), os.stat(directory / LOCK_FILE))
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise RunLockedError(errno.EBUSY, "another start was using it a moment ago; start again", str(directory))
         previous = _read_lock(fd)
         if previous:
             log.warning("output directory %s: taking over the lock of a run that ended without releasing it (%s)",
@@ -70,8 +76,9 @@ def hold_lock(directory: Path) -> Iterator[None]:
         finally:
             os.ftruncate(fd, 0)  # an empty lock file: released cleanly
             if created and [p.name for p in directory.iterdir()] == [LOCK_FILE]:  # still holding the lock
-                (directory / LOCK_FILE).unlink()
-                directory.rmdir()
+                with contextlib.suppress(OSError):  # another start's files appeared: keep the directory
+                    (directory / LOCK_FILE).unlink()
+                    directory.rmdir()
     finally:
         os.close(fd)  # also releases the flock
 

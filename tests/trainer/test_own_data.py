@@ -891,23 +891,31 @@ def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not
     assert "reward function 'strict' raised TypeError" in caplog.text
 
 
-def test_task_kwargs_a_train_dataset_cannot_use_are_refused_naming_them():
+def test_task_kwargs_a_train_dataset_cannot_use_are_named_in_a_warning(caplog):
     """From Python, task_kwargs with train_dataset kept only the two column options and dropped the rest silently
     (eval_split, a reasoning-gym option, a typo of answer_column, which then failed as a missing column with the
-    advice to set the option the user had set). A split at its default is no change."""
+    advice to set the option the user had set): a warning names them (not an error: an older run's config.json
+    may hold such options, and its resume goes on). A split at its default is no change."""
     from rlzoo.trainer.config import TaskConfig
     from rlzoo.trainer.tasks.stream import build_task
 
     data = datasets.Dataset.from_dict({"prompt": [f"{i} + 1 =" for i in range(20)], "solution": [str(i + 1) for i in
                                                                                                range(20)]})
-    for options, named in (({"eval_split": "train[:5]"}, r"\['eval_split'\]"),
-                           ({"answer_colum": "solution"}, r"\['answer_colum'\]"),
-                           ({"min_terms": 2, "answer_column": "solution"}, r"\['min_terms'\]")):
-        with pytest.raises(ValueError, match=rf"^task_kwargs {named}: a train_dataset given from Python takes only "
-                                             r"prompt_column and answer_column"):
-            build_task(TaskConfig(task_kwargs=options, eval_size=4), train_dataset=data)
-    with pytest.raises(ValueError, match=r"answer_column \(did you mean 'answer_column'\?\); split it yourself"):
+    for options, named in (({"eval_split": "train[:5]", "answer_column": "solution"}, "['eval_split']"),
+                           ({"min_terms": 2, "answer_column": "solution"}, "['min_terms']")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="rlzoo.train"):
+            stream = build_task(TaskConfig(task_kwargs=options, eval_size=4), train_dataset=data)
+        assert len(stream.eval_items) == 4
+        assert f"task_kwargs {named} are not used: a train_dataset given from Python takes only prompt_column and " \
+               "answer_column; split it yourself" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"), pytest.raises(ValueError, match="no column 'answer'"):
         build_task(TaskConfig(task_kwargs={"answer_colum": "solution"}, eval_size=4), train_dataset=data)
-    stream = build_task(TaskConfig(task_kwargs={"split": "train", "answer_column": "solution"}, eval_size=4),
-                        train_dataset=data)
-    assert len(stream.eval_items) == 4
+    assert "['answer_colum'] are not used: a train_dataset given from Python takes only prompt_column and " \
+           "answer_column (did you mean 'answer_column'?)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        build_task(TaskConfig(task_kwargs={"split": "train", "answer_column": "solution"}, eval_size=4),
+                   train_dataset=data)
+    assert "not used" not in caplog.text

@@ -176,17 +176,19 @@ def test_a_rollout_rejection_counts_only_the_tokens_it_keeps(tmp_path, options, 
         normalizer = step[0][1]
         assert all(b.old_logprobs is not None for b, _ in step)
         assert int(normalizer.num_tokens) == sum(int(k.sum()) for k in kept)
-        assert int(normalizer.num_sequences) == sum(int(k.any(-1).sum()) for k in kept)
+        assert int(normalizer.num_sequences) == sum(k.shape[0] for k in kept)  # every row, a rejected one too
         dropped += sum(int(b.completion_mask.sum()) for b, _ in step) - int(normalizer.num_tokens)
         counted += int(normalizer.num_tokens)
         got = sum(loss_fn(_detached(b), normalizer=n).loss for b, n in step)
         without_rejection = dataclasses.replace(loss_fn, rejections=())
-        on_kept = sum(without_rejection(_detached(b, completion_mask=k),
-                                        normalizer=rlzoo.Normalizer.from_masks(*kept)).loss
-                      for (b, _), k in zip(step, kept, strict=True))
+        rows = {"num_sequences": normalizer.num_sequences}  # every row (a rejected one adds 0), as the trainer
+        on_kept = sum(without_rejection(_detached(b, completion_mask=k), normalizer=dataclasses.replace(
+                          rlzoo.Normalizer.from_masks(*kept), **rows)).loss for (b, _), k in zip(step, kept, strict=True))
         torch.testing.assert_close(got, on_kept, **F64)
         if per_token:
-            torch.testing.assert_close(got, loss_fn(_whole(step)).loss, **F64)
+            whole = _whole(step)
+            counts = dataclasses.replace(rlzoo.Normalizer.from_batch(whole, loss=loss_fn), **rows)
+            torch.testing.assert_close(got, loss_fn(whole, normalizer=counts).loss, **F64)
     assert dropped > 0 and counted > 0
 
 

@@ -320,16 +320,16 @@ def check_python_dataset(name: str, data: Any) -> None:
 def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: Any = None,
                evaluation_only: bool = False) -> TaskStream:
     """The :class:`TaskStream` of a run's task section, or of ``train_dataset`` (a ``datasets.Dataset`` or
-    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``; a
-    ``config.task`` other than the default is replaced, with a warning). ``evaluation_only``: the task is only
+    ``IterableDataset``, with ``eval_dataset`` as its held-out set; the columns from ``config.task_kwargs``, whose
+    other options are not used, with a warning; a ``config.task`` other than the default is replaced, with a
+    warning). ``evaluation_only``: the task is only
     evaluated (``rlzoo eval``): a data set's held-out set is up to ``eval_size`` of its rows, without the cap that
     keeps rows for training (:attr:`DatasetTask.evaluation_only`).
 
     Raises:
         WrongTypeError: ``train_dataset`` / ``eval_dataset`` not a ``Dataset`` / ``IterableDataset`` (a ``DatasetDict``
             names its splits; a list or DataFrame, the conversion).
-        ValueError: ``system_prompt`` with standard-format (string) prompts; ``task_kwargs`` other than the columns
-            (at their defaults) with ``train_dataset``; a ``config.task`` that names a data set
+        ValueError: ``system_prompt`` with standard-format (string) prompts; a ``config.task`` that names a data set
             given from Python, without ``train_dataset`` (:func:`check_loadable_task`); and the errors of
             :func:`load_task`,
             :class:`DatasetTask` and :class:`TaskStream`.
@@ -346,10 +346,11 @@ def build_task(config: TaskConfig, *, train_dataset: Any = None, eval_dataset: A
         columns = {k: options[k] for k in ("prompt_column", "answer_column") if k in options}
         ignored = sorted(k for k, v in options.items()
                          if k not in columns and not (k in DATASET_DEFAULTS and DATASET_DEFAULTS[k] == v))
-        if ignored:  # they were dropped silently (a typo of a column option too)
-            raise ValueError(f"task_kwargs {ignored}: a train_dataset given from Python takes only prompt_column and "
-                             f"answer_column{did_you_mean(ignored, ('prompt_column', 'answer_column'))}"
-                             "; split it yourself (e.g. Dataset.train_test_split) and pass eval_dataset")
+        if ignored:  # they were dropped silently (a typo of a column option too); a warning: an older run's
+            # config.json may record such options, and its resume must go on
+            log.warning("task_kwargs %s are not used: a train_dataset given from Python takes only prompt_column and "
+                        "answer_column%s; split it yourself (e.g. Dataset.train_test_split) and pass eval_dataset",
+                        ignored, did_you_mean(ignored, ("prompt_column", "answer_column")))
         task: Task = DatasetTask(name=dataset_task_name(train_dataset), dataset=train_dataset,
                                  eval_dataset=eval_dataset, kwargs=options, origin=RowOrigin("train_dataset"),
                                  eval_origin=RowOrigin("eval_dataset"), evaluation_only=evaluation_only,
