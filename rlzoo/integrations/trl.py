@@ -168,7 +168,7 @@ def resolve_loss(
         resolved = resolved.with_options(max_completion_length=args.max_completion_length)
 
     policy = resolved.loss if isinstance(resolved, TRLGRPOLoss) else resolved
-    name = f"loss {policy.name!r}" if policy.name else "the loss"
+    name = policy.called
 
     def fix(options: str) -> str:  # the call that gives the user's loss these options, keeping its others
         if isinstance(loss, str):
@@ -377,7 +377,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         coupled = policy.coupled_parts(is_weight_sums=self._counts_is_weights)
         if coupled and self.accelerator.num_processes > 1:
             warnings.warn(
-                f"loss {policy.name or 'the loss'!r} has batch-coupled parts ({', '.join(p.describe() for p in coupled)}) "
+                f"{policy.called} has batch-coupled parts ({', '.join(p.describe() for p in coupled)}) "
                 f"whose statistics are taken over each process's micro-batch, not over the "
                 f"{self.accelerator.num_processes} processes' (TRL's top_entropy_quantile gathers the processes' "
                 "entropies): with one process it equals TRL; here the update differs from TRL's",
@@ -386,7 +386,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             )
         elif policy.counts_is_weights and not self._counts_is_weights and self.args.steps_per_generation > 1:
             warnings.warn(
-                f"loss {policy.name or 'the loss'!r} normalises its IS weights over the batch "
+                f"{policy.called} normalises its IS weights over the batch "
                 "(rollout_is_batch_normalize), but TRL computes no old log-probs under this GRPOConfig, so the weights "
                 "are known only in the forward pass and each micro-batch divides by its own mean weight, not the "
                 "generation batch's (verl's): set GRPOConfig(vllm_importance_sampling_correction=True) with "
@@ -475,7 +475,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         if inputs.get("sampling_per_token_logps") is None and self._sampler_needed_by:
             policy = self.loss_fn.loss if isinstance(self.loss_fn, TRLGRPOLoss) else self.loss_fn
             raise ValueError(
-                f"{f'loss {policy.name!r}' if policy.name else 'the loss'} needs the sampler's log-probs (for "
+                f"{policy.called} needs the sampler's log-probs (for "
                 f"{', '.join(self._sampler_needed_by)}), but TRL's batch has none: "
                 + ("vLLM returned none" if self.args.use_vllm else "the rollout_func returned no 'logprobs' (return "
                    "the sampler's per-token log-probs of each completion under 'logprobs')"))

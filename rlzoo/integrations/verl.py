@@ -251,7 +251,7 @@ def register(
     missing = sorted(called.required_fields())
     if missing:
         reason = _VERL_INSTEAD.get(missing[0], "verl passes only old_log_prob, log_prob, advantages, response_mask")
-        raise ValueError(f"{f'loss {loss.name!r}' if loss.name else 'the loss'} given as {name!r} needs "
+        raise ValueError(f"{loss.called} given as {name!r} needs "
                          f"PolicyBatch.{missing[0]} (for "
                          f"{', '.join(loss.needed_by(missing[0]))}), which verl does not pass to a policy loss: {reason}")
     from verl.trainer.ppo import core_algos

@@ -414,3 +414,8 @@ class PolicyLoss:
     def describe(self) -> str:
         """One line per active part, as ``rlzoo explain`` prints them."""
         return composition.describe(self)
+
+    @property
+    def called(self) -> str:
+        """How a message names this loss: ``loss 'dapo'``, or ``the loss`` for a composed one without a name."""
+        return f"loss {self.name!r}" if self.name else "the loss"
