@@ -179,6 +179,9 @@ class Recorder:
     def __getattr__(self, name):
         return getattr(self.__dict__["loss_fn"], name)
 
+    def loss_mask(self, *args, **kwargs):  # defined, not looked up: Python 3.12's isinstance of a Protocol
+        return self.loss_fn.loss_mask(*args, **kwargs)  # (rlzoo.batch.LossMasker) skips __getattr__
+
     def __call__(self, batch, normalizer):
         out = self.loss_fn(batch, normalizer)
         self.calls.append((batch, normalizer, out.loss.detach()))

@@ -62,3 +62,38 @@ def test_fused_triton_log_probs_in_the_trainer_match_the_plain_path(tmp_path):
     plain = trainer.scorer.generation_logprobs(trainer.policy.module, rollout)
     mask = rollout.completion_mask
     torch.testing.assert_close(fused[mask], plain[mask], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_lora_with_its_reference_and_a_teacher_train_on_cuda(tmp_path):
+    """Under bf16 autocast on the GPU: a LoRA run whose reference is the base with the adapter disabled (KL exactly 0
+    at step 1, then the policy moves), with truncated completions masked, resumes and exports a merged model with the
+    adapter's outputs; an on-policy distillation run scores its teacher on the GPU."""
+    from rlzoo.trainer.adapters import export_model
+    from rlzoo.trainer.models import TinyRandomSpec, build_tiny_random, load_model
+
+    lora = {"algorithm": "grpo", "loss": {"beta": 0.04}, "mask_truncated_completions": True, "max_completion_length": 16,
+            "peft": {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}, "dtype": "bf16-mixed"}
+    trainer = Trainer(_config(tmp_path, "lora", **lora), reward_funcs=[digit_fraction])
+    rows = [row for row in trainer.train() if "loss" in row]
+    assert rows[0]["kl"] == 0.0 and all(math.isfinite(row["loss"]) for row in rows)
+    assert {p.device.type for p in trainer.model.parameters()} == {"cuda"}
+    checkpoint = tmp_path / "lora" / "checkpoints" / "step-000001"
+    resumed = [row for row in Trainer(_config(tmp_path, "resumed", resume=str(checkpoint), **lora),
+                                      reward_funcs=[digit_fraction]).train() if "loss" in row]
+    assert resumed[-1]["step"] == 2 and resumed[-1]["reward"] == rows[-1]["reward"]
+    export_model(tmp_path / "lora" / "checkpoints" / "step-000002", tmp_path / "merged")
+    adapter, tokenizer = load_model(str(tmp_path / "lora" / "checkpoints" / "step-000002" / "model"))
+    merged, _ = load_model(str(tmp_path / "merged"))
+    ids = tokenizer(["3 + 4 = 7"], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapter(ids).logits, atol=1e-5, rtol=1e-5)
+
+    teacher, teacher_tokenizer = build_tiny_random(TinyRandomSpec(seed=1))  # other weights than the policy's
+    teacher.save_pretrained(tmp_path / "teacher")
+    teacher_tokenizer.save_pretrained(tmp_path / "teacher")
+    trainer = Trainer(_config(tmp_path, "opd", algorithm="opd", teacher=str(tmp_path / "teacher"), dtype="bf16-mixed"),
+                      reward_funcs=[digit_fraction])
+    rows = [row for row in trainer.train() if "loss" in row]
+    assert next(trainer.teacher.module.parameters()).device.type == "cuda"
+    assert all(math.isfinite(row["loss"]) and row["distillation/kl"] != 0.0 for row in rows)

@@ -35,7 +35,7 @@ def _launch(out: Path, mode: str, timeout: int = 600, ranks: int = 2) -> subproc
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> dict:
+def two_ranks(tmp_path_factory, cpu_only_module) -> dict:
     """The 2-rank worker's results; first, the one-process run whose checkpoint the worker resumes on 2 ranks."""
     out = tmp_path_factory.mktemp("two-ranks")
     one_process = _one_process(out / "one", "dapo", save_steps=1, save_total_limit=5)

@@ -35,6 +35,9 @@ def _record(trainer: Trainer) -> list[list[tuple[rlzoo.PolicyBatch, rlzoo.Normal
         def __getattr__(self, name):
             return getattr(loss_fn, name)
 
+        def loss_mask(self, *args, **kwargs):  # defined, not looked up: Python 3.12's isinstance of a Protocol
+            return loss_fn.loss_mask(*args, **kwargs)  # (rlzoo.batch.LossMasker) skips __getattr__
+
         def __call__(self, batch, normalizer=None):
             steps[-1][-1][1] = normalizer
             return loss_fn(batch, normalizer=normalizer)

@@ -91,6 +91,9 @@ def _record(trainer: Trainer) -> list[list[list]]:
         def __getattr__(self, name):
             return getattr(loss_fn, name)
 
+        def loss_mask(self, *args, **kwargs):  # defined, not looked up: Python 3.12's isinstance of a Protocol
+            return loss_fn.loss_mask(*args, **kwargs)  # (rlzoo.batch.LossMasker) skips __getattr__
+
         def __call__(self, batch, normalizer=None):
             steps[-1].append([batch, normalizer])
             return loss_fn(batch, normalizer=normalizer)
