@@ -270,7 +270,8 @@ def export_model(source: str | Path, output: str | Path, *, model: Any = None, t
         overwrite: replace an ``output`` directory that is not empty (everything in it is deleted); default:
             refuse. Refused either way: a run directory or a directory holding one, anything inside a run's own
             files (``RUN/checkpoints/...``, ``RUN/abandoned/...``: a run's ``RUN/final`` is fine), an rlzoo
-            checkpoint or anything inside one, a directory holding ``source``, and the current directory.
+            checkpoint or anything inside one, a directory holding ``source`` or the base model of its adapter, and the
+            current directory.
 
     Raises:
         FileExistsError: ``output`` is a directory that is not empty and ``overwrite`` is False.
@@ -361,6 +362,10 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
     if source.exists() and (target == source.resolve() or target in source.resolve().parents):  # (not a hub id)
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
                          "write it to a new directory")
+    base = _adapter_base(source) if source.is_dir() else None
+    if base and Path(base).is_dir() and (target == Path(base).resolve() or target in Path(base).resolve().parents):
+        raise ValueError(f"export: OUTPUT {str(output)!r} holds the base model of the adapter being exported ({base!r}, "
+                         "its adapter_config.json), which the run's checkpoints load; write it to a new directory")
     from rlzoo.trainer.run_dir import RunDirectory, inside_a_run  # (run_dir imports this module, indirectly)
 
     inside = inside_a_run(target)

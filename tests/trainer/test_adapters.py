@@ -80,8 +80,8 @@ def test_the_merged_export_is_a_plain_model_with_the_adapters_outputs(tmp_path):
 
 def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     """rlzoo export replaces its OUTPUT as a whole (atomically): a directory with files of its own is refused
-    unless --overwrite, a run directory, the source's own directory and the current directory always; the files
-    survive every refusal. The rlzoo command prints the refusal as one line."""
+    unless --overwrite, a run directory, the source's own directory, its adapter's base and the current directory
+    always; the files survive every refusal. The rlzoo command prints the refusal as one line."""
     from rlzoo.cli import console_main
 
     model, tokenizer = build_tiny_random()
@@ -120,6 +120,12 @@ def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"is a training run's directory"):
         export_model(source, runs / "a", overwrite=True)
     assert (runs / "a" / "config.json").is_file()
+    adapter = tmp_path / "adapter"  # an adapter on the local base `source`: its base is never the OUTPUT (it was
+    get_peft_model(load_model(str(source))[0], LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter)
+    tokenizer.save_pretrained(adapter)  # replaced by the merged model, silently, with --overwrite)
+    with pytest.raises(ValueError, match=r"holds the base model of the adapter being exported"):
+        export_model(adapter, source, overwrite=True)
+    assert load_model(str(source))[0].state_dict().keys() == model.state_dict().keys()
 
 
 def test_export_refuses_a_runs_checkpoints_whatever_overwrite_says(tmp_path, monkeypatch):
