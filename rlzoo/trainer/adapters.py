@@ -113,7 +113,11 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
 
             linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()  # lm_head refused below
                              if isinstance(module, torch.nn.Linear | Conv1D) and module is not model.get_output_embeddings()})
-            raise ValueError(f"{target}: {err} The model's linear layers: {', '.join(linear)} (or all-linear)") from None
+            layers, n = getattr(peft_config, "layers_to_transform", None), getattr(model.config, "num_hidden_layers", 0)
+            where = (f" with {target.replace('target_modules', 'layers_to_transform')} {layers!r} (the model's layers: "
+                     f"0-{n - 1})" if layers is not None and n else "")  # peft finds no module in those layers
+            raise ValueError(f"{target}{where}: {err} The model's linear layers: {', '.join(linear)} (or all-linear)"
+                             ) from None
         if needs_reference:
             _check_adapter_starts_at_zero(peft_config, model, option=init_option)
         # the saved adapter names its base as the run records it: a built-in name, path or hub id, or for a model

@@ -264,6 +264,11 @@ def test_bad_lora_options_name_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"^peft_config.target_modules: Target modules \{'foo_proj'\} not found"):
         Trainer(TrainConfig(**{**TINY, "peft": None}, output_dir=str(tmp_path / "r4")),
                 peft_config=LoraConfig(r=4, target_modules=["foo_proj"]))
+    # layers the model lacks (it has 2): the layer option is named too, with the model's layers (a user trial: the
+    # message blamed target_modules alone, which were right)
+    with pytest.raises(ValueError, match=r"^--peft.target_modules with --peft.layers_to_transform 5 \(the model's "
+                                         r"layers: 0-1\): Target modules .* not found"):
+        Trainer(TrainConfig(**{**TINY, "peft": {"r": 4, "layers_to_transform": 5}}, output_dir=str(tmp_path / "r3")))
     assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 
