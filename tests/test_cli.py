@@ -1193,6 +1193,18 @@ def test_eval_of_a_run_with_python_reward_functions_scores_with_its_named_ones(t
            "['accuracy'] only" in caplog.text
     config, _ = eval_config(EvalArgs(run=str(run), reward_funcs=("format",)))
     assert (config.reward_funcs, config.reward_weights) == (("format",), None)
+    # --reward-weights of the wrong count: refused naming the flag and whose functions they weigh (too many was a
+    # warning that the reward is not reported, exit 0; too few suggested Python callables, which eval never takes)
+    for given, functions in [({"reward_weights": (1.0, 2.0)}, (r"1 reward function\(s\) \['accuracy'\] \(the run's; "
+                                                              r"--reward-funcs gives others\)")),
+                             ({"reward_funcs": ("accuracy", "format"), "reward_weights": (1.0,)},
+                              r"2 reward function\(s\) \['accuracy', 'format'\]:")]:
+        with pytest.raises(ValueError, match=rf"^--reward-weights gives {len(given['reward_weights'])} weight\(s\) for "
+                                             rf"{functions}.*give one weight per reward function$"):
+            eval_config(EvalArgs(run=str(run), **given))
+    with pytest.raises(ValueError, match=r"for 1 reward function\(s\) \['accuracy'\] \(the default's"):
+        eval_config(EvalArgs(model="tiny-random", reward_weights=(1.0, 2.0)))
+    assert eval_config(EvalArgs(run=str(run), reward_weights=(3.0,)))[0].reward_weights == (3.0,)
 
 
 def test_a_misspelt_config_key_or_task_gets_a_did_you_mean():

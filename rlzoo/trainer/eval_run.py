@@ -140,7 +140,7 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
             a ``--checkpoint`` outside ``--run``; a ``--model`` that is
             a run directory (names ``--run``; a checkpoint directory stands for its ``model/``); a run that trained
             on a data set given from Python, without ``--task``; a run trained without a held-out set
-            (``eval_size`` 0), without ``--eval-size`` (names it).
+            (``eval_size`` 0), without ``--eval-size`` (names it); ``--reward-weights`` not one per reward function.
         FileNotFoundError: a run without ``config.json`` or checkpoints, or a ``--checkpoint`` that is not one
             (names it, in ``rlzoo eval``'s flags).
     """
@@ -182,6 +182,13 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
         args = dataclasses.replace(args, reward_funcs=())  # accuracy only
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                  if f.name not in ("run", "checkpoint", "output") and getattr(args, f.name) is not None}
+    weights, funcs = overrides.get("reward_weights"), overrides.get("reward_funcs", settings.get("reward_funcs"))
+    funcs = TrainConfig.reward_funcs if funcs is None else funcs
+    if weights is not None and isinstance(funcs, list | tuple) and len(weights) != len(funcs):  # (none Python's here)
+        whose = "" if "reward_funcs" in overrides else f" ({'the run' if args.run else 'the default'}'s; " \
+                                                       "--reward-funcs gives others)"
+        raise ValueError(f"--reward-weights gives {len(weights)} weight(s) for {len(funcs)} reward function(s) "
+                         f"{list(funcs)}{whose}: give one weight per reward function")
     if isinstance(settings.get("task_kwargs"), dict) and "task_kwargs" in overrides:  # --task.X: option by option,
         overrides["task_kwargs"] = {**settings["task_kwargs"], **overrides["task_kwargs"]}  # as train --config
     return TrainConfig.from_dict({**settings, **overrides}), checkpoint
