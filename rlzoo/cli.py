@@ -22,6 +22,7 @@ dotted flags set the mapping options: ``--loss.epsilon_high 0.28``, ``--advantag
 """
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -29,7 +30,7 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -612,7 +613,8 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     if args.all:
         if args.name or overrides or args.output:
             raise ValueError("rlzoo plot --all draws every preset with its defaults: give no NAME, --output or --loss.*")
-        paths = plot_all(args.output_dir or Path("."), **options)
+        with _plot_flags_named():
+            paths = plot_all(args.output_dir or Path("."), **options)
         print(f"rlzoo plot: wrote {len(paths)} pictures to {args.output_dir or Path('.')}")
         return 0
     if not args.name:
@@ -627,9 +629,28 @@ def _cmd_plot(argv: Sequence[str]) -> int:
                          f"{Path(args.name) / 'reward.png'} (written at each checkpoint)")
     # the registered spelling names the default file (rlzoo plot DAPO writes dapo.png, as docs/pictures names them)
     default = (args.output_dir or Path(".")) / f"{presets.canonical(args.name)}.png"
-    path = plot_objective(args.name, args.output or default, **options, **overrides)
+    with _plot_flags_named():
+        path = plot_objective(args.name, args.output or default, **options, **overrides)
     print(f"rlzoo plot: wrote {path}")
     return 0
+
+
+# the plotting functions' parameter names in their range errors, and the rlzoo plot flags that set them
+_PLOT_FLAGS = {"objective_curves: advantage ": "--advantage-magnitude ", "objective_curves: old_prob ": "--old-prob ",
+               "objective_curves: r_max ": "--r-max ", "plot_objective: dpi ": "--dpi "}
+
+
+@contextlib.contextmanager
+def _plot_flags_named() -> Iterator[None]:
+    """Re-raise a range error of :mod:`rlzoo.losses.pictures` naming the ``rlzoo plot`` flag, not the parameter."""
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        flag = next((f for internal, f in _PLOT_FLAGS.items() if text.startswith(internal)), None)
+        if flag is None:
+            raise
+        raise ValueError(flag + text.split(" ", 2)[2]) from None
 
 
 def _cmd_train(argv: Sequence[str]) -> int:
