@@ -876,6 +876,10 @@ def _cmd_bench(argv: Sequence[str]) -> int:
         import torch
 
         args.output = results / ("cuda.json" if torch.cuda.is_available() else "cpu.json")
+    from rlzoo.trainer.io import is_stream
+
+    if is_stream(args.output):  # a rename onto /dev/null replaces the device (as root); the page reads the file back
+        raise ValueError(f"rlzoo bench --output {args.output}: not a regular file; give a file to save the results in")
     output = args.output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")

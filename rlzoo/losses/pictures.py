@@ -227,10 +227,9 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
         info.add_text(PICTURE_LOSS_KEY, pic.drawn)
         buffer = io.BytesIO()
         image.save(buffer, format="png", optimize=True, pnginfo=info)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
+    from rlzoo.trainer.io import atomic_write_bytes  # (stdlib only: no trainer dependency)
+
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 

@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "disk_full_is_os_error",
+    "is_stream",
     "json_row",
     "recover_interrupted_writes",
     "save_pretrained_atomic",
@@ -88,14 +90,30 @@ def check_writable(directory: str | os.PathLike[str], what: str) -> None:
         raise OSError(err.errno, f"{what} is not writable ({err.strerror})", str(path)) from None
 
 
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` exists as something other than a regular file or a directory: ``/dev/null``,
+    ``/dev/stdout``, a FIFO (followed through symbolic links). Such a path is written in place: renaming a file over
+    it would replace the device itself (as root, ``rlzoo eval --output /dev/null`` left a regular file there)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part; a
+    :func:`is_stream` path (``/dev/null``, ``/dev/stdout``) is written in place instead.
 
     Raises:
         OSError: the write failed (disk full: ``[Errno 28] no space left on device: 'PATH'``); the old file
             is untouched and no temporary is left.
     """
     path = Path(path)
+    if is_stream(path):
+        with disk_full_is_os_error(path), open(path, "wb") as fh:
+            fh.write(data)
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a parent is a file, ...: named with the file asked for

@@ -134,3 +134,48 @@ def test_torchs_short_write_on_a_full_disk_names_the_file(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "statvfs", free(1000))  # 4 MB left: not a full disk
     with pytest.raises(RuntimeError, match="unexpected pos"), disk_full_is_os_error(tmp_path / "x.pt"):
         torch.save(state, "/dev/full")
+
+
+def _fifo_reader(path):
+    """A FIFO at ``path`` and a thread reading it to the end: ``(thread, chunks)``."""
+    import os
+    import threading
+
+    os.mkfifo(path)
+    chunks: list[bytes] = []
+
+    def read():
+        with open(path, "rb") as fh:  # blocks until a writer opens it
+            chunks.append(fh.read())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, chunks
+
+
+def test_a_stream_output_is_written_in_place_never_replaced(tmp_path):
+    """`rlzoo eval --output /dev/null` (or a FIFO, /dev/stdout) renamed its file over the path: as root, /dev/null
+    became a regular file (every shell redirect to it then wrote there). A path that exists as neither a file
+    nor a directory is written in place, by the atomic writes and by rlzoo plot; rlzoo bench, which reads its
+    output back, refuses one. Tested on FIFOs (no root needed)."""
+    import os
+    import stat
+
+    from rlzoo.cli import main
+    from rlzoo.losses.pictures import plot_objective
+    from rlzoo.trainer.io import atomic_write_bytes
+
+    for name, write, start in [("eval.json", lambda p: atomic_write_text(p, '{"accuracy": 1.0}\n'), b'{"accuracy"'),
+                               ("plot", lambda p: plot_objective("dapo", p, dpi=20), b"\x89PNG")]:
+        fifo = tmp_path / name
+        thread, chunks = _fifo_reader(fifo)
+        write(fifo)
+        thread.join(timeout=10)
+        assert stat.S_ISFIFO(fifo.stat().st_mode), f"{name}: the FIFO was replaced by a file"
+        assert len(chunks) == 1 and chunks[0].startswith(start), name  # what was written reached the reader
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "plot"]  # no temporary left beside them
+    atomic_write_bytes(tmp_path / "file", b"x")  # a regular file is still replaced atomically
+    assert (tmp_path / "file").read_bytes() == b"x"
+    os.mkfifo(tmp_path / "bench.json")
+    with pytest.raises(ValueError, match=r"^rlzoo bench --output .*bench.json: not a regular file"):
+        main(["bench", "--output", str(tmp_path / "bench.json"), "--no-render"])
