@@ -53,7 +53,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from rlzoo.batch import BatchError, LossOutput, Normalizer, PolicyBatch
-from rlzoo.losses import EntropyMask, LossInputs, PolicyLoss, get_loss
+from rlzoo.losses import EntropyMask, KLPenalty, LossInputs, PolicyLoss, get_loss
 from rlzoo.registry import UnknownNameError
 
 __all__ = [
@@ -471,12 +471,10 @@ def loss_from_grpo_config(cfg: Any) -> TRLGRPOLoss:
     values, from_dict = _config_values(cfg)
     v = _resolve(values, from_dict)
     loss_type = v["loss_type"]
-    options: dict[str, Any] = {
-        "importance_sampling_level": v["importance_sampling_level"],
-        "beta": float(v["beta"]),
-        "kl_estimator": "k3",
-        "use_bias_correction_kl": v["use_bias_correction_kl"],
-    }
+    options: dict[str, Any] = {"importance_sampling_level": v["importance_sampling_level"]}
+    # TRL's beta is always its k3 KL: set on a KLPenalty part, never resolved by the option's name (a registered
+    # part of the user's that declares beta too made that ambiguous, and every preset without a KL part failed)
+    kl = {"beta": float(v["beta"]), "kl_estimator": "k3", "use_bias_correction_kl": v["use_bias_correction_kl"]}
     if loss_type in _PPO_CLIP_TYPES:
         options.update(
             epsilon_low=float(v["epsilon"]), epsilon_high=float(v["epsilon_high"]), delta=v["delta"]
@@ -515,6 +513,9 @@ def loss_from_grpo_config(cfg: Any) -> TRLGRPOLoss:
     if loss_type == "dr_grpo":
         options["max_completion_length"] = v["max_completion_length"]
     policy = get_loss(loss_type, **options)
+    if kl["beta"] != 0.0 and not any(isinstance(part, KLPenalty) for part in policy.penalties):
+        policy = dataclasses.replace(policy, penalties=(*policy.penalties, KLPenalty()))
+    policy = policy.with_options(**kl)
     return TRLGRPOLoss(
         loss=policy,
         loss_type=loss_type,

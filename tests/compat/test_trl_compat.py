@@ -837,3 +837,30 @@ def test_normalizer_from_batch_with_a_trl_loss_says_what_to_pass() -> None:
                                                                     r"loss=loss_fn.loss\)"):
         rlzoo.Normalizer.from_batch(batch, loss=loss_fn)
     assert int(rlzoo.Normalizer.from_batch(batch, loss=loss_fn.loss).num_tokens) == 6
+
+
+def test_trls_beta_is_its_k3_kl_whatever_else_declares_beta():
+    """A registered part of the user's that declares ``beta`` too (composing.md's custom penalty) made TRL's
+    ``beta`` ambiguous inside ``loss_from_grpo_config``: every loss type whose preset holds no KL part (dapo, TRL's
+    default, cispo, sapo, vespo) failed with beta != 0, advising dataclasses.replace. TRL's beta is always its k3 KL:
+    the same loss as without the user's part."""
+    from rlzoo.losses import PartOutput, Penalty, penalties
+
+    want = {(t, beta): loss_from_grpo_config({"loss_type": t, "beta": beta}).loss
+            for t in ("dapo", "cispo", "sapo", "grpo") for beta in (0.0, 0.04)}
+    with penalties.scoped():
+
+        class MyKL(Penalty, name="my_squared_kl"):
+            """beta * (logp - ref)^2 per token (a test part)."""
+
+            beta: float = 0.0
+
+            @property
+            def active(self) -> bool:
+                return self.beta != 0.0
+
+            def __call__(self, x):
+                return PartOutput(self.beta * (x.logprobs - x.ref_logprobs).square(), {})
+
+        for (loss_type, beta), loss in want.items():
+            assert loss_from_grpo_config({"loss_type": loss_type, "beta": beta}).loss == loss, (loss_type, beta)
