@@ -227,9 +227,13 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
         info.add_text(PICTURE_LOSS_KEY, pic.drawn)
         buffer = io.BytesIO()
         image.save(buffer, format="png", optimize=True, pnginfo=info)
-    from rlzoo.trainer.io import atomic_write_bytes  # (stdlib only: no trainer dependency)
-
-    atomic_write_bytes(path, buffer.getvalue())
+    if path.exists() and not path.is_file():  # /dev/null, /dev/stdout, a FIFO: written in place (a rename onto it
+        path.write_bytes(buffer.getvalue())  # would replace the device itself, as root)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(buffer.getvalue())
+    os.replace(tmp, path)
     return path
 
 
