@@ -143,7 +143,9 @@ def load_model(
         ImportError: ``smollm2-135m`` without its package; the message has the exact pip command.
         FileNotFoundError: a ``.gguf`` path that does not exist.
         ValueError: a name :func:`recorded_model` gave a model object from Python (:func:`check_loadable_model`);
-            a run directory (names its newest checkpoint's model).
+            a run directory (names its newest checkpoint's model); a sequence- or token-classification checkpoint
+            (a reward model: names ``--reward-funcs``).
+        UnknownNameError: also an existing file that is not ``.gguf`` (a data file given as the model).
     """
     if not isinstance(name_or_path, str) or not name_or_path:
         raise ValueError(f"model name_or_path must be a non-empty string, got {name_or_path!r}")
@@ -159,6 +161,10 @@ def load_model(
         model, tokenizer = _load_adapter(name_or_path, dtype, trainable=trainable)
     elif Path(name_or_path).is_dir():
         model, tokenizer = _load_local(name_or_path, dtype, what=f"checkpoint directory {name_or_path!r}")
+    elif Path(name_or_path).exists():  # a data file (a hub id is no local path): not a model
+        raise UnknownNameError(f"model {name_or_path!r} is a file, not a model: give a checkpoint directory "
+                               "(config.json, weights, tokenizer files), a .gguf file, a hub id or a built-in model "
+                               f"({', '.join(list_builtin_models())})")
     elif "/" not in name_or_path and (close := close_names(name_or_path, list_builtin_models())):
         raise UnknownNameError(f"unknown model {name_or_path!r}: did you mean {' or '.join(map(repr, close))}? "
                                f"(built-in models: {', '.join(list_builtin_models())}; a hub id is usually ORG/NAME)")
@@ -215,6 +221,11 @@ def _load_local(
             f"cannot load {what}: {hint}; built-in models: {', '.join(list_builtin_models())} "
             f"({type(err).__name__}: {first})"
         ) from err
+    heads = getattr(model.config, "architectures", None) or []
+    if heads and all(h.endswith(("ForSequenceClassification", "ForTokenClassification")) for h in heads):
+        raise ValueError(f"{what} is a {heads[0]} (its config.json's architectures), not a causal LM: its language-model "
+                         "head would be the input embeddings (tied) or start at random; a sequence-classification "
+                         f"model scores completions as a reward model: --reward-funcs {name_or_path}")
     return model, tokenizer
 
 

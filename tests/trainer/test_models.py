@@ -143,6 +143,27 @@ def test_bad_directory_is_a_clear_error(tmp_path):
     assert "\n" not in str(refused.value)
 
 
+def test_a_data_file_or_a_classification_model_is_no_causal_lm(tmp_path, monkeypatch):
+    """User trial: `--model data/arr.json` (hub-id shaped) was a TypeError traceback inside transformers, and a
+    sequence-classification checkpoint (a reward model) trained as a policy with its language-model head tied to
+    the embeddings or random (only transformers' load report said so)."""
+    import transformers
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "arr.json").write_text("[1, 2]")
+    for name in ("data/arr.json", str(tmp_path / "data" / "arr.json")):
+        with pytest.raises(UnknownNameError, match=r"is a file, not a model: give a checkpoint directory"):
+            load_model(name)
+    model, tokenizer = build_tiny_random()
+    model.config.num_labels = 1
+    transformers.AutoModelForSequenceClassification.from_config(model.config).save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    with pytest.raises(ValueError, match=r"^checkpoint directory '.*rm' is a LlamaForSequenceClassification .*not a "
+                                         r"causal LM.*reward model: --reward-funcs .*rm$"):
+        load_model(str(tmp_path / "rm"))
+
+
 def test_missing_gguf_file():
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         load_model("/tmp/nope.gguf")
