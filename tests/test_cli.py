@@ -667,10 +667,20 @@ def test_eval_output_is_refused_where_it_would_break_a_run(tmp_path):
     _check_output(run / "eval.json")  # beside them: fine
     results = tmp_path / "results"  # a directory of the user's whose metrics.jsonl an earlier eval wrote: no run
     results.mkdir()
-    (results / "metrics.jsonl").write_text("{}")
+    (results / "metrics.jsonl").write_text(json.dumps({"model": "m", "eval_size": 2, "accuracy": 0.5}))
     _check_output(results / "metrics.jsonl")
     (tmp_path / "link.json").symlink_to(run / "config.json")  # the write replaces the link, not the run's file
     _check_output(tmp_path / "link.json")
+    # user trial: any other existing file was replaced silently, the task's data or the model's weights included;
+    # an earlier result of rlzoo eval is replaced, an empty file taken
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"^--output '.*data.jsonl' exists and is not a result of rlzoo eval"):
+        main(["eval", "--model", "tiny-random", "--eval-size", "1", "--output", str(tmp_path / "data.jsonl")])
+    assert (tmp_path / "data.jsonl").read_text().startswith('{"prompt"')
+    (tmp_path / "empty.json").write_text("")
+    for output in ("empty.json", "empty.json"):  # the second time: its own earlier result
+        assert main(["eval", "--model", "tiny-random", "--eval-size", "1", "--output", str(tmp_path / output)]) == 0
+    assert json.loads((tmp_path / "empty.json").read_text())["eval_size"] == 1
 
 
 def test_tasks_lists_tasks_and_options(capsys):

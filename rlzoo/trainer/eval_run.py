@@ -299,7 +299,8 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
     is null) and a few ``samples``; written to ``args.output`` (atomically) when given.
 
     Raises:
-        ValueError: ``--output`` is a directory or a training run's own file (its ``config.json``, ...).
+        ValueError: ``--output`` is a directory, a training run's own file (its ``config.json``, ...) or an existing
+            file that is not an earlier result of ``rlzoo eval``.
         the errors of :func:`eval_config` and :func:`rlzoo.trainer.evaluation.evaluate`.
     """
     from rlzoo.trainer.evaluation import evaluate
@@ -331,8 +332,9 @@ def eval_result(args: EvalArgs) -> dict[str, Any]:
 
 def _check_output(output: Path) -> None:
     """Refuse an ``--output`` that is a directory, lies among a training run's own files (its ``config.json``: the run
-    could no longer be resumed or evaluated by name; its checkpoints) or cannot be written, naming the flag: before
-    the evaluation, which takes minutes."""
+    could no longer be resumed or evaluated by name; its checkpoints), is an existing file other than an earlier
+    result (a task's data, a model's weights) or cannot be written, naming the flag: before the evaluation, which
+    takes minutes."""
     from rlzoo.trainer.io import check_writable
     from rlzoo.trainer.run_dir import inside_a_run
 
@@ -344,10 +346,26 @@ def _check_output(output: Path) -> None:
         where, owner = inside
         raise ValueError(f"--output {str(output)!r} {where}; write the result beside them, e.g. "
                          f"{str(owner.parent / 'eval.json' if (owner / 'model').is_dir() else owner / 'eval.json')!r}")
+    # a task's data, a model's weights, notes (a link is replaced, not written through: what it names is kept)
+    if output.is_file() and not output.is_symlink() and output.stat().st_size and not _is_eval_result(output):
+        raise ValueError(f"--output {str(output)!r} exists and is not a result of rlzoo eval, which would replace it; "
+                         "name a new file (an earlier result is replaced)")
     try:
         check_writable(output.parent, "its directory")
     except OSError as err:
         raise OSError(err.errno, f"--output {str(output)!r}: {err.strerror}", err.filename) from None
+
+
+def _is_eval_result(path: Path) -> bool:
+    """Whether ``path`` holds what :func:`evaluate` writes (a small JSON object naming the model, its eval size and
+    accuracy), which a new ``--output`` may replace."""
+    if path.stat().st_size > 1 << 20:
+        return False
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return isinstance(result, dict) and {"model", "eval_size", "accuracy"} <= result.keys()
 
 
 def _json_number(value: float | None) -> float | None:
