@@ -91,7 +91,7 @@ class ModelConfig(Section):
     """Precision. auto = bf16-mixed on GPU, float32 on CPU. bf16-mixed: float32 weights and optimizer state,
     forward passes under bfloat16 autocast (as transformers' Trainer with bf16=True). bfloat16 / float16: the
     parameters themselves in that dtype (half the memory; AdamW updates smaller than the dtype's resolution
-    are lost)."""
+    are lost); float16 only for a LoRA adapter's frozen base or evaluation (AdamW's eps is 0 in float16)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     num_threads: int | None = None

@@ -30,8 +30,13 @@ class OptimizerStep:
     def __init__(self, config: OptimizerConfig, model: torch.nn.Module, *, max_steps: int) -> None:
         self.config = config
         self.max_steps = max_steps
+        trained = [p for p in model.parameters() if p.requires_grad]
+        if any(p.dtype == torch.float16 for p in trained):
+            raise ValueError("--dtype float16 trains float16 parameters, which AdamW cannot update (its eps 1e-8 is 0 "
+                             "in float16: the first step makes the weights inf or NaN); use --dtype bf16-mixed (a GPU), "
+                             "bfloat16 or float32, or train a LoRA adapter (--peft.r N: peft keeps it in float32)")
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=config.learning_rate,
+            trained, lr=config.learning_rate,
             betas=(config.adam_beta1, config.adam_beta2), weight_decay=config.weight_decay,
         )
         self.scheduler = self._schedule(completed_steps=0)
