@@ -35,6 +35,7 @@ from torch import Tensor
 
 from rlzoo.trainer.config import CheckpointConfig
 from rlzoo.trainer.distributed import Distributed
+from rlzoo.trainer.interrupts import interrupts_unwrapped
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
@@ -210,7 +211,7 @@ class Checkpointer:
                      "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
             if pristine:  # DCP made a state with a zero-gradient step (AdamW's step count 1): not this run's
                 optimizer.state.clear()
-            with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist):
+            with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist), interrupts_unwrapped():
                 dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
             full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
             if full:
@@ -270,7 +271,7 @@ class Checkpointer:
         frozen = set(get_model_state_dict(policy.module)) - set(model_state)
         _check_fits(path, model_state, frozen=frozen)
         state = {"model": model_state, "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
-        with _one_process_quietly(dist):
+        with _one_process_quietly(dist), interrupts_unwrapped():
             dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.initialized)
         set_model_state_dict(policy.module, state["model"], options=_trained_only())
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])

@@ -19,16 +19,18 @@ its checkpoint precedes the final evaluation and carries the row, so a signal, a
 evaluation loses nothing: ``--resume latest`` runs the evaluation and writes the row (:meth:`rlzoo.trainer.Trainer.train`).
 """
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from rlzoo.trainer.distributed import RANK_LOCAL
 
-__all__ = ["GracefulInterrupt", "RunInterrupted"]
+__all__ = ["GracefulInterrupt", "RunInterrupted", "interrupts_unwrapped"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -110,3 +112,19 @@ class GracefulInterrupt:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+@contextlib.contextmanager
+def interrupts_unwrapped() -> Iterator[None]:
+    """Around ``torch.distributed.checkpoint`` saves and loads: DCP wraps what a rank raised in a
+    ``CheckpointException``, a second Ctrl-C's ``KeyboardInterrupt`` too; it is raised as itself, so the command
+    exits 130 at once as documented (it exited 1 with DCP's traceback when the signal came during a checkpoint)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        stop = next((exc for exc, _ in err.failures.values() if isinstance(exc, KeyboardInterrupt)), None)
+        if stop is None:
+            raise
+        raise stop from None

@@ -246,6 +246,44 @@ def test_two_sigints_exit_130_at_once(tmp_path):
     assert [r["step"] for r in _rows(run)] == [1]
 
 
+def test_a_second_sigint_during_the_checkpoint_write_exits_130_at_once(tmp_path):
+    """User trial: a second Ctrl-C that landed inside torch.distributed.checkpoint's write exited 1 with ~60 lines
+    of DCP's traceback (DCP wraps what a rank raised, the KeyboardInterrupt too, in a CheckpointException). The
+    first SIGINT comes during step 2's generation, the second from inside the DCP write of its checkpoint."""
+    reward = tmp_path / "signals.py"
+    reward.write_text(textwrap.dedent("""
+        import os, signal
+        calls = []
+        def reward(prompts, completions, **kw):
+            calls.append(1)
+            if len(calls) == 3:  # the dry check, step 1, then step 2
+                os.environ["RLZOO_TEST_STOPPING"] = "1"
+                os.kill(os.getpid(), signal.SIGINT)
+            return [0.0] * len(completions)
+        """))
+    driver = textwrap.dedent("""
+        import os, signal, sys
+        from torch.distributed.checkpoint import filesystem
+        write_data = filesystem.FileSystemWriter.write_data
+        def second_sigint(self, *args, **kwargs):
+            if os.environ.get("RLZOO_TEST_STOPPING"):
+                os.kill(os.getpid(), signal.SIGINT)
+            return write_data(self, *args, **kwargs)
+        filesystem.FileSystemWriter.write_data = second_sigint
+        from rlzoo.cli import console_main
+        sys.argv = ["rlzoo", *sys.argv[1:]]
+        sys.exit(console_main())
+        """)
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", driver, "train", *TINY_FLAGS, "--max-steps", "3", "--save-steps", "100",
+                           "--reward-funcs", f"{reward}:reward", "--output-dir", str(run)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "rlzoo: interrupted" in done.stderr and "Traceback" not in done.stderr
+    assert "CheckpointException" not in done.stderr
+    assert _checkpoints(run) == []  # the write was abandoned whole: no partial checkpoint, no temporary
+
+
 @pytest.mark.slow
 def test_under_torchrun_a_sigterm_to_every_process_checkpoints_the_step(tmp_path):
     """Slurm's preemption: SIGTERM to the workers and to torchrun's agent, which forwards its own, so each rank
