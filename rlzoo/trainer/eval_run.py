@@ -169,6 +169,8 @@ def eval_config(args: EvalArgs) -> tuple[TrainConfig, str | None]:
                 raise ValueError(f"--run {run}: {err}") from None
         if args.eval_size is None:
             _check_held_out_set(run, settings, own_task=args.task is None)
+        if args.task is None:
+            _warn_beyond_held_out(run, settings, args)
         if args.model is None:  # (else --model is evaluated, on the run's task and held-out set)
             path = _run_checkpoint(run, args.checkpoint)
             checkpoint = str(path)
@@ -250,6 +252,23 @@ def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) 
             if own_task and task not in list_reasoning_gym_tasks() and not split else "")
     raise ValueError(f"--run {run} was trained with eval_size {size} (its config.json): it has no held-out set to "
                      f"evaluate; pass --eval-size N to evaluate N problems{seen}")
+
+
+def _warn_beyond_held_out(run: Path, settings: dict[str, Any], args: EvalArgs) -> None:
+    """Warn when ``--eval-size`` (more than the run's) or ``--eval-seed`` (another) draws rows of a run's own data
+    set that it trained on: its held-out rows were cut from the data by those two (no ``eval_split``)."""
+    task, options = settings.get("task"), settings.get("task_kwargs")
+    if task in list_reasoning_gym_tasks() or (isinstance(options, dict) and options.get("eval_split")):
+        return
+    size, seed = settings.get("eval_size", TrainConfig.eval_size), settings.get("eval_seed", TrainConfig.eval_seed)
+    changed = []
+    if isinstance(size, int) and args.eval_size is not None and args.eval_size > size:
+        changed.append(f"--eval-size {args.eval_size} (the run's: {size})")
+    if args.eval_seed not in (None, seed):
+        changed.append(f"--eval-seed {args.eval_seed} (the run's: {seed})")
+    if changed:
+        log.warning("%s on --run %s: its held-out rows were cut from %r by eval_size and eval_seed, so these draw rows "
+                    "the run trained on: the accuracy is not a held-out one", " and ".join(changed), run, task)
 
 
 def _named_rewards_only(run: Path, settings: dict[str, Any], recorded: dict[str, Any]) -> None:

@@ -328,6 +328,15 @@ def test_rlzoo_eval_of_a_file_evaluates_eval_size_rows_and_a_run_its_own_held_ou
     Trainer(TrainConfig(**{**TINY, "eval_size": 200}, task=str(path), max_steps=1, output_dir=str(run))).train()
     assert main(["eval", "--run", str(run), "--max-completion-length", "2", "--output", str(tmp_path / "run.json")]) == 0
     assert json.loads((tmp_path / "run.json").read_text())["n"] == 4  # the run's held-out set: 20 % of the rows
+    # another --eval-seed (or a larger --eval-size) draws rows the run trained on: said (a user trial read them as
+    # held-out accuracy); the run's own settings, or a smaller size (a prefix of its held-out rows), say nothing
+    assert "the accuracy is not a held-out one" not in caplog.text
+    with caplog.at_level("WARNING", logger="rlzoo.train"):
+        assert main(["eval", "--run", str(run), "--eval-seed", "7", "--max-completion-length", "2"]) == 0
+    assert f"--eval-seed 7 (the run's: 1000) on --run {run}: its held-out rows were cut from {str(path)!r} by " \
+           "eval_size and eval_seed, so these draw rows the run trained on: the accuracy is not a held-out one" \
+           in caplog.text
+    caplog.clear()
     # a run without a held-out set (eval_size 0): the --eval-size N rows its error asks for, uncapped (it
     # evaluated 4 of 20, and 0 of a 3-row file: "nan%", exit 0, NaN in the JSON)
     for rows in (20, 3):
@@ -339,6 +348,7 @@ def test_rlzoo_eval_of_a_file_evaluates_eval_size_rows_and_a_run_its_own_held_ou
         assert main(["eval", "--run", str(bare), "--eval-size", "2", "--max-completion-length", "2", "--output",
                      str(tmp_path / "bare.json")]) == 0
         assert json.loads((tmp_path / "bare.json").read_text())["n"] == 2
+        assert f"--eval-size 2 (the run's: 0) on --run {bare}" in caplog.text
     tiny = tmp_path / "tiny_run"  # a held-out split capped to 0 rows (3 rows: 20 % is 0): an error, not n=0
     Trainer(TrainConfig(**{**TINY, "eval_size": 5}, task=str(tmp_path / "d3.jsonl"), max_steps=1,
                         output_dir=str(tiny))).train()
