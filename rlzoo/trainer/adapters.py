@@ -63,7 +63,7 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, both ``peft_config`` and other ``--peft`` options than its
+        ValueError: a model object without a tokenizer, a tokenizer without a model object, both ``peft_config`` and other ``--peft`` options than its
             own (:func:`peft_options`), options the run cannot honour (:func:`check_adapter_options`: dropout, a
             task type other than CAUSAL_LM, trained biases with a reference; before the model loads), an adapter on the output layer
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
@@ -91,6 +91,10 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         if needs_reference:
             _check_adapter_starts_at_zero(peft_config, option=init_option)
     by_name = model is None
+    if by_name and tokenizer is not None:  # (TRL's processing_class with a model id: it was dropped silently)
+        raise ValueError(f"Trainer(config, tokenizer=...) without model=: a tokenizer goes with a model object, "
+                         f"Trainer(config, model=AutoModelForCausalLM.from_pretrained({model_config.model!r}), "
+                         "tokenizer=...); a model loaded by name (config.model) brings its own tokenizer")
     if by_name:
         model, tokenizer = load_model(model_config.model, dtype=dtype, device=device, trainable=True)
     else:

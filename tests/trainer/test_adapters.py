@@ -374,6 +374,20 @@ def test_lora_on_smollm2_raises_the_reward(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step-000005" / "model" / "adapter_model.safetensors").is_file()
 
 
+def test_a_model_object_and_its_tokenizer_go_together(tmp_path):
+    """A model object needs its tokenizer; a tokenizer without a model object (TRL's processing_class beside a model
+    id) was dropped silently (a user trial's custom chat template never reached the prompts): refused, naming how
+    to pass both."""
+    model, tok = build_tiny_random()
+    with pytest.raises(ValueError, match=r"^Trainer\(model=...\) needs its tokenizer too"):
+        Trainer(TrainConfig(**TINY, output_dir=str(tmp_path / "a")), model=model)
+    with pytest.raises(ValueError, match=r"^Trainer\(config, tokenizer=...\) without model=: a tokenizer goes with a "
+                                         r"model object, Trainer\(config, model=AutoModelForCausalLM.from_pretrained\("
+                                         r"'tiny-random'\), tokenizer=...\)"):
+        Trainer(TrainConfig(**TINY, output_dir=str(tmp_path / "b")), tokenizer=tok, reward_funcs=[digit_fraction])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_a_python_model_object_is_what_its_run_records(tmp_path, monkeypatch):
     """A run of Trainer(config, model=obj) used to record the default model: `--config RUN/config.json` and a CLI
     resume loaded that model instead, and a LoRA adapter named no base (eval --run and export failed obscurely)."""
