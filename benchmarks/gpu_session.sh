@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a session runs when it is lent a GPU machine (no package index there; see docs/benchmarks.md):
-# the CUDA-marked tests, the trainer's own tests with the GPU visible (device auto = cuda, dtype auto = bf16-mixed),
-# and the CLI end to end on CUDA (LoRA with a reference, eval, export; one-rank FSDP2 under torchrun).
+# the CUDA-marked tests, the trainer's, CLI's and TRL integration's tests on that machine (conftest.py runs the
+# unmarked ones on the CPU: this checks they pass where a GPU is present), and the CLI end to end on CUDA (LoRA with
+# a reference, eval, export; one-rank FSDP2 under torchrun).
 # Wheels the machine lacks travel in .whl/ (pip download --python-version 3.12 ...; .git/info/exclude ignores it).
 # Usage: bash benchmarks/gpu_session.sh [cuda|trainer|cli|all]; logs go to $OUT (or ./gpu-logs).
 set -uo pipefail
@@ -55,7 +56,7 @@ for line in open(sys.argv[1]):
 fi
 
 if [[ $what == trainer || $what == all ]]; then
-  echo "== the trainer's tests with the GPU visible"
+  echo "== the trainer's tests on the GPU machine (unmarked ones on its CPU)"
   timeout 280 python3 -m pytest tests/trainer tests/test_cli.py tests/integrations/test_trl.py --ignore=tests/trainer/test_trackers.py -q -p no:cacheprovider -n 14 -rfE \
     2>&1 | tee "$OUT/trainer_on_cuda.log" | grep -E "^(FAILED|ERROR)|passed|failed" | cut -c1-300 | tail -60
   python3 -m rlzoo bench --output /tmp/bench.json --docs /tmp/bench.md -q -k "loss_eager and grpo and cpu" 2>&1 | tail -5

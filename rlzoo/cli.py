@@ -631,7 +631,9 @@ def _cmd_plot(argv: Sequence[str]) -> int:
     default = (args.output_dir or Path(".")) / f"{presets.canonical(args.name)}.png"
     with _plot_flags_named():
         path = plot_objective(args.name, args.output or default, **options, **overrides)
-    print(f"rlzoo plot: wrote {path}")
+    from rlzoo.trainer.io import is_stream
+
+    print(f"rlzoo plot: wrote {path}", file=sys.stderr if is_stream(path) else sys.stdout)  # not into the picture
     return 0
 
 
@@ -650,7 +652,7 @@ def _plot_flags_named() -> Iterator[None]:
         flag = next((f for internal, f in _PLOT_FLAGS.items() if text.startswith(internal)), None)
         if flag is None:
             raise
-        raise ValueError(flag + text.split(" ", 2)[2]) from None
+        raise ValueError(flag + text.split(" ", 2)[2].replace("max(1, r_min)", "1")) from None  # (no --r-min flag)
 
 
 def _cmd_train(argv: Sequence[str]) -> int:

@@ -75,7 +75,7 @@ def test_plot_all_writes_one_picture_per_preset(tmp_path, monkeypatch):
     # the flags named, not the plotting functions' parameters (old_prob, advantage, r_max, dpi)
     (["plot", "ppo", "--old-prob", "2"], "rlzoo: error: --old-prob must be in (0, 1), got 2.0"),
     (["plot", "ppo", "--advantage-magnitude", "0"], "rlzoo: error: --advantage-magnitude must be > 0, got 0.0"),
-    (["plot", "ppo", "--r-max", "-1"], "rlzoo: error: --r-max must be finite and > max(1, r_min), got -1.0"),
+    (["plot", "ppo", "--r-max", "-1"], "rlzoo: error: --r-max must be finite and > 1, got -1.0"),
     (["plot", "--all", "--dpi", "3"], "rlzoo: error: --dpi must be an int >= 20, got 3"),
     (["plot", "dapo", "--output", "dapo.txt"], "matplotlib writes no 'txt' pictures; give a file ending in one of "),
     (["plot", "dapo", "--output", "dapo.pgf"], "matplotlib writes no 'pgf' pictures"),  # LaTeX: a traceback

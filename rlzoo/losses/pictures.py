@@ -227,8 +227,10 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
         info.add_text(PICTURE_LOSS_KEY, pic.drawn)
         buffer = io.BytesIO()
         image.save(buffer, format="png", optimize=True, pnginfo=info)
-    if path.exists() and not path.is_file():  # /dev/null, /dev/stdout, a FIFO: written in place (a rename onto it
-        path.write_bytes(buffer.getvalue())  # would replace the device itself, as root)
+    # /dev/null, /dev/stdout (a link to what a shell redirects to), a FIFO: written in place (a rename onto it would
+    # replace the device or the link itself, as root)
+    if (path.exists() and not path.is_file()) or os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        path.write_bytes(buffer.getvalue())
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -371,7 +371,7 @@ def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the model being exported ({str(source)!r}); "
                          "write it to a new directory")
     base = _adapter_base(source) if source.is_dir() else None
-    if base and Path(base).is_dir() and (target == Path(base).resolve() or target in Path(base).resolve().parents):
+    if base and Path(base).exists() and (target == Path(base).resolve() or target in Path(base).resolve().parents):
         raise ValueError(f"export: OUTPUT {str(output)!r} holds the base model of the adapter being exported ({base!r}, "
                          "its adapter_config.json), which the run's checkpoints load; write it to a new directory")
     from rlzoo.trainer.run_dir import RunDirectory, inside_a_run  # (run_dir imports this module, indirectly)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -255,20 +256,22 @@ def _check_held_out_set(run: Path, settings: dict[str, Any], *, own_task: bool) 
 
 
 def _warn_beyond_held_out(run: Path, settings: dict[str, Any], args: EvalArgs) -> None:
-    """Warn when ``--eval-size`` (more than the run's) or ``--eval-seed`` (another) draws rows of a run's own data
-    set that it trained on: its held-out rows were cut from the data by those two (no ``eval_split``)."""
+    """Warn when ``--eval-size`` (for a run without a held-out set) or ``--eval-seed`` (another) draws rows of a
+    run's own data set that it trained on: its held-out rows were cut from the data by those two (no
+    ``eval_split``)."""
     task, options = settings.get("task"), settings.get("task_kwargs")
     if task in list_reasoning_gym_tasks() or (isinstance(options, dict) and options.get("eval_split")):
         return
     size, seed = settings.get("eval_size", TrainConfig.eval_size), settings.get("eval_seed", TrainConfig.eval_seed)
-    changed = []
-    if isinstance(size, int) and args.eval_size is not None and args.eval_size > size:
+    changed = []  # (a larger --eval-size than a run's with a held-out set may draw only held-out rows: its own
+    if size == 0 and args.eval_size:  # split may have been capped at MAX_EVAL_FRACTION; not said, not known here)
         changed.append(f"--eval-size {args.eval_size} (the run's: {size})")
     if args.eval_seed not in (None, seed):
         changed.append(f"--eval-seed {args.eval_seed} (the run's: {seed})")
     if changed:
-        log.warning("%s on --run %s: its held-out rows were cut from %r by eval_size and eval_seed, so these draw rows "
-                    "the run trained on: the accuracy is not a held-out one", " and ".join(changed), run, task)
+        log.warning("%s on --run %s: the rows drawn from %r include rows the run trained on (its held-out rows, if "
+                    "any, were cut by eval_size and eval_seed): the accuracy is not a held-out one", " and ".join(changed),
+                    run, task)
 
 
 def _named_rewards_only(run: Path, settings: dict[str, Any], recorded: dict[str, Any]) -> None:
@@ -354,11 +357,15 @@ def _check_output(output: Path) -> None:
     could no longer be resumed or evaluated by name; its checkpoints), is an existing file other than an earlier
     result (a task's data, a model's weights) or cannot be written, naming the flag: before the evaluation, which
     takes minutes."""
-    from rlzoo.trainer.io import check_writable
+    from rlzoo.trainer.io import check_writable, is_stream
     from rlzoo.trainer.run_dir import inside_a_run
 
     if output.is_dir():
         raise ValueError(f"--output {str(output)!r} is a directory; name a file (e.g. {str(output / 'eval.json')!r})")
+    if is_stream(output):  # /dev/null, /dev/stdout, a FIFO: written in place (its directory need not be writable)
+        if not os.access(output, os.W_OK):
+            raise PermissionError(f"--output {str(output)!r} is not writable")
+        return
     target = output.parent.resolve() / output.name  # a link named as the output is replaced, not written through
     inside = inside_a_run(target)
     if inside is not None:

@@ -125,6 +125,15 @@ def test_export_never_deletes_what_it_must_not(tmp_path, monkeypatch):
     tokenizer.save_pretrained(adapter)  # replaced by the merged model, silently, with --overwrite)
     with pytest.raises(ValueError, match=r"holds the base model of the adapter being exported"):
         export_model(adapter, source, overwrite=True)
+    bases = tmp_path / "bases"  # a .gguf file base (load_model takes one) in a directory OUTPUT names
+    bases.mkdir()
+    (bases / "base.gguf").write_bytes(b"GGUF")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(bases /
+                                                                                                     "base.gguf")}))
+    with pytest.raises(ValueError, match=r"holds the base model of the adapter being exported"):
+        export_model(adapter, bases, overwrite=True)
+    assert (bases / "base.gguf").read_bytes() == b"GGUF"
     assert load_model(str(source))[0].state_dict().keys() == model.state_dict().keys()
 
 

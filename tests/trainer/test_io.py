@@ -153,7 +153,7 @@ def _fifo_reader(path):
     return thread, chunks
 
 
-def test_a_stream_output_is_written_in_place_never_replaced(tmp_path):
+def test_a_stream_output_is_written_in_place_never_replaced(tmp_path, monkeypatch):
     """`rlzoo eval --output /dev/null` (or a FIFO, /dev/stdout) renamed its file over the path: as root, /dev/null
     became a regular file (every shell redirect to it then wrote there). A path that exists as neither a file
     nor a directory is written in place, by the atomic writes and by rlzoo plot; rlzoo bench, which reads its
@@ -163,7 +163,8 @@ def test_a_stream_output_is_written_in_place_never_replaced(tmp_path):
 
     from rlzoo.cli import main
     from rlzoo.losses.pictures import plot_objective
-    from rlzoo.trainer.io import atomic_write_bytes
+    from rlzoo.trainer.eval_run import _check_output
+    from rlzoo.trainer.io import atomic_write_bytes, is_stream
 
     for name, write, start in [("eval.json", lambda p: atomic_write_text(p, '{"accuracy": 1.0}\n'), b'{"accuracy"'),
                                ("plot", lambda p: plot_objective("dapo", p, dpi=20), b"\x89PNG")]:
@@ -176,6 +177,12 @@ def test_a_stream_output_is_written_in_place_never_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "plot"]  # no temporary left beside them
     atomic_write_bytes(tmp_path / "file", b"x")  # a regular file is still replaced atomically
     assert (tmp_path / "file").read_bytes() == b"x"
+    # /dev/stdout links to whatever a shell redirects to (a regular file too): written in place, never replaced
+    assert is_stream("/dev/stdout") and is_stream("/dev/null") and not is_stream(tmp_path / "file")
+    fifo = tmp_path / "out.json"  # rlzoo eval --output FIFO: its directory need not be writable (/dev is not, to a user)
+    os.mkfifo(fifo)
+    monkeypatch.setattr("rlzoo.trainer.io.check_writable", lambda *a, **k: (_ for _ in ()).throw(PermissionError()))
+    _check_output(fifo)
     os.mkfifo(tmp_path / "bench.json")
     with pytest.raises(ValueError, match=r"^rlzoo bench --output .*bench.json: not a regular file"):
         main(["bench", "--output", str(tmp_path / "bench.json"), "--no-render"])

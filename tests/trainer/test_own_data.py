@@ -328,14 +328,18 @@ def test_rlzoo_eval_of_a_file_evaluates_eval_size_rows_and_a_run_its_own_held_ou
     Trainer(TrainConfig(**{**TINY, "eval_size": 200}, task=str(path), max_steps=1, output_dir=str(run))).train()
     assert main(["eval", "--run", str(run), "--max-completion-length", "2", "--output", str(tmp_path / "run.json")]) == 0
     assert json.loads((tmp_path / "run.json").read_text())["n"] == 4  # the run's held-out set: 20 % of the rows
-    # another --eval-seed (or a larger --eval-size) draws rows the run trained on: said (a user trial read them as
-    # held-out accuracy); the run's own settings, or a smaller size (a prefix of its held-out rows), say nothing
+    # another --eval-seed draws rows the run trained on: said (a user trial read them as held-out accuracy); the
+    # run's own settings say nothing, nor a larger --eval-size (this run's split was capped: the same rows)
     assert "the accuracy is not a held-out one" not in caplog.text
     with caplog.at_level("WARNING", logger="rlzoo.train"):
         assert main(["eval", "--run", str(run), "--eval-seed", "7", "--max-completion-length", "2"]) == 0
-    assert f"--eval-seed 7 (the run's: 1000) on --run {run}: its held-out rows were cut from {str(path)!r} by " \
-           "eval_size and eval_seed, so these draw rows the run trained on: the accuracy is not a held-out one" \
-           in caplog.text
+    assert f"--eval-seed 7 (the run's: 1000) on --run {run}: the rows drawn from {str(path)!r} include rows the run " \
+           "trained on (its held-out rows, if any, were cut by eval_size and eval_seed): the accuracy is not a " \
+           "held-out one" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlzoo.train"):  # more than its held-out rows, capped to the same 4 rows
+        assert main(["eval", "--run", str(run), "--eval-size", "300", "--max-completion-length", "2"]) == 0
+    assert "the accuracy is not a held-out one" not in caplog.text
     caplog.clear()
     # a run without a held-out set (eval_size 0): the --eval-size N rows its error asks for, uncapped (it
     # evaluated 4 of 20, and 0 of a 3-row file: "nan%", exit 0, NaN in the JSON)
