@@ -229,7 +229,8 @@ def plot_objective(loss: PolicyLoss | str, output: str | os.PathLike[str] | None
         image.save(buffer, format="png", optimize=True, pnginfo=info)
     # /dev/null, /dev/stdout (a link to what a shell redirects to), a FIFO: written in place (a rename onto it would
     # replace the device or the link itself, as root)
-    if (path.exists() and not path.is_file()) or os.path.abspath(path).startswith(("/dev/", "/proc/")):
+    if (path.exists() and not path.is_file()) or (os.path.lexists(path) and os.path.abspath(path).startswith(("/dev/",
+                                                                                                             "/proc/"))):
         path.write_bytes(buffer.getvalue())
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -94,8 +94,9 @@ def is_stream(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` exists as something other than a regular file or a directory: ``/dev/null``,
     ``/dev/stdout``, a FIFO (followed through symbolic links). Such a path is written in place: renaming a file over
     it would replace the device itself (as root, ``rlzoo eval --output /dev/null`` left a regular file there). A path
-    under ``/dev`` or ``/proc`` is one whatever it names (``/dev/stdout`` links to the file a shell redirects to)."""
-    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+    under ``/dev`` or ``/proc`` that exists is one whatever it names (``/dev/stdout`` links to the file a shell
+    redirects to)."""
+    if os.path.lexists(path) and os.path.abspath(path).startswith(("/dev/", "/proc/")):
         return True
     try:
         mode = os.stat(path).st_mode
