@@ -63,8 +63,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
     model, else a frozen copy of the policy.
 
     Raises:
-        ValueError: a model object without a tokenizer, a tokenizer without a model object, both ``peft_config`` and other ``--peft`` options than its
-            own (:func:`peft_options`), options the run cannot honour (:func:`check_adapter_options`: dropout, a
+        ValueError: a model object without a tokenizer, a tokenizer without a model object, both ``peft_config``
+            and other ``--peft`` options than its own (:func:`peft_options`), options the run cannot honour (:func:`check_adapter_options`: dropout, a
             task type other than CAUSAL_LM, trained biases with a reference; before the model loads), an adapter on the output layer
             (the fused log-probs read the head's weight directly, so it would not train: TRL refuses it too), or on
             an input embedding tied to the output layer (:func:`_check_no_tied_embedding_adapter`), a new adapter
