@@ -1,19 +1,32 @@
 """The ``--peft`` options of an adapter run: checking them and building the ``peft.LoraConfig`` they give
 (:func:`lora_config`), refusing what a run cannot honour (:func:`check_adapter_options`), a PEFT config object's options as ``--peft`` options (:func:`peft_options`), what a run
-records as its ``peft`` setting (:func:`recorded_peft`) and what a resume compares (:func:`built_adapter`).
+records as its ``peft`` setting (:func:`recorded_peft`) and what a resume compares (:func:`built_adapter`), and
+:func:`peft_wrapping`, around peft's wrapping of a model.
 
 :mod:`rlzoo.trainer.adapters` builds the policy with the adapter these options describe (and re-exports these names).
 """
 
+import contextlib
 import dataclasses
 import math
 import re
 import types
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["built_adapter", "check_adapter_options", "lora_config", "peft_options", "recorded_peft",
+__all__ = ["built_adapter", "check_adapter_options", "lora_config", "peft_options", "peft_wrapping", "recorded_peft",
            "refuse_prompt_learning"]
+
+
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around ``get_peft_model`` / ``PeftModel.from_pretrained``: hides the FutureWarning transformers (>= 5) gives
+    when peft reads the deprecated ``model.is_gradient_checkpointing``, which every LoRA run would print and no user
+    can act on. Other warnings pass."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
 
 
 def lora_config(options: Mapping[str, Any]) -> Any:

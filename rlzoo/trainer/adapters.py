@@ -24,6 +24,7 @@ from rlzoo.trainer.adapter_options import (
     check_adapter_options,
     lora_config,
     peft_options,
+    peft_wrapping,
     recorded_peft,
     refuse_prompt_learning,
 )
@@ -109,7 +110,8 @@ def build_policy(model_config: ModelConfig, adapter_config: AdapterConfig, *, dt
         if is_peft_model(model):
             raise ValueError("the model already carries a PEFT adapter; drop peft_config / --peft to train it")
         try:
-            model = get_peft_model(model, copy.copy(peft_config))
+            with peft_wrapping():
+                model = get_peft_model(model, copy.copy(peft_config))
         except ValueError as err:  # peft: "Target modules {'x'} not found in the base model. Please check ..."
             if "target modules" not in str(err).lower():
                 raise
@@ -359,7 +361,8 @@ def _adapter_on(model: Any, source: Path, *, tokenizer: Any, dtype: torch.dtype 
     model = copy.deepcopy(model)
     if dtype is not None:
         model.to(dtype)
-    return PeftModel.from_pretrained(model, str(source)), tokenizer
+    with peft_wrapping():
+        return PeftModel.from_pretrained(model, str(source)), tokenizer
 
 
 def _check_export_target(source: Path, output: Path, *, overwrite: bool) -> None:

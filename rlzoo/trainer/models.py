@@ -237,6 +237,8 @@ def _load_adapter(path: str, dtype: torch.dtype | None, *,
 
     from peft import PeftModel
 
+    from rlzoo.trainer.adapter_options import peft_wrapping
+
     base_name = json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base_name:
         raise ModelUnavailableError(f"cannot load adapter {path!r}: its adapter_config.json names no "
@@ -244,7 +246,8 @@ def _load_adapter(path: str, dtype: torch.dtype | None, *,
     base, tokenizer = load_model(base_name, dtype=dtype)
     if (Path(path) / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(path)
-    return PeftModel.from_pretrained(base, path, is_trainable=trainable), tokenizer
+    with peft_wrapping():
+        return PeftModel.from_pretrained(base, path, is_trainable=trainable), tokenizer
 
 
 def _load_smollm2(dtype: torch.dtype | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -733,3 +733,18 @@ def test_a_prompt_learning_adapter_is_refused_naming_what_trains(tmp_path, monke
     with pytest.raises(ValueError, match=f"^the model's adapter: PromptTuningConfig {message}"):
         Trainer(TrainConfig(**{**TINY, "peft": None}, max_steps=1, output_dir=str(tmp_path / "run2")), model=prompted,
                 tokenizer=tokenizer, reward_funcs=[digit_fraction])
+
+
+def test_wrapping_and_reloading_an_adapter_prints_no_deprecation_a_user_cannot_act_on(tmp_path):
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` when it wraps a model: without
+    ``peft_wrapping`` every LoRA run printed that FutureWarning (twice with a resume or export)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = Trainer(TrainConfig(**TINY, max_steps=1, save_steps=1, output_dir=str(tmp_path / "a")),
+                          reward_funcs=[digit_fraction])
+        trainer.train()
+        load_model(str(tmp_path / "a" / "checkpoints" / "step-000001" / "model"))
+        export_model(tmp_path / "a" / "checkpoints" / "step-000001" / "model", tmp_path / "merged")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)], [str(w.message) for w in caught]
