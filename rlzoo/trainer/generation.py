@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("rlzoo.train")
+_WARNED_LENGTH: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+"""Models whose prompt-length warning was given: a run's sampling and evaluation generators share one model, and
+the warning is given once for both."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -137,7 +141,6 @@ class HFGenerator:
         self.max_prompt_length = max_prompt_length
         self.share_prefix = share_prefix
         self.rollout_logprobs = rollout_logprobs
-        self._warned_length = False
 
     def encode_prompts(self, prompts: list[str], device: torch.device | str) -> tuple[Tensor, Tensor]:
         """Left-padded ``(ids [Np, P], mask [Np, P])``; no special tokens added (the template has them, as TRL)."""
@@ -149,12 +152,12 @@ class HFGenerator:
         return ids.to(device), mask.to(device)
 
     def _check_length(self, model: torch.nn.Module, prompt_length: int) -> None:
-        """Warn once when ``prompt_length`` + ``max_completion_length`` exceeds the model's positions
+        """Warn once per model when ``prompt_length`` + ``max_completion_length`` exceeds its positions
         (``max_position_embeddings``): the model then runs past what it was trained on, silently."""
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if self._warned_length or not isinstance(limit, int) or prompt_length + self.max_completion_length <= limit:
+        if model in _WARNED_LENGTH or not isinstance(limit, int) or prompt_length + self.max_completion_length <= limit:
             return
-        self._warned_length = True
+        _WARNED_LENGTH.add(model)
         log.warning("a prompt of %d tokens + max_completion_length %d exceeds the model's %d positions "
                     "(max_position_embeddings): set --max-prompt-length (prompts are cut from the left) or shorten "
                     "the prompts", prompt_length, self.max_completion_length, limit, extra=RANK_LOCAL)

@@ -72,17 +72,26 @@ def test_shared_prefix_sampling_equals_per_row_prefill():
 
 def test_a_prompt_past_the_models_positions_warns_once(caplog):
     """A 10k-token prompt on tiny-random (2048 positions) trained silently, only transformers' tokenizer warning
-    hinting at it (helper trial): one warning naming the lengths and --max-prompt-length."""
+    hinting at it (helper trial): one warning naming the lengths and --max-prompt-length, once per model (the
+    sampling and evaluation generators of a run warned once each)."""
     import logging
 
     model, tok = load_model("tiny-random")
     model.config.max_position_embeddings = 40  # a short model: the prompts below reach past it
     generator = HFGenerator(tok, max_completion_length=8, share_prefix=False)
+    evaluation = HFGenerator(tok, max_completion_length=8, share_prefix=False)  # a run's second generator
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         for _ in range(2):
             generator.generate(model, [_chat(tok, "x " * 20)], 1, greedy=True)
+            evaluation.generate(model, [_chat(tok, "x " * 20)], 1, greedy=True)
     warned = [r.getMessage() for r in caplog.records if "max_position_embeddings" in r.getMessage()]
     assert len(warned) == 1 and "+ max_completion_length 8 exceeds the model's 40 positions" in warned[0]
+    caplog.clear()
+    other, _ = load_model("tiny-random")  # another run's model is warned about again
+    other.config.max_position_embeddings = 40
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        evaluation.generate(other, [_chat(tok, "x " * 20)], 1, greedy=True)
+    assert caplog.text.count("max_position_embeddings") == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
         HFGenerator(tok, max_completion_length=8, max_prompt_length=30).generate(model, [_chat(tok, "x " * 20)], 1,
