@@ -71,11 +71,12 @@ _FACTORY_ADVICE = {
 
 
 def factory_error(name: str, fn: Any) -> RewardFunctionError | None:
-    """The error for ``fn`` (named ``name`` as the user gave it) being a factory that makes a reward function
-    rather than one: a function or class whose parameters hold none of :data:`REWARD_ARGUMENTS` and no
-    ``**kwargs`` (so that TRL's call could not work), e.g. ``trl.rewards.get_soft_overlong_punishment``. The
-    message says to call it first (its required parameters as ``name=...``) and what rlzoo offers on the command
-    line for TRL's factories. None when ``fn`` takes a reward function's arguments (or has no signature)."""
+    """The error for ``fn`` (named ``name`` as the user gave it) taking none of a reward function's arguments: a
+    function or class whose parameters hold none of :data:`REWARD_ARGUMENTS` and no ``**kwargs`` (so that TRL's
+    call could not work). For TRL's factories (``trl.rewards.get_soft_overlong_punishment``, ...) the message says
+    it is one, to call it first (its required parameters as ``name=...``) and what rlzoo offers on the command line;
+    for another function, what TRL's call passes and, in case it is a factory, to call it first. None when ``fn``
+    takes a reward function's arguments (or has no signature)."""
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -86,10 +87,16 @@ def factory_error(name: str, fn: Any) -> RewardFunctionError | None:
     required = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL,)]
     taken = ", ".join(p.name for p in parameters) or "none"
     call = f"{short}({', '.join(f'{n}=...' for n in required)})"
+    if short in _FACTORY_ADVICE or str(getattr(fn, "__module__", "")).split(".")[0] == "trl":  # TRL's factories
+        return RewardFunctionError(
+            f"reward function {name!r} is a factory, not a reward function (its parameters: {taken}; a reward "
+            f"function takes completions or **kwargs): call it first and give its result, from Python: "
+            f"Trainer(config, reward_funcs=[{call}])" + _FACTORY_ADVICE.get(short, ""))
     return RewardFunctionError(
-        f"reward function {name!r} is a factory, not a reward function (its parameters: {taken}; a reward function "
-        f"takes completions or **kwargs): call it first and give its result, from Python: Trainer(config, "
-        f"reward_funcs=[{call}])" + _FACTORY_ADVICE.get(short, ""))
+        f"reward function {name!r} takes none of a reward function's arguments (its parameters: {taken}): TRL's "
+        f"call passes prompts, completions, completion_ids, trainer_state and the data set's columns as keywords, so "
+        f"it needs completions= or **kwargs; if it is a factory that makes reward functions, call it first and give "
+        f"its result, from Python: Trainer(config, reward_funcs=[{call}])")
 
 
 def reward_error(name: str, fn: Any, err: Exception, call: Mapping[str, Any],

@@ -503,6 +503,14 @@ def test_a_reward_function_factory_is_refused_saying_to_call_it():
     with pytest.raises(RewardFunctionError, match=r"'get_repetition_penalty_reward' is a factory.*"
                                                   r"reward_funcs=\[get_repetition_penalty_reward\(\)\]"):
         RewardSet([get_repetition_penalty_reward])  # a Python callable as well
+    def score(text):  # no reward argument: refused, saying what TRL's call passes, not calling it a factory
+        return 1.0
+
+    with pytest.raises(RewardFunctionError) as err:
+        RewardSet([score])
+    assert str(err.value).startswith("reward function 'score' takes none of a reward function's arguments (its "
+                                     "parameters: text): TRL's call passes prompts, completions")
+    assert "if it is a factory" in str(err.value) and "is a factory, not" not in str(err.value)
     made = get_soft_overlong_punishment(max_completion_len=8, soft_punish_cache=4)  # its result is a reward function
     assert RewardSet([made, get_repetition_penalty_reward()]).names == ("soft_overlong_punishment_reward",
                                                                          "repetition_penalty_reward")
