@@ -123,8 +123,16 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     _check_file_tables(config, argv)
     weights, funcs = config.reward_weights, config.reward_funcs
     if weights is not None and len(weights) != len(funcs):  # no Python callables here: exactly one per name, now
-        raise ValueError(f"reward_weights has {len(weights)} entries but reward_funcs names {len(funcs)}: "
-                         f"{list(funcs)}; give one weight per reward function")
+        from rlzoo.trainer.config_files import load_config_file
+
+        path = _config_file(argv)[0]
+        in_file = load_config_file(path).keys() if path else set()
+        what = ("--reward-weights" if "--reward-weights" in given else f"{path}: reward_weights"
+                if "reward_weights" in in_file else "reward_weights (the run's)")
+        whose = ("" if "--reward-funcs" in given else f" (reward_funcs of {path})" if "reward_funcs" in in_file
+                 else f" (the {'run' if saved is not None else 'default'}'s; --reward-funcs gives others)")
+        raise ValueError(f"{what} gives {len(weights)} weight(s) for {len(funcs)} reward function(s) {list(funcs)}"
+                         f"{whose}: give one weight per reward function")
     return config
 
 
@@ -706,7 +714,13 @@ def _cmd_eval(argv: Sequence[str]) -> int:
     args = dataclasses.replace(args, task_kwargs=settings.get("task_kwargs"))
     if path is not None:
         _check_eval_file(settings, argv)
-    out = eval_result(args)
+    try:
+        out = eval_result(args)
+    except ValueError as err:  # a --config file's reward_weights: name the file, not a flag that was not given
+        if path is None or "--reward-weights" in {flag_name(a) for a in rest} or not str(err).startswith(
+                "--reward-weights gives"):
+            raise
+        raise ValueError(f"{path}: reward_weights{str(err).removeprefix('--reward-weights')}") from None
     print(json.dumps(out, indent=2, allow_nan=False))
     accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"
                 f"{100 * out['ci_high']:.1f}, n={out['n']})" if out["accuracy"] is not None else f"n={out['n']}")

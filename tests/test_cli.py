@@ -988,11 +988,21 @@ def test_rlzoo_train_leaves_the_process_group_when_every_rank_stops_together(sto
     assert left == ([] if stop == "other" else [1])
 
 
-def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse_time():
+def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse_time(tmp_path):
     """Python callables (which may take the weights after the names) exist only in the Python API: on the command
-    line a wrong count is refused before any model loads."""
-    with pytest.raises(ValueError, match=r"reward_weights has 2 entries but reward_funcs names 1: \['accuracy'\]"):
+    line a wrong count is refused before any model loads, naming where the weights are: the flag, or the --config
+    file (rlzoo eval named --reward-weights, which was not given, for a file's weights)."""
+    with pytest.raises(ValueError, match=r"^--reward-weights gives 2 weight\(s\) for 1 reward function\(s\) "
+                                         r"\['accuracy'\] \(the default's; --reward-funcs gives others\)"):
         parse_train_args(["--model", "tiny-random", "--reward-weights", "1", "2"])
+    file = tmp_path / "c.json"
+    file.write_text(json.dumps({"model": "tiny-random", "reward_weights": [1, 2], "eval_size": 2}))
+    for command in ("train", "eval"):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(file))}: reward_weights gives 2 weight\(s\) for 1 "):
+            main([command, "--config", str(file)] + (["--output-dir", str(tmp_path / "r")] if command == "train" else []))
+    file.write_text(json.dumps({"model": "tiny-random", "reward_weights": [1, 2], "reward_funcs": ["accuracy"]}))
+    with pytest.raises(ValueError, match=rf"\(reward_funcs of {re.escape(str(file))}\): give one weight"):
+        parse_train_args(["--config", str(file)])
     assert parse_train_args(["--reward-funcs", "accuracy", "format", "--reward-weights", "1", "0.5"]).reward_weights \
         == (1.0, 0.5)
 
