@@ -716,11 +716,15 @@ def _cmd_eval(argv: Sequence[str]) -> int:
         _check_eval_file(settings, argv)
     try:
         out = eval_result(args)
-    except ValueError as err:  # a --config file's reward_weights: name the file, not a flag that was not given
-        if path is None or "--reward-weights" in {flag_name(a) for a in rest} or not str(err).startswith(
-                "--reward-weights gives"):
-            raise
-        raise ValueError(f"{path}: reward_weights{str(err).removeprefix('--reward-weights')}") from None
+    except ValueError as err:  # a setting's error names it as it was given: its flag, or the --config file's key
+        message, flags = str(err), {flag_name(a) for a in rest}
+        field = re.match(r"(?:--)?([a-z_]+)(?= )", message)
+        flag = field and "--" + field.group(1).replace("_", "-")
+        if flag in flags and not message.startswith(flag):
+            raise ValueError(flag + message.removeprefix(field.group(1))) from None
+        if path is not None and flag not in flags and message.startswith("--reward-weights gives"):
+            raise ValueError(f"{path}: reward_weights{message.removeprefix('--reward-weights')}") from None
+        raise
     print(json.dumps(out, indent=2, allow_nan=False))
     accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"
                 f"{100 * out['ci_high']:.1f}, n={out['n']})" if out["accuracy"] is not None else f"n={out['n']}")

@@ -988,6 +988,17 @@ def test_rlzoo_train_leaves_the_process_group_when_every_rank_stops_together(sto
     assert left == ([] if stop == "other" else [1])
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--eval-size", "-1"], "--eval-size must be >= 0, got -1"),
+    (["--max-completion-length", "0"], "--max-completion-length must be >= 1, got 0"),
+])
+def test_rlzoo_eval_names_a_bad_value_by_its_flag(flags, message):
+    """rlzoo eval's values are checked as rlzoo train's, after the parse: the error named the field (eval_size), not
+    the flag the user typed."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        main(["eval", "--model", "tiny-random", *flags])
+
+
 def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse_time(tmp_path):
     """Python callables (which may take the weights after the names) exist only in the Python API: on the command
     line a wrong count is refused before any model loads, naming where the weights are: the flag, or the --config
