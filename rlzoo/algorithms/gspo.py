@@ -40,7 +40,7 @@ def gspo() -> PolicyLoss:
     title="GSPO-token (sequence ratio value, per-token gradient)",
     paper="Zheng et al. 2025, Group Sequence Policy Optimization (sec. 4.3)",
     arxiv="2507.18071",
-    matches="verl loss_mode='gspo' (without its max=10 clamp on the log-ratio)",
+    matches="verl loss_mode='gspo' with max_log_ratio=10.0 (verl's clamp of the log-ratio; off by default)",
     advantage="grpo",
 )
 def gspo_token() -> PolicyLoss:

@@ -100,14 +100,30 @@ class SequenceTokenRatio(RatioLevel, name="sequence_token"):
 
     Equal in value to :class:`SequenceRatio`; its gradient at token t is that of ``logprobs[t]`` only,
     scaled by ``s_i`` (lets per-token advantages act per token). Zheng et al. 2025, arXiv:2507.18071,
-    eq. (13); matches verl ``policy_loss.loss_mode="gspo"`` without its ``max=10`` clamp.
+    eq. (13).
+
+    Args:
+        max_log_ratio: None (off, default: the paper's ratio) or a real number: ``log s_{i,t}`` is clamped above
+            at it (``torch.clamp(..., max=max_log_ratio)``; no gradient where clamped). verl 0.9.1's ``gspo``
+            clamps at 10 for numerical stability: with ``max_log_ratio=10.0`` this matches verl
+            ``policy_loss.loss_mode="gspo"`` at any drift (without it, where a sequence's mean log-ratio exceeds 10).
+
+    Raises:
+        ValueError: ``max_log_ratio`` NaN, infinite or not a number.
     """
 
     per_sequence = True
+    max_log_ratio: float | None = None
+
+    def check(self) -> None:
+        check_number("sequence_token", "max_log_ratio", self.max_log_ratio, allow_none=True)
 
     def __call__(self, x: LossInputs) -> PartOutput:
         seq = x.seq_mean(x.log_ratio).detach()
-        return PartOutput(x.logprobs - x.logprobs.detach() + seq, {})
+        log_weight = x.logprobs - x.logprobs.detach() + seq
+        if self.max_log_ratio is not None:
+            log_weight = torch.clamp(log_weight, max=self.max_log_ratio)
+        return PartOutput(log_weight, {})
 
 
 # -------------------------------------------------------------------------------------- surrogates (slot 3)

@@ -3,8 +3,8 @@
 For every loss verl has, the rlzoo loss registered into verl's policy-loss registry and fetched back with
 verl's own ``get_policy_loss_fn`` returns verl's loss and gradient (w.r.t. ``log_prob``) on random float64
 micro-batches: with verl's global batch info (a micro-batch of a bigger mini-batch), any ``loss_agg_mode`` and
-``rollout_is_weights`` (zeros included). Inputs stay where verl's stability clamps are inactive (|log r| < 20,
-GSPO's log ratio < 10). Micro-batches with the global info sum to the whole batch, across data-parallel ranks
+``rollout_is_weights`` (zeros included). Inputs stay where verl's stability clamps are inactive (|log r| < 20),
+but for GSPO's log ratio (clamped at 10, which ``max_log_ratio=10.0`` gives rlzoo). Micro-batches with the global info sum to the whole batch, across data-parallel ranks
 too. Last, verl's own actor loss (``verl.workers.utils.losses.ppo_loss``) picks the registered loss from
 ``ActorConfig.policy_loss.loss_mode``.
 """
@@ -81,8 +81,8 @@ def case(name: str, data: st.DataObject):
         c = data.draw(st.floats(1.5, 10.0), label="clip_ratio_c")
         return rlzoo.get_loss("ppo", epsilon_low=el, epsilon_high=eh, dual_clip=c), {
             "clip_ratio_low": el, "clip_ratio_high": eh, "clip_ratio_c": c}, True
-    if name == "gspo":  # verl's gspo is the GSPO-token ratio
-        return rlzoo.get_loss("gspo_token", epsilon_low=el, epsilon_high=eh), {
+    if name == "gspo":  # verl's gspo is the GSPO-token ratio, its log clamped at 10
+        return rlzoo.get_loss("gspo_token", epsilon_low=el, epsilon_high=eh, max_log_ratio=10.0), {
             "clip_ratio_low": el, "clip_ratio_high": eh}, True
     if name == "gpg":
         return rlzoo.get_loss("gpg"), {}, True
@@ -119,7 +119,8 @@ def test_registered_loss_is_verls_loss(verl, name, data):
     report them."""
     loss, options, follow = case(name, data)
     geo = name == "geo_mean"
-    full = data.draw(policy_batches(old=True, log_ratio_scale=data.draw(st.sampled_from((0.05, 0.3, 1.0))),
+    scales = (0.05, 0.3, 1.0, 15.0) if name == "gspo" else (0.05, 0.3, 1.0)  # gspo: past verl's clamp at 10 too
+    full = data.draw(policy_batches(old=True, log_ratio_scale=data.draw(st.sampled_from(scales)),
                                     certain_tokens=False, min_counted=1, per_token_advantages=None,
                                     min_len=1 if geo else 0), label="batch")
     mode = data.draw(st.sampled_from(AGGREGATIONS), label="loss_agg_mode")
