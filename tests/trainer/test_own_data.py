@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import datasets
@@ -504,6 +505,23 @@ def test_a_local_directory_without_data_says_so_not_the_hub(tmp_path):
     with pytest.raises(ValueError, match=r"^cannot load data set directory '.*notes' \(") as err:
         load_task(str(tmp_path / "notes"))
     assert "holds no data files" not in str(err.value)
+
+
+def test_a_run_or_model_directory_as_task_says_what_it_is(tmp_path):
+    """--task RUN_DIR said "cannot load data set directory ... (DatasetGenerationError: ...)"; a run's directory
+    is named as one, with the commands that take it, and a model's directory points to --model."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": "tiny-random", "max_steps": 2, "task": "basic_arithmetic"}))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match=rf"^'{re.escape(str(run))}' is an rlzoo run directory, not a data set: "
+                                         rf"rlzoo eval --run {re.escape(str(run))} evaluates"):
+        load_task(str(run))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"is a model directory, not a data set: give it as --model$"):
+        load_task(str(model))
 
 
 def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_path):

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlzoo.trainer.checkpoint import is_run_config
 from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["FILE_BUILDERS", "data_suffix", "is_dataset_spec", "load_dataset_rows", "load_dataset_source"]
@@ -121,6 +122,10 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
             blank = _parquet_rows(path) == 0
         if blank:
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
+    if path.is_dir() and is_run_config(path / "config.json"):  # its metrics.jsonl would load as data
+        raise ValueError(f"{spec!r} is an rlzoo run directory, not a data set: rlzoo eval --run {spec} evaluates its "
+                         f"checkpoint on the task it trained on; rlzoo train --config {path / 'config.json'} reuses "
+                         "its settings; --task takes a reasoning-gym task (rlzoo tasks), a data file or a data set")
     try:
         if path.is_file():
             tabs = {"sep": "\t"} if data_suffix(path) == ".tsv" else {}
@@ -246,6 +251,8 @@ def _load_error(spec: str, err: BaseException) -> str:
 
     first = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     if Path(spec).is_dir():  # a local directory: no hub, no cache
+        if (Path(spec) / "config.json").is_file():  # a Hugging Face model's
+            return f"{spec!r} is a model directory, not a data set: give it as --model"
         if type(err).__name__ in ("DataFilesNotFoundError", "EmptyDatasetError"):  # datasets speaks of other formats
             return (f"cannot load data set directory {spec!r}: it holds no data files ({', '.join(FILE_BUILDERS)}, as "
                     f"a hub repository lays them out: data/train-*.parquet, ...; or under --task.data_dir) and is no "
