@@ -205,8 +205,8 @@ def _check_file_tables(config: Any, argv: Sequence[str], *, algorithm: bool = Fa
 
 
 def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | None, str | None]:
-    """``output_dir`` and ``resume`` as the flags (else the config file) give them, read before the full parse:
-    the checkpoint they name gives the defaults of that parse."""
+    """``output_dir`` and ``resume`` as the flags (else the config file) give them, read before the full parse (a
+    checkpoint's bare name as its path): the checkpoint they name gives the defaults of that parse."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--output-dir", "--output_dir", default=base.get("output_dir"))
     parser.add_argument("--resume", default=base.get("resume"))
@@ -214,7 +214,10 @@ def _resume_target(base: dict[str, Any], rest: Sequence[str]) -> tuple[str | Non
         known, _ = parser.parse_known_args(list(rest))
     except argparse.ArgumentError:  # e.g. --resume without a value: the full parse says so
         return None, None
-    return tuple(None if v == "None" else v for v in (known.output_dir, known.resume))  # type: ignore[return-value]
+    from rlzoo.trainer.run_config import named_checkpoint
+
+    output_dir, resume = (None if v == "None" else v for v in (known.output_dir, known.resume))
+    return output_dir, named_checkpoint(resume, output_dir)
 
 
 def _refuse_trl_spellings(argv: Sequence[str], takes: Collection[str] | None = None) -> None:

@@ -4,6 +4,7 @@ live tracking (joined into :class:`~rlzoo.trainer.config.TrainConfig`, importabl
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from rlzoo.trainer.section import OptionalDottedOptions, Section
 
 __all__ = ["REPORT_TO", "AdapterConfig", "CheckpointConfig", "EvalConfig", "RunConfig", "TrackingConfig",
-           "absolute_paths", "resolved_settings", "settings_for_task"]
+           "absolute_paths", "named_checkpoint", "resolved_settings", "settings_for_task"]
 
 log = logging.getLogger("rlzoo.train")
 
@@ -39,8 +40,14 @@ class CheckpointConfig(Section):
     save_total_limit: int = 2
     """Keep this many most recent checkpoints."""
     resume: str | None = None
-    """Resume: 'latest' (the output dir's newest checkpoint), 'auto' (latest if there is one, else start fresh) or a
-    checkpoint directory. On the command line the checkpoint's settings are the defaults that flags override."""
+    """Resume: 'latest' (the output dir's newest checkpoint), 'auto' (latest if there is one, else start fresh), a
+    checkpoint directory, or the name of one of the output dir's checkpoints (step-000020 or step-20). On the command
+    line the checkpoint's settings are the defaults that flags override."""
+
+    def __post_init__(self) -> None:
+        # a bare name that is no path here: the output dir's checkpoint of that name, as a path (what is recorded)
+        object.__setattr__(self, "resume", named_checkpoint(self.resume, getattr(self, "output_dir", None)))
+        super().__post_init__()
 
     def checks(self) -> list[tuple[str, bool, str]]:
         resume_ok = self.resume is None or self.resume in ("latest", "auto") or Path(self.resume).is_dir()
@@ -50,6 +57,22 @@ class CheckpointConfig(Section):
             ("resume", resume_ok, "'latest', 'auto' or an existing checkpoint directory"),
             *super().checks(),
         ]
+
+
+def named_checkpoint(resume: str | None, output_dir: str | os.PathLike[str] | None) -> str | None:
+    """``resume`` as a path: a bare name that is no path here (``step-000020``, or ``step-20``) names the checkpoint
+    of that name or step under ``output_dir/checkpoints`` when there is one, as ``rlzoo eval --checkpoint`` takes
+    names; anything else is returned unchanged (``latest``, ``auto``, a path, a name with no such checkpoint: the
+    resume then fails naming what the run's checkpoints are)."""
+    if (not isinstance(resume, str) or resume in ("latest", "auto") or not isinstance(output_dir, str | os.PathLike)
+            or Path(resume).name != resume or Path(resume).exists()):
+        return resume
+    directory = Path(output_dir) / "checkpoints"
+    step = re.fullmatch(r"step-(\d+)", resume)
+    for candidate in (directory / resume, *([directory / f"step-{int(step.group(1)):06d}"] if step else [])):
+        if (candidate / "trainer_state.json").is_file():
+            return str(candidate)
+    return resume
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ import stat
 import pytest
 import torch
 
-from rlzoo.cli import console_main
+from rlzoo.cli import console_main, parse_train_args
 from rlzoo.trainer import RunInterrupted, TrainConfig, Trainer
 from rlzoo.trainer.checkpoint import Checkpointer
 from rlzoo.trainer.config import CheckpointConfig
@@ -254,7 +254,8 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
         finder.find(str(checkpoints / "step-000001"))
     with pytest.raises(FileNotFoundError, match=r"^--resume /nonexistent/step-1: no such checkpoint$"):
         finder.find("/nonexistent/step-1")
-    # a bare name (as the listing shows them) is not looked up: the message lists the run's and shows the path
+    # Checkpointer.find takes paths (a bare name, as the listing shows them, is looked up by the config below):
+    # the message lists the run's and shows the path
     with pytest.raises(FileNotFoundError, match=rf"^--resume step-000002: no such checkpoint; {re.escape(str(checkpoints))}"
                                                 rf" holds step-000002, step-000003 .*: give its path, e.g. --resume "
                                                 rf"{re.escape(str(checkpoints / 'step-000002'))}, or --resume latest$"):
@@ -266,6 +267,26 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
                                                 rf"latest, or start a new run from one of its checkpoints: --resume "
                                                 rf"{checkpoints}/step-N$"):
         finder.find(str(run))
+
+
+def test_a_checkpoint_is_resumed_by_its_name_in_the_output_dir(tmp_path, monkeypatch):
+    """--resume step-000001 was refused with "no such checkpoint; RUN/checkpoints holds step-000001" (rlzoo eval
+    --checkpoint takes names): a bare name that is no path here names the output dir's checkpoint of that name or
+    step, as a path (what the run records); other values are kept."""
+    run = tmp_path / "run"
+    for step in (2, 30):
+        (run / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+        (run / "checkpoints" / f"step-{step:06d}" / "trainer_state.json").write_text("{}")
+    for name, step in (("step-000002", 2), ("step-2", 2), ("step-30", 30)):
+        assert TrainConfig(output_dir=str(run), resume=name).resume == str(run / "checkpoints" / f"step-{step:06d}")
+    assert TrainConfig(output_dir=str(run), resume="latest").resume == "latest"
+    with pytest.raises(ValueError, match="resume must be"):
+        TrainConfig(output_dir=str(run), resume="step-3")  # no such checkpoint
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "step-2").mkdir()  # a directory of that name here is what the name means
+    assert TrainConfig(output_dir=str(run), resume="step-2").resume == "step-2"
+    assert parse_train_args(["--output-dir", str(run), "--resume", "step-30", "--model", "tiny-random"]).resume == \
+        str(run / "checkpoints" / "step-000030")
 
 
 def test_a_start_that_wrote_no_checkpoint_is_not_offered_to_resume(tmp_path):
