@@ -145,8 +145,9 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
     reward_metrics = {} if rewards is None else held_out_rewards(rewards, rewarded, dist)
-    if rewards is not None and dist.any(reward_error is not None):  # every rank drops it alike
-        reward_metrics, reward_error = {}, reward_error or "a reward function failed on another rank's share"
+    if rewards is not None and dist.any(reward_error is not None):  # every rank drops it alike, and says why
+        rank, error = next((r, e) for r, e in enumerate(dist.all_gather_object(reward_error)) if e is not None)
+        reward_metrics, reward_error = {}, reward_error or f"{error} (on rank {rank}'s share)"
     return EvalResult(accuracy=(total / n if n else math.nan) if answers else None, ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples), rewards=reward_metrics, reward_error=reward_error)
 

@@ -923,6 +923,45 @@ def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not
     assert "reward function 'strict' raised TypeError" in caplog.text
 
 
+def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error(tmp_path):
+    """Under torchrun rank 0 said only "a reward function failed on another rank's share" (user trial): the failing
+    rank's error comes along, naming the rank. Rank 0 of two is run here, the other rank's collectives faked."""
+    from rlzoo.trainer.distributed import Distributed
+    from rlzoo.trainer.evaluation import greedy_accuracy
+
+    other = "reward function 'strict' raised TypeError: float() argument must be a string or a real number"
+
+    class RankZeroOfTwo(Distributed):  # the other rank scored nothing, and its reward function failed
+        def __init__(self) -> None:
+            super().__init__(rank=0, world_size=2)
+
+        def all_reduce(self, value, op="sum"):
+            return value.detach().clone()
+
+        def all_gather(self, value, *, pad_value=0):
+            return value
+
+        def all_gather_object(self, obj):  # the reward error; else the metrics logged (none there)
+            return [obj, other if obj is None or isinstance(obj, str) else ({}, {})]
+
+        def any(self, flag):
+            return 1
+
+        def _device(self):
+            return torch.device("cpu")
+
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
+    held_out = datasets.Dataset.from_list([{"prompt": f"{i} - 0 =", "answer": str(i)} for i in range(4)])
+    trainer = Trainer(TrainConfig(**{**TINY, "eval_size": 4}, max_steps=1, output_dir=str(tmp_path / "run")),
+                      train_dataset=train, eval_dataset=held_out,
+                      reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]])
+    evaluator = trainer.evaluator
+    result = greedy_accuracy(trainer.model, evaluator.tokenizer, evaluator.task, evaluator.generator, batch_size=4,
+                             dist=RankZeroOfTwo(), rewards=evaluator.rewards)
+    assert result.n == 2 and result.rewards == {}  # rank 0's share; the held-out reward dropped on every rank
+    assert result.reward_error == f"{other} (on rank 1's share)"
+
+
 def test_task_kwargs_a_train_dataset_cannot_use_are_named_in_a_warning(caplog):
     """From Python, task_kwargs with train_dataset kept only the two column options and dropped the rest silently
     (eval_split, a reasoning-gym option, a typo of answer_column, which then failed as a missing column with the
