@@ -82,8 +82,10 @@ class GracefulInterrupt:
             return
         if self.requested is not None:
             when = "again" if signum == self.requested else f"while stopping on {signal.Signals(self.requested).name}"
+            at_once = (f"kill -INT {os.getpid()} or SIGKILL stop this rank at once" if "TORCHELASTIC_RUN_ID" in os.environ
+                       else "Ctrl-C or SIGKILL stop at once")  # under torchrun a terminal's Ctrl-C reaches the agent
             log.warning("%s received %s: the stop goes on (the current step finishes, then its checkpoint is "
-                        "written; Ctrl-C or SIGKILL stop at once)", name, when, extra=RANK_LOCAL)
+                        "written; %s)", name, when, at_once, extra=RANK_LOCAL)
             return
         self.requested = signum
         if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun a terminal's Ctrl-C reaches its agent, not the ranks

@@ -153,6 +153,13 @@ def test_the_first_sigints_hint_says_how_to_stop_at_once(torchrun, monkeypatch, 
         os.kill(os.getpid(), signal.SIGINT)
     hint = f"kill -INT {os.getpid()} or SIGKILL stops this rank at once"
     assert (hint in caplog.text) == torchrun and ("press Ctrl-C again" in caplog.text) != torchrun, caplog.text
+    caplog.clear()  # a SIGTERM while stopping (torchrun's agent forwards one on a second Ctrl-C): the same advice
+    with GracefulInterrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "the stop goes on" in caplog.text
+    assert (f"kill -INT {os.getpid()} or SIGKILL stop this rank at once" in caplog.text) == torchrun
+    assert ("Ctrl-C or SIGKILL stop at once" in caplog.text) != torchrun, caplog.text
 
 
 def test_a_stopped_run_draws_its_plot_after_the_checkpoint(tmp_path):
