@@ -132,6 +132,16 @@ class Distributed:
             return value
         return int(self.all_reduce(torch.tensor([value], device=self._device()), "max").item())
 
+    def agreed_error(self, error: str | None) -> str | None:
+        """``error`` (this rank's, or None) agreed over the ranks: this rank's, else the first other rank's with its
+        rank named (``... (on rank 1's share)``), None when no rank has one. The same decision on every rank, so
+        that all drop what failed on one (a collective that only some ranks enter waits forever); every rank must
+        call it (one collective, two when a rank has an error)."""
+        if not self.any(error is not None):
+            return None
+        rank, other = next((r, e) for r, e in enumerate(self.all_gather_object(error)) if e is not None)
+        return error or f"{other} (on rank {rank}'s share)"
+
     def normalizer(self, local: Normalizer) -> Normalizer:
         """The :class:`~rlzoo.Normalizer` of the global optimizer-step batch: this rank's counts (with the per-group
         token counts, the positive-reward tokens and the IS weight sums when present) summed over the ranks, in one

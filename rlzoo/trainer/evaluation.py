@@ -145,9 +145,10 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer: Any, task: TaskStream, ge
     total, n = totals["score"], int(totals["n"])
     low, high = wilson_interval(total, n)
     reward_metrics = {} if rewards is None else held_out_rewards(rewards, rewarded, dist)
-    if rewards is not None and dist.any(reward_error is not None):  # every rank drops it alike, and says why
-        rank, error = next((r, e) for r, e in enumerate(dist.all_gather_object(reward_error)) if e is not None)
-        reward_metrics, reward_error = {}, reward_error or f"{error} (on rank {rank}'s share)"
+    if rewards is not None:
+        reward_error = dist.agreed_error(reward_error)
+        if reward_error is not None:  # every rank drops it alike
+            reward_metrics = {}
     return EvalResult(accuracy=(total / n if n else math.nan) if answers else None, ci_low=low, ci_high=high, n=n,
                       samples=tuple(samples), rewards=reward_metrics, reward_error=reward_error)
 
@@ -270,6 +271,7 @@ class Evaluator:
             log.warning(unscorable)
         if self.rewards is None or not self.task.eval_items:
             return
+        failed = None
         try:
             with training_rng_untouched(self.precision.device):
                 try_rewards(self.rewards, self.task, self.tokenizer, self.task.eval_items[0])
@@ -277,8 +279,11 @@ class Evaluator:
             if not self.task.task.has_answers:
                 raise RewardFunctionError(f"on the held-out set, which the reward functions score (eval/reward): "
                                           f"{err}") from err
+            failed = str(err)
+        failed = self.dist.agreed_error(failed)  # every rank drops them (a rank scoring alone would wait forever)
+        if failed is not None:
             if self.dist.is_main:
-                log.warning("the held-out reward (eval/reward) is not logged: on the held-out set %s", err)
+                log.warning("the held-out reward (eval/reward) is not logged: on the held-out set %s", failed)
             self.rewards = None
 
     @property

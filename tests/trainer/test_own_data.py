@@ -923,15 +923,12 @@ def test_held_out_rewards_keep_the_evaluators_names_and_a_failure_drops_them_not
     assert "reward function 'strict' raised TypeError" in caplog.text
 
 
-def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error(tmp_path):
-    """Under torchrun rank 0 said only "a reward function failed on another rank's share" (user trial): the failing
-    rank's error comes along, naming the rank. Rank 0 of two is run here, the other rank's collectives faked."""
+def _rank_zero_of_two(other_error: str):
+    """Rank 0 of two, the other rank's collectives faked: it scored nothing and its reward function failed with
+    ``other_error``."""
     from rlzoo.trainer.distributed import Distributed
-    from rlzoo.trainer.evaluation import greedy_accuracy
 
-    other = "reward function 'strict' raised TypeError: float() argument must be a string or a real number"
-
-    class RankZeroOfTwo(Distributed):  # the other rank scored nothing, and its reward function failed
+    class RankZeroOfTwo(Distributed):
         def __init__(self) -> None:
             super().__init__(rank=0, world_size=2)
 
@@ -942,7 +939,7 @@ def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error(tmp_pa
             return value
 
         def all_gather_object(self, obj):  # the reward error; else the metrics logged (none there)
-            return [obj, other if obj is None or isinstance(obj, str) else ({}, {})]
+            return [obj, other_error if obj is None or isinstance(obj, str) else ({}, {})]
 
         def any(self, flag):
             return 1
@@ -950,6 +947,19 @@ def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error(tmp_pa
         def _device(self):
             return torch.device("cpu")
 
+    return RankZeroOfTwo()
+
+
+def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error_and_dropped_on_every_rank(tmp_path, caplog):
+    """Under torchrun rank 0 said only "a reward function failed on another rank's share" (user trial): the failing
+    rank's error comes along, naming the rank. A reward function failing in the start-up check on one rank only
+    dropped the held-out reward there alone, and the step-0 evaluation hung (rank 0 waited in its reward
+    all-reduce): every rank drops it."""
+    import logging
+
+    from rlzoo.trainer.evaluation import greedy_accuracy
+
+    other = "reward function 'strict' raised TypeError: float() argument must be a string or a real number"
     train = datasets.Dataset.from_list([{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(16)])
     held_out = datasets.Dataset.from_list([{"prompt": f"{i} - 0 =", "answer": str(i)} for i in range(4)])
     trainer = Trainer(TrainConfig(**{**TINY, "eval_size": 4}, max_steps=1, output_dir=str(tmp_path / "run")),
@@ -957,9 +967,16 @@ def test_a_held_out_reward_failing_on_another_rank_is_said_with_its_error(tmp_pa
                       reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]])
     evaluator = trainer.evaluator
     result = greedy_accuracy(trainer.model, evaluator.tokenizer, evaluator.task, evaluator.generator, batch_size=4,
-                             dist=RankZeroOfTwo(), rewards=evaluator.rewards)
+                             dist=_rank_zero_of_two(other), rewards=evaluator.rewards)
     assert result.n == 2 and result.rewards == {}  # rank 0's share; the held-out reward dropped on every rank
     assert result.reward_error == f"{other} (on rank 1's share)"
+    assert evaluator.rewards is not None
+    evaluator.dist = _rank_zero_of_two(other)
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        evaluator.check_rewards()  # rank 0's functions score its first held-out problem; rank 1's failed
+    assert evaluator.rewards is None
+    assert f"the held-out reward (eval/reward) is not logged: on the held-out set {other} (on rank 1's share)" \
+        in caplog.text
 
 
 def test_task_kwargs_a_train_dataset_cannot_use_are_named_in_a_warning(caplog):
