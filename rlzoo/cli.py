@@ -941,9 +941,10 @@ _TRAIN_EXTRA = frozenset({"transformers", "accelerate", "gguf", "safetensors", "
 
 def console_main() -> int:
     """The ``rlzoo`` console script: :func:`main`, with bad input reported as ``rlzoo: error: ...`` (exit 2)
-    instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A run stopped by SIGINT / SIGTERM exits
-    130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once, a repeated SIGTERM (a scheduler's) is
-    ignored (:mod:`rlzoo.trainer.interrupts`). Output into a closed pipe (stdout a pipe whose
+    instead of a traceback. ``RLZOO_DEBUG=1`` shows the traceback. A collective that failed under torchrun
+    (another rank stopped, or timed out) is one line too (:func:`_collective_failure`, exit 1). A run stopped by
+    SIGINT / SIGTERM exits 130 / 143 after its checkpoint; a second Ctrl-C exits 130 at once, a repeated SIGTERM
+    (a scheduler's) is ignored (:mod:`rlzoo.trainer.interrupts`). Output into a closed pipe (stdout a pipe whose
     reader has gone) exits 141 without a message."""
     from rlzoo.trainer.interrupts import RunInterrupted
 
@@ -965,6 +966,39 @@ def console_main() -> int:
         return 141
     except USER_ERRORS as err:
         return _report(err)
+    except RuntimeError as err:  # under torchrun: a collective another rank left or never reached
+        message = _collective_failure(err)
+        if message is None or os.environ.get("RLZOO_DEBUG"):
+            raise
+        _report(RuntimeError(message))
+        return 1
+
+
+_COLLECTIVE = re.compile(r"gloo|nccl|connection (closed|reset) by peer|timed out waiting", re.IGNORECASE)
+"""What torch.distributed's backends say when a collective fails (a plain RuntimeError from gloo)."""
+
+
+def _collective_failure(err: RuntimeError) -> str | None:
+    """One line for a collective that failed on this rank under torchrun (more than one rank): where in rlzoo, and
+    why in rlzoo's terms (another rank stopped, with its own error line; or it did not arrive within
+    ``--distributed-timeout``), with the backend's own words; None for any other error (a bug: its traceback).
+    The surviving rank printed about 40 lines of gloo traceback after the failing rank's one-line error."""
+    import traceback
+
+    if os.environ.get("WORLD_SIZE", "1") in ("", "0", "1") or not _COLLECTIVE.search(str(err)):
+        return None
+    said = re.sub(r"^\[[^\]]*\]\s*", "", str(err).splitlines()[0] if str(err) else "")  # gloo's "[pair.cc:553] "
+    package = Path(__file__).resolve().parent
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if package in Path(f.filename).resolve().parents]
+    collective = [f.name for f in frames if Path(f.filename).name == "distributed.py"]  # the method rlzoo called
+    callers = [f for f in frames if Path(f.filename).name not in ("distributed.py", "cli.py")]
+    where = (f" ({collective[0]})" if collective else "") + (
+        f" in {Path(callers[-1].filename).relative_to(package.parent)}:{callers[-1].lineno} ({callers[-1].name})"
+        if callers else "")
+    why = ("another rank did not reach it within --distributed-timeout (stuck, or much slower: raise "
+           "--distributed-timeout if its work is legitimately that slow)" if "timed out" in said.lower() else
+           "another rank stopped (its own error is the 'rlzoo: error (rank N)' line above, or torchrun's report)")
+    return f"a collective failed{where}: {why} [{said}]"
 
 
 def _stdout_is_pipe() -> bool:

@@ -366,6 +366,48 @@ def test_an_error_under_torchrun_names_its_rank(monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("rlzoo: error: ")
 
 
+@pytest.mark.parametrize(("said", "why"), [
+    ("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:44188. This is "
+     "typically caused by a remote worker crashing.", "another rank stopped (its own error is the 'rlzoo: error "
+     "(rank N)' line above"),
+    ("[/w/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to "
+     "complete", "another rank did not reach it within --distributed-timeout"),
+])
+def test_a_collective_another_rank_left_is_one_line_on_the_surviving_rank(said, why, monkeypatch, capsys):
+    """The rank that survived another's error (or waited past --distributed-timeout for a stuck one) printed ~40
+    lines of gloo traceback (user trial): one line says where in rlzoo, why in rlzoo's terms and gloo's words;
+    outside torchrun, or for another RuntimeError, the traceback stays (a bug)."""
+    from rlzoo.trainer.distributed import Distributed
+    from rlzoo.trainer.evaluation import held_out_rewards
+    from rlzoo.trainer.rewards import RewardSet
+
+    def lost(*args, **kwargs):
+        raise RuntimeError(said)
+
+    monkeypatch.setattr(Distributed, "_device", lambda self: torch.device("cpu"))
+    monkeypatch.setattr(Distributed, "all_reduce", lost)  # torch.distributed's all-reduce, another rank gone
+    monkeypatch.setattr("rlzoo.cli.main", lambda: held_out_rewards(RewardSet(["format"]), [], Distributed(world_size=2)))
+    monkeypatch.delenv("RLZOO_DEBUG", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert console_main() == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why in err, err
+    assert err.startswith("rlzoo: error (rank 0): a collective failed (reduce_floats) in rlzoo/trainer/evaluation.py:")
+    assert "(held_out_rewards): " in err and said.split("] ", 1)[1].split(" [")[0] in err and "/w/third_party" not in err
+    monkeypatch.setenv("RLZOO_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="gloo"):
+        console_main()
+    monkeypatch.delenv("RLZOO_DEBUG")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(RuntimeError, match="gloo"):
+        console_main()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("rlzoo.cli.main", lambda: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        console_main()
+
+
 def test_max_completion_length_0_is_named_itself_not_overlong_buffer():
     """`--max-completion-length 0` said "overlong_buffer must be in [0, max_completion_length), got 0", a flag not
     given; overlong_buffer's range names the length it is below."""
