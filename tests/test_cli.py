@@ -366,12 +366,15 @@ def test_an_error_under_torchrun_names_its_rank(monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("rlzoo: error: ")
 
 
+_CLOSED = ("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:44188. This is "
+           "typically caused by a remote worker crashing.")
+_TIMED_OUT = ("[/w/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv "
+              "operation to complete")
+
+
 @pytest.mark.parametrize(("said", "why"), [
-    ("[/w/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:44188. This is "
-     "typically caused by a remote worker crashing.", "another rank stopped (its own error is the 'rlzoo: error "
-     "(rank N)' line above"),
-    ("[/w/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to "
-     "complete", "another rank did not reach it within --distributed-timeout"),
+    (_CLOSED, "another rank stopped (its own error is the 'rlzoo: error (rank N)' line above"),
+    (_TIMED_OUT, "another rank did not reach it within --distributed-timeout"),
 ])
 def test_a_collective_another_rank_left_is_one_line_on_the_surviving_rank(said, why, monkeypatch, capsys):
     """The rank that survived another's error (or waited past --distributed-timeout for a stuck one) printed ~40
