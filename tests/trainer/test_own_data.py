@@ -540,6 +540,29 @@ def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_pat
     assert len(load_task(str(path), eval_size=0).dataset) == 12
 
 
+def test_a_tool_call_conversation_from_a_json_file_loads_and_its_bad_row_is_named(tmp_path):
+    """datasets types a messages column whose turns differ in keys (a tool call's ``tool_calls``, a tool turn) as a
+    list of Json: its rows were checked as raw JSON strings and every row was refused (user trial). They are checked
+    decoded, as the same rows given as a Dataset are."""
+    def conversation(i: int, role: str = "tool") -> list[dict]:
+        return [{"role": "user", "content": f"What is {i}+1?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "add", "arguments": {"a": i, "b": 1}}}]},
+                {"role": role, "content": str(i + 1)}]
+
+    path = tmp_path / "tools.jsonl"
+    rows = [{"prompt": conversation(i), "answer": str(i + 1)} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = load_task(str(path), eval_size=0)
+    assert task.dataset.features["prompt"] != datasets.Value("string")  # (datasets' List(Json) here)
+    assert task.dataset[3]["prompt"] == conversation(3)
+    rows[7]["prompt"] = conversation(7, role="tools")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"row 7 \(line 8\): the prompt column 'prompt' is a conversation whose last "
+                                         r"message's role is 'tools'"):
+        load_task(str(path), eval_size=0)
+
+
 def test_trl_rewards_without_trl_name_the_extra(monkeypatch):
     """TRL's reward functions need trl and math-verify (the `trl` extra): a missing one says what to install."""
     import sys

@@ -214,9 +214,12 @@ def check_rows(data: Any, origin: RowOrigin, *, prompt_column: str, answer_colum
         for column in columns:
             values = batch.column(column)
             kind = values.type
-            if isinstance(kind, getattr(pa, "JsonType", ())):  # mixed types (datasets' Json): checked decoded
+            json_type = getattr(pa, "JsonType", ())
+            messages_of_json = pa.types.is_list(kind) and isinstance(kind.value_type, json_type)  # tool calls
+            if isinstance(kind, json_type) or messages_of_json:  # mixed types (datasets' Json): checked decoded
                 problem_of = _answer_problem if column == answer_column else _prompt_problem
-                decoded = [None if v is None else json.loads(v) for v in values.to_pylist()]
+                decoded = [None if v is None else [json.loads(m) for m in v] if messages_of_json else json.loads(v)
+                           for v in values.to_pylist()]
                 first = next((i for i, v in enumerate(decoded) if v is None or problem_of(v)), -1)
                 if first >= 0:
                     bad.append((first, column, "" if decoded[first] is None else str(problem_of(decoded[first]))))
