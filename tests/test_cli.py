@@ -543,6 +543,7 @@ def test_version_and_case_insensitive_presets_with_did_you_mean(capsys):
                                                ("--num_train_epochs", "--max-steps N"),
                                                ("--lr_scheduler_type", "--lr-scheduler"),
                                                ("--per_device_eval_batch_size", "--eval-batch-size"),
+                                               ("--dataset_test_split", "--task.eval_split"),
                                                ("--logging_steps", None), ("--sync_ref_model", None)])
 def test_trl_spellings_point_to_rlzoos(flag, pointer, tmp_path):
     said = f"TRL's {flag} is {pointer}" if pointer else f"TRL's {flag} has no counterpart in rlzoo \\("

@@ -26,6 +26,7 @@ TRL_SPELLINGS: dict[str, tuple[str, str]] = {
     "dataset_name": ("--task", "task"),
     "dataset_config": ("--task.name", "task_kwargs.name"),
     "dataset_train_split": ("--task.split", "task_kwargs.split"),
+    "dataset_test_split": ("--task.eval_split", "task_kwargs.eval_split"),
     "reward_model_name_or_path": ("--reward-funcs MODEL", "reward_funcs"),
     "multi_objective_aggregation": ("--multi-reward-aggregation", "multi_reward_aggregation"),
     "use_peft": ("--peft.r 16 (any LoraConfig field turns LoRA on)", "peft"),
