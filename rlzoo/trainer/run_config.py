@@ -62,8 +62,11 @@ class CheckpointConfig(Section):
 def named_checkpoint(resume: str | None, output_dir: str | os.PathLike[str] | None) -> str | None:
     """``resume`` as a path: a bare name that is no path here (``step-000020``, or ``step-20``) names the checkpoint
     of that name or step under ``output_dir/checkpoints`` when there is one, as ``rlzoo eval --checkpoint`` takes
-    names; anything else is returned unchanged (``latest``, ``auto``, a path, a name with no such checkpoint: the
+    names; a checkpoint's ``model/`` names the checkpoint (as ``rlzoo eval`` and ``rlzoo export`` take it); anything
+    else is returned unchanged (``latest``, ``auto``, a path, a name with no such checkpoint: the
     resume then fails naming what the run's checkpoints are)."""
+    if isinstance(resume, str) and Path(resume).name == "model" and (Path(resume).parent / "trainer_state.json").is_file():
+        return str(Path(resume).parent)  # a checkpoint's model/ (as rlzoo eval and export take it): the checkpoint
     if (not isinstance(resume, str) or resume in ("latest", "auto") or not isinstance(output_dir, str | os.PathLike)
             or Path(resume).name != resume or Path(resume).exists()):
         return resume

@@ -272,7 +272,7 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
 def test_a_checkpoint_is_resumed_by_its_name_in_the_output_dir(tmp_path, monkeypatch):
     """--resume step-000001 was refused with "no such checkpoint; RUN/checkpoints holds step-000001" (rlzoo eval
     --checkpoint takes names): a bare name that is no path here names the output dir's checkpoint of that name or
-    step, as a path (what the run records); other values are kept."""
+    step, as a path (what the run records); a checkpoint's model/ names the checkpoint; other values are kept."""
     run = tmp_path / "run"
     for step in (2, 30):
         (run / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
@@ -280,6 +280,9 @@ def test_a_checkpoint_is_resumed_by_its_name_in_the_output_dir(tmp_path, monkeyp
     for name, step in (("step-000002", 2), ("step-2", 2), ("step-30", 30)):
         assert TrainConfig(output_dir=str(run), resume=name).resume == str(run / "checkpoints" / f"step-{step:06d}")
     assert TrainConfig(output_dir=str(run), resume="latest").resume == "latest"
+    (run / "checkpoints" / "step-000002" / "model").mkdir()  # its model/, as rlzoo eval and export take it
+    assert TrainConfig(resume=str(run / "checkpoints" / "step-000002" / "model")).resume == \
+        str(run / "checkpoints" / "step-000002")
     with pytest.raises(ValueError, match="resume must be"):
         TrainConfig(output_dir=str(run), resume="step-3")  # no such checkpoint
     monkeypatch.chdir(tmp_path)
