@@ -31,13 +31,7 @@ from rlzoo.trainer.adapters import recorded_peft
 from rlzoo.trainer.algorithm import build_loss
 from rlzoo.trainer.checkpoint import rank_states, rng_state, run_of, set_rng_state
 from rlzoo.trainer.components import build_components, build_models, check_loss_inputs
-from rlzoo.trainer.config import (
-    AlgorithmConfig,
-    ModelConfig,
-    TaskConfig,
-    TrackingConfig,
-    TrainConfig,
-)
+from rlzoo.trainer.config import AlgorithmConfig, ModelConfig, TaskConfig, TrackingConfig, TrainConfig
 from rlzoo.trainer.distributed import init_distributed
 from rlzoo.trainer.evaluation import EvalResult, evaluate
 from rlzoo.trainer.inert_options import warn_inert_options
@@ -299,8 +293,11 @@ class Trainer:
                 self.run_dir.write_config(self.config.to_dict(), resolved, start_step=self.step,
                                           resumed_from=str(Path(checkpoint).resolve()) if checkpoint else None, changes=changes,
                                           source=source_run / "config.json" if source_run else None)
-            log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
-                     self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
+            if checkpoint is None or self.step < self.config.max_steps or self._pending_row is not None:  # else said
+                if checkpoint is not None:  # complete (--resume auto of a finished run) in check_run_length's line
+                    log.info("resumed from %s at step %d", checkpoint, self.step)
+                log.info("run dir %s | loss %s | advantage %s | device %s | %d rank(s)", self.run_dir.path,
+                         self.loss_fn.name or "custom", self.advantage_name, self.precision, self.dist.world_size)
         self.dist.barrier()
         self._write_missing_row(resumed=checkpoint is not None)
 
@@ -391,7 +388,6 @@ class Trainer:
             if dropped:  # a callable is not a setting: compare_settings cannot see it go; a change applied
                 log.warning("resume: reward function(s) %s, Python callables of the checkpoint's run, are not given "
                             "now: the run goes on without them (pass them again to keep them)", ", ".join(dropped))
-            log.info("resumed from %s at step %d", path, self.step)
         return changes
 
 

@@ -434,7 +434,12 @@ def test_resume_auto_starts_fresh_then_resumes_with_one_command(tmp_path, monkey
         code, err = _cli(monkeypatch, capsys, *command, "--max-steps", "2")
     assert code == 0, err
     assert "already complete" in caplog.text and len(_segments(run)) == 2
+    assert "resumed from" not in caplog.text and "run dir" not in caplog.text  # (it said both: contradictory)
     assert [r["step"] for r in _rows(run / "metrics.jsonl")] == [1, 2]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlzoo.train"):
+        assert _cli(monkeypatch, capsys, *command, "--max-steps", "3")[0] == 0
+    assert f"resumed from {run / 'checkpoints' / 'step-000002'} at step 2" in caplog.text and "run dir" in caplog.text
 
 
 def test_resume_auto_sets_aside_a_start_that_wrote_no_checkpoint(tmp_path, monkeypatch, capsys):
