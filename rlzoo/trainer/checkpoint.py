@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Iterator, Mapping
@@ -33,19 +32,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlzoo.trainer.checkpoint_files import DamagedCheckpointError, reading, step_of
 from rlzoo.trainer.config import CheckpointConfig
 from rlzoo.trainer.distributed import Distributed
 from rlzoo.trainer.interrupts import interrupts_unwrapped
 from rlzoo.trainer.io import atomic_dir, disk_full_is_os_error, json_row, save_pretrained_atomic
 from rlzoo.trainer.parallel import ParallelModel
 
-__all__ = ["Checkpoint", "Checkpointer", "is_run_config", "no_checkpoint_message", "rank_states", "rng_state", "run_of", "set_rng_state",
-           "step_of"]
+__all__ = ["Checkpoint", "Checkpointer", "DamagedCheckpointError", "is_run_config", "no_checkpoint_message",
+           "rank_states", "rng_state", "run_of", "set_rng_state", "step_of"]
 
 log = logging.getLogger("rlzoo.train")
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
 
 def rng_state() -> dict[str, Any]:
     """The process's torch, CUDA and Python RNG states."""
@@ -82,12 +79,6 @@ class Checkpoint:
     settings: Mapping[str, Any]
     states: Mapping[str, Any]
     row: Mapping[str, Any] | None = None
-
-
-def step_of(path: Path) -> int | None:
-    """The step number of a ``step-N`` directory name, else None."""
-    match = _STEP_DIR.match(path.name)
-    return int(match.group(1)) if match else None
 
 
 def is_run_config(path: Path) -> bool:
@@ -271,7 +262,7 @@ class Checkpointer:
         frozen = set(get_model_state_dict(policy.module)) - set(model_state)
         _check_fits(path, model_state, frozen=frozen)
         state = {"model": model_state, "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
-        with _one_process_quietly(dist), interrupts_unwrapped():
+        with _one_process_quietly(dist), interrupts_unwrapped(), reading(path, "dcp/ (the model and optimizer)"):
             dcp.load(state, checkpoint_id=path / "dcp", no_dist=not dist.initialized)
         set_model_state_dict(policy.module, state["model"], options=_trained_only())
         set_optimizer_state_dict(policy.module, optimizer, state["optimizer"])
@@ -283,7 +274,8 @@ class Checkpointer:
         for file in sorted(path.glob("*.pt")):  # on the CPU: RNG states must stay there (their owners move the rest)
             name, _, owner = file.stem.partition("-rank")
             if not owner or int(owner) == rank:
-                states[name] = torch.load(file, map_location="cpu", weights_only=True)
+                with reading(path, file.name):
+                    states[name] = torch.load(file, map_location="cpu", weights_only=True)
         return Checkpoint(path=path, step=int(trainer_state["step"]), world_size=world_size,
                           settings=trainer_state.get("settings", {}), states=states, row=trainer_state.get("row"))
 
@@ -363,7 +355,8 @@ def _trainer_state(path: Path) -> dict[str, Any]:
     state_file = path / "trainer_state.json"
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not an rlzoo checkpoint (no trainer_state.json)")
-    return json.loads(state_file.read_text())
+    with reading(path, "trainer_state.json"):
+        return json.loads(state_file.read_text())
 
 
 def _check_fits(path: Path, model_state: Mapping[str, Any], *, frozen: set[str] = frozenset()) -> None:
@@ -371,8 +364,9 @@ def _check_fits(path: Path, model_state: Mapping[str, Any], *, frozen: set[str] 
     model's frozen parameters, which checkpoints written before they were left out may still hold)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    saved = {k.removeprefix("model."): v for k, v in FileSystemReader(str(path / "dcp")).read_metadata()
-             .state_dict_metadata.items() if k.startswith("model.")}
+    with reading(path, "dcp/.metadata"):
+        metadata = FileSystemReader(str(path / "dcp")).read_metadata()
+    saved = {k.removeprefix("model."): v for k, v in metadata.state_dict_metadata.items() if k.startswith("model.")}
     for name, value in model_state.items():
         if name not in saved:
             raise ValueError(f"checkpoint {path} does not fit the model: it lacks {name.removeprefix('model.')!r} "

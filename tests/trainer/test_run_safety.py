@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import stat
 
@@ -798,3 +799,33 @@ def test_a_plot_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, caplo
     assert "could not write the plot" in caplog.text and "No space left on device" in caplog.text
     assert "reward.png" in caplog.text
 
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    """A run of two steps with a checkpoint of each (copied by each test that damages one)."""
+    run = tmp_path_factory.mktemp("two") / "run"
+    from rlzoo.cli import main
+
+    assert main(["train", *TINY_FLAGS, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "1",
+                 "--save-total-limit", "3"]) == 0
+    return run
+
+
+@pytest.mark.parametrize("file", ["trainer_state.json", "dcp/.metadata", "dcp/__0_0.distcp", "scheduler.pt",
+                                  "rng-rank0.pt", "rollouts-rank0.pt"])
+def test_a_damaged_checkpoint_file_is_named_with_the_checkpoint_to_resume_from_instead(file, two_checkpoints, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """A checkpoint file cut short (a copy, a full disk) gave torch's or pickle's traceback, or a line naming no
+    file ("[Errno 22] Invalid argument", "Expecting value: line 57 ...") (user trial): one line names the checkpoint
+    and the file, and the earlier checkpoint to resume from."""
+    run = tmp_path / "run"
+    shutil.copytree(two_checkpoints, run)
+    damaged = run / "checkpoints" / "step-000002" / file
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    code, err = _cli(monkeypatch, capsys, "train", "--output-dir", run, "--resume", "latest", "--max-steps", "3")
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error")]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"rlzoo: error: checkpoint {run / 'checkpoints' / 'step-000002'}: "
+                               f"{file.split('/')[0] if file.endswith('distcp') else file}"), lines[0]
+    assert f"resume from the earlier checkpoint instead: --resume {run / 'checkpoints' / 'step-000001'}" in lines[0]
