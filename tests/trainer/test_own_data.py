@@ -524,6 +524,23 @@ def test_a_run_or_model_directory_as_task_says_what_it_is(tmp_path):
         load_task(str(model))
 
 
+def test_a_data_directory_of_mixed_file_types_is_refused_not_read_in_part(tmp_path):
+    """A directory holding x.jsonl and y.csv trained on one of them: datasets reads one file type per directory,
+    and half the rows were left out without a word (user trial). It is refused, naming the types; a --task.data_dir
+    of one type, or a hub layout whose README.md declares its configs, loads."""
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(12)]
+    (tmp_path / "d" / "only").mkdir(parents=True)
+    (tmp_path / "d" / "x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.Dataset.from_list(rows).to_csv(tmp_path / "d" / "y.csv", index=False)
+    with pytest.raises(ValueError, match=r"data set directory '.*d' holds data files of 2 types: y.csv \(csv\), "
+                                         r"x.jsonl \(json\); datasets reads one type per directory"):
+        load_task(str(tmp_path / "d"), eval_size=0)
+    (tmp_path / "d" / "only" / "z.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(load_task(str(tmp_path / "d"), kwargs={"data_dir": "only"}, eval_size=0).dataset) == 12
+    (tmp_path / "d" / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files: y.csv\n---\n")
+    assert len(load_task(str(tmp_path / "d"), eval_size=0).dataset) == 12
+
+
 def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_path):
     """A last message of role 'usr' failed at the first generation naming no file or row; it is refused as the
     data loads, naming the row; a system-then-user or assistant-prefill conversation loads."""

@@ -60,6 +60,29 @@ def _parquet_rows(path: Path) -> int | None:
         return None
 
 
+def _refuse_mixed_types(directory: Path, spec: str) -> None:
+    """Refuse a data directory holding data files of more than one type (``x.jsonl`` and ``y.csv``): ``datasets``
+    reads one type per directory and leaves the others' rows out, silently. A directory whose README.md declares
+    its ``configs`` (a hub data set's layout) says which files it uses, and is left to ``datasets``.
+
+    Raises:
+        ValueError: naming the types and a file of each.
+    """
+    readme = directory / "README.md"
+    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+        return
+    kinds: dict[str, Path] = {}
+    for file in sorted(directory.rglob("*")):
+        builder = file_builder(file) if file.is_file() and not file.name.startswith(".") else None
+        if builder is not None:
+            kinds.setdefault(builder, file)
+    if len(kinds) > 1:
+        files = ", ".join(f"{file.relative_to(directory)} ({kind})" for kind, file in sorted(kinds.items()))
+        raise ValueError(f"data set directory {spec!r} holds data files of {len(kinds)} types: {files}; datasets "
+                         f"reads one type per directory and would leave the others' rows out: keep one type there, "
+                         f"or give a file as --task")
+
+
 def _is_saved_to_disk(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
@@ -126,6 +149,8 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
         raise ValueError(f"{spec!r} is an rlzoo run directory, not a data set: rlzoo eval --run {spec} evaluates its "
                          f"checkpoint on the task it trained on; rlzoo train --config {path / 'config.json'} reuses "
                          "its settings; --task takes a reasoning-gym task (rlzoo tasks), a data file or a data set")
+    if path.is_dir() and not _is_saved_to_disk(path):
+        _refuse_mixed_types(path / data_dir if data_dir else path, spec)
     try:
         if path.is_file():
             tabs = {"sep": "\t"} if data_suffix(path) == ".tsv" else {}
