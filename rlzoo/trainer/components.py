@@ -193,7 +193,7 @@ class Components:
 
 
 def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, advantage_fn: Any,
-                     reward_funcs: Sequence[Callable[..., list[float | None]]], *, dist: Distributed,
+                     reward_funcs: Sequence[Callable[..., list[float | None]] | str], *, dist: Distributed,
                      precision: Precision, run_dir: Path, checkpoints: Path, task: TaskStream,
                      score_old: bool) -> Components:
     """The rewards, scorer, rollout source, evaluator, optimizer step, checkpointer and metrics logger over
@@ -206,6 +206,11 @@ def build_components(config: TrainConfig, models: Models, loss_fn: PolicyLoss, a
     from rlzoo.trainer.rewards import build_rewards
 
     required = loss_fn.required_fields()
+    twice = [spec for spec in reward_funcs if isinstance(spec, str) and spec in config.reward_funcs]
+    if twice and dist.is_main:  # TRL's reward_funcs=["accuracy", fn] over the default reward_funcs ("accuracy",)
+        log.warning("reward function(s) %s are named both in TrainConfig.reward_funcs %s and in Trainer(reward_funcs="
+                    "...): each counts twice (the second as NAME_2); TrainConfig(reward_funcs=()) keeps only Trainer's",
+                    ", ".join(map(repr, twice)), tuple(config.reward_funcs))
     rewards = build_rewards(config.section(RewardConfig), reward_funcs, task=task, max_steps=config.max_steps,
                             device=precision.device)
     # the TrainerState fields transformers.Trainer sets when training starts (TRL passes its Trainer's state):

@@ -71,7 +71,8 @@ class Trainer:
         loss: a loss composed in Python; default ``rlzoo.get_loss(config.algorithm, **config.loss)``.
         reward_funcs: extra reward functions, one or a list, added after ``config.reward_funcs``: callables with
             TRL's signature ``fn(prompts, completions, **columns)``, sequence-classification models
-            (``PreTrainedModel``) or :class:`~rlzoo.trainer.rewards.RewardModel` s, as TRL's ``reward_funcs``.
+            (``PreTrainedModel``), :class:`~rlzoo.trainer.rewards.RewardModel` s, or names as ``--reward-funcs``
+            takes them (a built-in, ``module:function``, a reward model's id), as TRL's ``reward_funcs``.
         model, tokenizer: a model object (a ``PreTrainedModel`` or ``PeftModel``) and its tokenizer, instead of
             loading ``config.model``.
         peft_config: a ``peft.LoraConfig`` (or another PEFT config) to train an adapter (instead of ``--peft``).
@@ -98,7 +99,7 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig | Mapping[str, Any], *, loss: PolicyLoss | None = None,
-                 reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] = (), model: Any = None,
+                 reward_funcs: Callable[..., Any] | str | Sequence[Callable[..., Any] | str] = (), model: Any = None,
                  tokenizer: Any = None, peft_config: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None) -> None:
         import datasets

@@ -1047,3 +1047,27 @@ def test_task_kwargs_a_train_dataset_cannot_use_are_named_in_a_warning(caplog):
         build_task(TaskConfig(task_kwargs={"split": "train", "answer_column": "solution"}, eval_size=4),
                    train_dataset=data)
     assert "not used" not in caplog.text
+
+
+def test_a_reward_named_both_in_the_config_and_in_trainer_warns_that_it_counts_twice(tmp_path, caplog):
+    """TRL's habit, Trainer(reward_funcs=["accuracy", fn]), over TrainConfig's default reward_funcs ("accuracy",)
+    counted accuracy twice (accuracy, accuracy_2) with only an INFO line, which Python shows no handler for (user
+    trial): a warning (shown without logging set up) says so and how to keep only Trainer's."""
+    import logging
+
+    train = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(16)])
+
+    def fn(completions, **kw):
+        return [0.0] * len(completions)
+
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        trainer = Trainer(TrainConfig(**TINY, max_steps=1, output_dir=str(tmp_path / "a")), train_dataset=train,
+                          reward_funcs=["accuracy", fn])
+    assert trainer.rollouts.rewards.names == ("accuracy", "accuracy_2", "fn")
+    assert "reward function(s) 'accuracy' are named both in TrainConfig.reward_funcs ('accuracy',)" in caplog.text
+    assert "TrainConfig(reward_funcs=()) keeps only Trainer's" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlzoo.train"):
+        Trainer(TrainConfig(**TINY, max_steps=1, reward_funcs=(), output_dir=str(tmp_path / "b")), train_dataset=train,
+                reward_funcs=["accuracy", fn])
+    assert "named both" not in caplog.text
