@@ -121,6 +121,9 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
     config = dataclasses.replace(parsed, loss=default.loss, advantage_options=default.advantage_options,
                                  task_kwargs=default.task_kwargs, peft=default.peft)
     _check_file_tables(config, argv)
+    if [f.lower() for f in config.reward_funcs if isinstance(f, str)] == ["none"]:  # rlzoo eval's spelling
+        raise CommandLineError("--reward-funcs none: training needs a reward function (rlzoo eval's 'none' means its "
+                               "accuracy alone, which training's default --reward-funcs accuracy is)")
     weights, funcs = config.reward_weights, config.reward_funcs
     if weights is not None and len(weights) != len(funcs):  # no Python callables here: exactly one per name, now
         from rlzoo.trainer.config_files import load_config_file

@@ -1330,3 +1330,12 @@ def test_the_docs_config_file_example_takes_another_task(tmp_path):
     untasked.write_text('[task_kwargs]\nanswer_column = "solution"\n')
     assert dict(parse_train_args(["--config", str(untasked), "--task", "train.jsonl"]).task_kwargs) == {
         "answer_column": "solution"}
+
+
+def test_reward_funcs_none_in_train_says_what_it_means_in_eval():
+    """`rlzoo train --reward-funcs none` (rlzoo eval's documented spelling) said "unknown reward function 'none';
+    built-in: ...; or reward function 'none' must be 'module:function', ..." (two sentences run together; user
+    trial): one line says training needs a reward function and what eval's none is."""
+    with pytest.raises(CommandLineError, match=r"^--reward-funcs none: training needs a reward function \(rlzoo "
+                                               r"eval's 'none' means its accuracy alone"):
+        parse_train_args(["--model", "tiny-random", "--reward-funcs", "none"])
