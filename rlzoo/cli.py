@@ -168,7 +168,7 @@ def _check_file_tables(config: Any, argv: Sequence[str], *, algorithm: bool = Fa
     import warnings
 
     from rlzoo.registry import UnknownNameError
-    from rlzoo.trainer.adapter_options import lora_config
+    from rlzoo.trainer.adapter_options import check_adapter_options, lora_config
     from rlzoo.trainer.algorithm import build_loss
     from rlzoo.trainer.config import AlgorithmConfig
     from rlzoo.trainer.config_files import load_config_file
@@ -189,8 +189,8 @@ def _check_file_tables(config: Any, argv: Sequence[str], *, algorithm: bool = Fa
             warnings.simplefilter("ignore")
             if tables & {"loss", "advantage_options"}:
                 build_loss(settings.section(AlgorithmConfig), None, max_completion_length=settings.max_completion_length)
-            if "peft" in tables and settings.peft:
-                lora_config(settings.peft)
+            if "peft" in tables and settings.peft:  # (a reference's needs are the trainer's to check)
+                check_adapter_options(lora_config(settings.peft), given_as="--peft", needs_reference=False)
             if "task_kwargs" in tables and settings.task in list_reasoning_gym_tasks():
                 ReasoningGymTask(name=settings.task, kwargs=settings.resolved_task_kwargs, eval_size=0)
 

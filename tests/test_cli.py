@@ -1339,3 +1339,14 @@ def test_reward_funcs_none_in_train_says_what_it_means_in_eval():
     with pytest.raises(CommandLineError, match=r"^--reward-funcs none: training needs a reward function \(rlzoo "
                                                r"eval's 'none' means its accuracy alone"):
         parse_train_args(["--model", "tiny-random", "--reward-funcs", "none"])
+
+
+def test_adapter_options_a_run_cannot_honour_in_a_config_file_name_the_file(tmp_path):
+    """A config file's peft table was checked for LoraConfig's types (naming the file) but not for what a run
+    refuses (dropout, another task type): that error named the flag only (user trial). It names the file first."""
+    file = tmp_path / "f.yaml"
+    file.write_text("model: tiny-random\npeft:\n  r: 4\n  lora_dropout: 0.05\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(file))}: --peft.lora_dropout must be 0, got 0.05"):
+        parse_train_args(["--config", str(file)])
+    with pytest.raises(ValueError, match=r"^--peft.lora_dropout must be 0, got 0.1"):  # a flag's: the flag only
+        parse_train_args(["--config", str(file), "--peft.lora_dropout", "0.1"])
