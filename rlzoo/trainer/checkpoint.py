@@ -196,13 +196,17 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         path = self.path(step)
+        kept = [p.name for p in self.all()]  # what a full disk's message offers to free (pruned only after a write)
+        advice = ("" if not kept else f"free space; --resume latest continues from {kept[0]}" if len(kept) == 1 else
+                  f"free space, e.g. delete the run's older checkpoints {', '.join(kept[:-1])}: --resume latest "
+                  f"continues from the newest, {kept[-1]} (--save-total-limit prunes only after a new one is written)")
         pristine = not optimizer.state  # no optimizer step yet (a step-0 checkpoint): see below
         with _staging(path, dist) as tmp:  # the trained parameters: a LoRA run's adapter, not its frozen base
             state = {"model": _trained_state(policy.module),
                      "optimizer": get_optimizer_state_dict(policy.module, optimizer)}
             if pristine:  # DCP made a state with a zero-gradient step (AdamW's step count 1): not this run's
                 optimizer.state.clear()
-            with disk_full_is_os_error(path / "dcp"), _one_process_quietly(dist), interrupts_unwrapped():
+            with disk_full_is_os_error(path / "dcp", advice), _one_process_quietly(dist), interrupts_unwrapped():
                 dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=not dist.initialized)
             full = policy.full_state_dict() if policy.sharded else None  # every rank gathers, rank 0 writes
             if full:
@@ -213,14 +217,14 @@ class Checkpointer:
             if dist.is_main:
                 files.update({f"{name}.pt": value for name, value in shared.items()})
             for name, value in files.items():
-                with disk_full_is_os_error(path / name), open(tmp / name, "wb") as fh:
+                with disk_full_is_os_error(path / name, advice), open(tmp / name, "wb") as fh:
                     torch.save(value, fh)
             if dist.is_main:
                 trainer_state = {"step": step, "world_size": dist.world_size, "settings": dict(settings),
                                  "model_digest": self.model_digest}
                 if row is not None:
                     trainer_state["row"] = json_row(dict(row))  # as metrics.jsonl writes it
-                with disk_full_is_os_error(path / "trainer_state.json"):
+                with disk_full_is_os_error(path / "trainer_state.json", advice):
                     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
         if dist.is_main:
             for old in self.all()[: -self.config.save_total_limit]:

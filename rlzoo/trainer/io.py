@@ -41,8 +41,9 @@ def umask_mode(mode: int) -> int:
 
 
 @contextlib.contextmanager
-def disk_full_is_os_error(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn "no space left on device" from any writer into ``OSError(ENOSPC)`` naming ``path``.
+def disk_full_is_os_error(path: str | os.PathLike[str], advice: str = "") -> Iterator[None]:
+    """Turn "no space left on device" from any writer into ``OSError(ENOSPC)`` naming ``path`` (``advice``: what to
+    do, added to the message).
 
     Python's own writes raise ``OSError(28)`` without a file name; safetensors raises its own error type
     with "No space left on device (os error 28)" in the message; ``torch.save`` (and so
@@ -60,7 +61,8 @@ def disk_full_is_os_error(path: str | os.PathLike[str]) -> Iterator[None]:
             raise  # already names its file (a narrower ``disk_full_is_os_error`` inside this one)
         if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err) or (
                 "unexpected pos" in str(err) and _free_bytes(Path(path)) < 2**20):  # torch's short write
-            raise OSError(errno.ENOSPC, "no space left on device", str(path)) from err
+            raise OSError(errno.ENOSPC, "no space left on device" + (f" ({advice})" if advice else ""), str(path)) \
+                from err
         raise
 
 

@@ -742,6 +742,7 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
                      "--output-dir", run, "--resume", "latest")  # (the run's reward was a Python callable)
     line = _error_line(err)
     assert code == 2 and "no space left on device" in line and "step-000002/rollouts-rank0.pt" in line
+    assert "(free space; --resume latest continues from step-000001)" in line  # what to do (user trial)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000001"] and _hidden(run / "checkpoints") == []
 
 
