@@ -142,7 +142,8 @@ def test_registered_loss_is_verls_loss(verl, name, data):
     want, want_grad, want_metrics = call(verl.get_policy_loss_fn(name), micro, mode, config, weights)
     # geo_mean: verl divides each sequence's sums by n + 1e-8 (the log-ratio mean inside exp, the advantage mean and
     # the log-weight mean), a relative 1e-8 each that an absolute tolerance alone fails on large losses (|A| ~ 5)
-    tolerance = {**ATOL, "rtol": 1e-7} if geo else ATOL
+    # gspo past its clamp: losses of e^10 |A| meet verl's seq-mean-token-mean division by n + 1e-8 the same way
+    tolerance = {**ATOL, "rtol": 1e-7} if geo or name == "gspo" else ATOL
     torch.testing.assert_close(got, want, **tolerance)
     torch.testing.assert_close(got_grad, want_grad, **tolerance)
     assert all(isinstance(v, float) for v in got_metrics.values())
