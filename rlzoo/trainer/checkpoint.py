@@ -152,8 +152,8 @@ class Checkpointer:
                 parent = path.parent if path.parent != Path(".") or not self.directory.is_dir() else self.directory
                 there = sorted(p.name for p in parent.glob("step-*") if (p / "trainer_state.json").is_file())
                 kept = (f"; {parent} holds {', '.join(there)} (older checkpoints are pruned by --save-total-limit): "
-                        f"give its path, e.g. --resume {parent / (path.name if path.name in there else there[-1])}, or "
-                        "--resume latest" if there else "")
+                        f"give its path, e.g. --resume {parent / (path.name if path.name in there else there[-1])} "
+                        "(or, with the run's --output-dir, its name), or --resume latest" if there else "")
                 raise FileNotFoundError(f"--resume {resume}: no such checkpoint{kept}")
             if not (path / "trainer_state.json").is_file():
                 run = (path / "metrics.jsonl").exists() or is_run_config(path / "config.json")
@@ -251,6 +251,7 @@ class Checkpointer:
             FileNotFoundError: not an rlzoo checkpoint.
             ValueError: the checkpoint does not fit the model: names the checkpoint and the first missing,
                 unexpected or differently shaped tensor.
+            DamagedCheckpointError: a file of the checkpoint cannot be read (names it, and the earlier checkpoint).
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (

@@ -3,7 +3,10 @@ with the earlier checkpoints a run can resume from instead (:func:`reading`), an
 checkpoints are found by (:func:`step_of`)."""
 
 import contextlib
+import json
+import pickle
 import re
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,19 +32,32 @@ def reading(checkpoint: Path, file: str) -> Iterator[None]:
     checkpoint and the file, and the newest earlier checkpoint to resume from instead.
 
     Raises:
-        DamagedCheckpointError: the block failed (chained to its error; ``RLZOO_DEBUG=1`` shows it).
+        DamagedCheckpointError: the block failed to read the file (chained to its error; ``RLZOO_DEBUG=1`` shows
+            it); other errors (an interrupt, a lost rank, a state that does not fit the model) pass unchanged.
     """
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: DCP's, of every rank
 
     try:
         yield
-    except (Exception, CheckpointException) as err:  # any failure to read the file
+    except (Exception, CheckpointException) as err:
         cause = next(iter(err.failures.values()))[0] if isinstance(err, CheckpointException) and err.failures else err
-        said = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        if not _unreadable(cause):  # an interrupt, a rank gone, a state that does not fit: not the file's fault
+            raise
+        said = textwrap.shorten(f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}", 160,
+                                placeholder=" ...")
         step = step_of(checkpoint)
         earlier = sorted((p for p in checkpoint.parent.glob("step-*") if (p / "trainer_state.json").is_file()
                           and (step_of(p) or 0) < (step or 0)), key=lambda p: step_of(p) or 0)
         instead = (f"resume from the earlier checkpoint instead: --resume {earlier[-1]}" if earlier else
                    "copy it again, or start the run afresh (no earlier checkpoint is there)")
-        raise DamagedCheckpointError(f"checkpoint {checkpoint}: {file} cannot be read ({said:.160}); if it is damaged "
+        raise DamagedCheckpointError(f"checkpoint {checkpoint}: {file} cannot be read ({said}); if it is damaged "
                                      f"(a copy cut short, a full or failing disk), {instead}") from err
+
+
+def _unreadable(err: BaseException) -> bool:
+    """Whether ``err`` says a file's bytes could not be read or decoded: an OSError, pickle's or JSON's decoding
+    errors, an early end of file, torch's "PytorchStreamReader failed reading zip archive"."""
+    if isinstance(err, OSError | pickle.UnpicklingError | EOFError | json.JSONDecodeError | UnicodeDecodeError):
+        return True
+    return isinstance(err, RuntimeError) and re.search(r"PytorchStreamReader|zip archive|unexpected EOF", str(err)) \
+        is not None

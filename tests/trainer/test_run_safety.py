@@ -259,7 +259,8 @@ def test_a_resume_from_a_checkpoint_that_is_not_there_says_so(tmp_path):
     # the message lists the run's and shows the path
     with pytest.raises(FileNotFoundError, match=rf"^--resume step-000002: no such checkpoint; {re.escape(str(checkpoints))}"
                                                 rf" holds step-000002, step-000003 .*: give its path, e.g. --resume "
-                                                rf"{re.escape(str(checkpoints / 'step-000002'))}, or --resume latest$"):
+                                                rf"{re.escape(str(checkpoints / 'step-000002'))} \(or, with the run's "
+                                                r"--output-dir, its name\), or --resume latest$"):
         finder.find("step-000002")
     run = checkpoints.parent  # the run directory given as --resume (user trial): said only "not an rlzoo checkpoint"
     (run / "config.json").write_text('{"max_steps": 3, "segments": []}')
@@ -830,3 +831,28 @@ def test_a_damaged_checkpoint_file_is_named_with_the_checkpoint_to_resume_from_i
     assert lines[0].startswith(f"rlzoo: error: checkpoint {run / 'checkpoints' / 'step-000002'}: "
                                f"{file.split('/')[0] if file.endswith('distcp') else file}"), lines[0]
     assert f"resume from the earlier checkpoint instead: --resume {run / 'checkpoints' / 'step-000001'}" in lines[0]
+
+
+def test_only_a_file_that_cannot_be_read_is_called_damaged(tmp_path):
+    """The damaged-checkpoint line is for bytes that cannot be read or decoded; a second Ctrl-C during the load
+    (DCP wraps it in a CheckpointException), a rank gone under torchrun, or a state that does not fit pass unchanged
+    (review: they were called damage, advising to throw away a good checkpoint)."""
+    import pickle
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rlzoo.trainer.checkpoint_files import DamagedCheckpointError, reading
+
+    checkpoint = tmp_path / "checkpoints" / "step-000002"
+    for unreadable in (pickle.UnpicklingError("pickle data was truncated"), OSError(22, "Invalid argument"),
+                       RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory"),
+                       CheckpointException("x", {0: (EOFError("Ran out of input"), None)})):
+        kind = "EOFError" if isinstance(unreadable, CheckpointException) else type(unreadable).__name__
+        with pytest.raises(DamagedCheckpointError, match=rf"^checkpoint {re.escape(str(checkpoint))}: f.pt cannot be "
+                                                         rf"read \({kind}"), reading(checkpoint, "f.pt"):
+            raise unreadable
+    for other in (CheckpointException("x", {0: (KeyboardInterrupt(), None)}),
+                  RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:44188"),
+                  RuntimeError("Missing key in checkpoint state_dict: optimizer.state.0.exp_avg")):
+        with pytest.raises(type(other)), reading(checkpoint, "f.pt"):
+            raise other
