@@ -539,6 +539,13 @@ def test_a_data_directory_of_mixed_file_types_is_refused_not_read_in_part(tmp_pa
     assert len(load_task(str(tmp_path / "d"), kwargs={"data_dir": "only"}, eval_size=0).dataset) == 12
     (tmp_path / "d" / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files: y.csv\n---\n")
     assert len(load_task(str(tmp_path / "d"), eval_size=0).dataset) == 12
+    hub = tmp_path / "hub"  # the files datasets' split patterns pick are of one type: a hub layout with extras loads
+    (hub / "data").mkdir(parents=True)
+    (hub / "scripts").mkdir()
+    datasets.Dataset.from_list(rows).to_parquet(hub / "data" / "train-00000-of-00001.parquet")
+    (hub / "dataset_infos.json").write_text("{}")
+    datasets.Dataset.from_list(rows).to_csv(hub / "scripts" / "make.csv", index=False)
+    assert len(load_task(str(hub), eval_size=0).dataset) == 12
 
 
 def test_a_conversation_ending_in_another_role_is_refused_naming_the_row(tmp_path):

@@ -11,11 +11,11 @@ online and reads from its cache when ``HF_HUB_OFFLINE=1``. Splits are split name
 """
 
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlzoo.trainer.checkpoint import is_run_config
 from rlzoo.trainer.tasks.rows import RowOrigin
 
 __all__ = ["FILE_BUILDERS", "data_suffix", "is_dataset_spec", "load_dataset_rows", "load_dataset_source"]
@@ -61,24 +61,31 @@ def _parquet_rows(path: Path) -> int | None:
 
 
 def _refuse_mixed_types(directory: Path, spec: str) -> None:
-    """Refuse a data directory holding data files of more than one type (``x.jsonl`` and ``y.csv``): ``datasets``
-    reads one type per directory and leaves the others' rows out, silently. A directory whose README.md declares
-    its ``configs`` (a hub data set's layout) says which files it uses, and is left to ``datasets``.
+    """Refuse a data directory whose files ``datasets`` would read (its split patterns: ``data/train-*``,
+    ``train.*``, ..., else every file) hold more than one type (``x.jsonl`` and ``y.csv``): it reads one type and
+    leaves the others' rows out, silently. A directory whose README.md declares ``configs`` in its front matter (a
+    hub data set's layout) names its files itself, and is left to ``datasets``, as are patterns it cannot resolve.
 
     Raises:
         ValueError: naming the types and a file of each.
     """
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
     readme = directory / "README.md"
-    if readme.is_file() and "configs:" in readme.read_text(encoding="utf-8", errors="replace"):
+    front = readme.read_text(encoding="utf-8", errors="replace").split("---") if readme.is_file() else []
+    if len(front) > 2 and not front[0].strip() and re.search(r"^configs:", front[1], re.MULTILINE):
+        return
+    try:
+        files = DataFilesDict.from_patterns(get_data_patterns(str(directory)), base_path=str(directory))
+    except Exception:  # noqa: BLE001 -- no data files, or a layout datasets itself refuses: its own error says so
         return
     kinds: dict[str, Path] = {}
-    for file in sorted(directory.rglob("*")):
-        builder = file_builder(file) if file.is_file() and not file.name.startswith(".") else None
-        if builder is not None:
-            kinds.setdefault(builder, file)
+    for file in sorted({Path(f) for split in files.values() for f in split}):
+        if file_builder(file) is not None:
+            kinds.setdefault(file_builder(file), file)
     if len(kinds) > 1:
-        files = ", ".join(f"{file.relative_to(directory)} ({kind})" for kind, file in sorted(kinds.items()))
-        raise ValueError(f"data set directory {spec!r} holds data files of {len(kinds)} types: {files}; datasets "
+        names = ", ".join(f"{file.relative_to(directory)} ({kind})" for kind, file in sorted(kinds.items()))
+        raise ValueError(f"data set directory {spec!r} holds data files of {len(kinds)} types: {names}; datasets "
                          f"reads one type per directory and would leave the others' rows out: keep one type there, "
                          f"or give a file as --task")
 
@@ -103,7 +110,8 @@ def load_dataset_source(spec: str, *, split: str = "train", eval_split: str | No
         ValueError: an unknown split (names the available ones; a split other than "train" of a saved Dataset,
             which has none), a split slice that is not valid or selects no row, or a data set that cannot be
             loaded (names it; a hub id offline or not found says so; an empty file says so; a file that is not
-            valid names the file and, for JSON lines, the first bad line).
+            valid names the file and, for JSON lines, the first bad line); a directory that is an rlzoo run's or a
+            model's (says what takes it), or whose data files are of more than one type (names them).
     """
     train, held_out, _, _ = load_dataset_rows(spec, split=split, eval_split=eval_split, name=name, data_dir=data_dir,
                                               revision=revision)
@@ -145,6 +153,8 @@ def load_dataset_rows(spec: str, *, split: str = "train", eval_split: str | None
             blank = _parquet_rows(path) == 0
         if blank:
             raise ValueError(f"task file {spec!r} is empty: it has no rows")
+    from rlzoo.trainer.checkpoint import is_run_config  # (here: it imports torch.distributed.checkpoint)
+
     if path.is_dir() and is_run_config(path / "config.json"):  # its metrics.jsonl would load as data
         raise ValueError(f"{spec!r} is an rlzoo run directory, not a data set: rlzoo eval --run {spec} evaluates its "
                          f"checkpoint on the task it trained on; rlzoo train --config {path / 'config.json'} reuses "
