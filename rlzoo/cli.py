@@ -977,8 +977,10 @@ def console_main() -> int:
         return 1
 
 
-_COLLECTIVE = re.compile(r"gloo|nccl|connection (closed|reset) by peer|timed out waiting", re.IGNORECASE)
-"""What torch.distributed's backends say when a collective fails (a plain RuntimeError from gloo)."""
+_COLLECTIVE = re.compile(r"connection (closed|reset) by peer|timed out waiting|collective operation timeout|"
+                         r"communicator was aborted", re.IGNORECASE)
+"""What torch.distributed's backends say when a collective fails for another rank (a plain RuntimeError from gloo):
+a peer gone, or a wait past the timeout. Not their other errors (a failed set-up, a CUDA error): a traceback."""
 
 
 def _collective_failure(err: RuntimeError) -> str | None:
@@ -999,7 +1001,7 @@ def _collective_failure(err: RuntimeError) -> str | None:
         f" in {Path(callers[-1].filename).relative_to(package.parent)}:{callers[-1].lineno} ({callers[-1].name})"
         if callers else "")
     why = ("another rank did not reach it within --distributed-timeout (stuck, or much slower: raise "
-           "--distributed-timeout if its work is legitimately that slow)" if "timed out" in said.lower() else
+           "--distributed-timeout if its work is legitimately that slow)" if "time" in said.lower() else
            "another rank stopped (its own error is the 'rlzoo: error (rank N)' line above, or torchrun's report)")
     return f"a collective failed{where}: {why} [{said}]"
 
