@@ -88,7 +88,8 @@ def parse_train_args(argv: Sequence[str], prog: str = "rlzoo train"):
 
     Raises:
         SystemExit: on ``--help`` (tyro's help).
-        CommandLineError: a flag tyro rejects (unknown, a bad value, out of range): one line naming the flag.
+        CommandLineError: a flag tyro rejects (unknown, a bad value, out of range): one line naming the flag;
+            ``--reward-funcs none`` (rlzoo eval's spelling: training needs a reward function).
         ValueError: invalid values (from :class:`TrainConfig` validation), ``--reward-weights`` not one per
             ``--reward-funcs`` name, or a resume of a run whose reward functions were Python callables without
             ``--reward-funcs``.
@@ -724,12 +725,12 @@ def _cmd_eval(argv: Sequence[str]) -> int:
         out = eval_result(args)
     except ValueError as err:  # a setting's error names it as it was given: its flag, or the --config file's key
         message, flags = str(err), {flag_name(a) for a in rest}
-        field = re.match(r"(?:--)?([a-z_]+)(?= )", message)
+        field = re.match(r"(?:--)?([a-z_]+)(?= (must|gives) )", message)  # a value's check: "eval_size must be ..."
         flag = field and "--" + field.group(1).replace("_", "-")
         if flag in flags and not message.startswith(flag):
-            raise ValueError(flag + message.removeprefix(field.group(1))) from None
+            raise type(err)(flag + message.removeprefix(field.group(1))) from err
         if path is not None and flag not in flags and message.startswith("--reward-weights gives"):
-            raise ValueError(f"{path}: reward_weights{message.removeprefix('--reward-weights')}") from None
+            raise type(err)(f"{path}: reward_weights{message.removeprefix('--reward-weights')}") from err
         raise
     print(json.dumps(out, indent=2, allow_nan=False))
     accuracy = (f"greedy accuracy {100 * out['accuracy']:.1f}% (95% CI {100 * out['ci_low']:.1f}-"

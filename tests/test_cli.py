@@ -1047,6 +1047,13 @@ def test_rlzoo_eval_names_a_bad_value_by_its_flag(flags, message):
         main(["eval", "--model", "tiny-random", *flags])
 
 
+def test_rlzoo_eval_leaves_other_errors_as_they_are(tmp_path):
+    """The flag naming is for a value's check only: "task file 'e.jsonl' is empty" became "--task file ..." (review)."""
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"^task file '.*e.jsonl' is empty"):
+        main(["eval", "--model", "tiny-random", "--task", str(tmp_path / "e.jsonl")])
+
+
 def test_reward_weights_on_the_command_line_are_one_per_reward_function_at_parse_time(tmp_path):
     """Python callables (which may take the weights after the names) exist only in the Python API: on the command
     line a wrong count is refused before any model loads, naming where the weights are: the flag, or the --config

@@ -54,7 +54,8 @@ class CheckpointConfig(Section):
         return [
             ("save_steps", self.save_steps >= 0, ">= 0"),
             ("save_total_limit", self.save_total_limit >= 1, ">= 1"),
-            ("resume", resume_ok, "'latest', 'auto' or an existing checkpoint directory"),
+            ("resume", resume_ok, ("'latest', 'auto', an existing checkpoint directory or the name of one of "
+                                   "output_dir's checkpoints")),
             *super().checks(),
         ]
 
@@ -63,8 +64,8 @@ def named_checkpoint(resume: str | None, output_dir: str | os.PathLike[str] | No
     """``resume`` as a path: a bare name that is no path here (``step-000020``, or ``step-20``) names the checkpoint
     of that name or step under ``output_dir/checkpoints`` when there is one, as ``rlzoo eval --checkpoint`` takes
     names; a checkpoint's ``model/`` names the checkpoint (as ``rlzoo eval`` and ``rlzoo export`` take it); anything
-    else is returned unchanged (``latest``, ``auto``, a path, a name with no such checkpoint: the
-    resume then fails naming what the run's checkpoints are)."""
+    else is returned unchanged (``latest``, ``auto``, a path, a name with no such checkpoint: ``rlzoo train`` then
+    fails naming the run's checkpoints, ``TrainConfig`` with "resume must be ...")."""
     if isinstance(resume, str) and Path(resume).name == "model" and (Path(resume).parent / "trainer_state.json").is_file():
         return str(Path(resume).parent)  # a checkpoint's model/ (as rlzoo eval and export take it): the checkpoint
     if (not isinstance(resume, str) or resume in ("latest", "auto") or not isinstance(output_dir, str | os.PathLike)
